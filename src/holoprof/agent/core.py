@@ -1,0 +1,597 @@
+"""The in-process agent: hot-path buffers, the writer thread, process identity and lifecycle.
+
+Rules that every line here keeps:
+
+* The hot path (``Agent.span`` and friends) only appends a tuple to a list. Encoding, Parquet and
+  disk writes happen on the writer thread (or at exit).
+* Nothing here may break the job. Collectors report their own exceptions through :meth:`Agent.fail`,
+  which logs once, switches that collector off and lets the job continue.
+* Everything recorded is flushed at least every ``flush_interval_s``, at normal exit, on SIGTERM and
+  SIGINT (through Python's normal exit path), and before ``os._exit`` (multiprocessing children).
+  After ``fork`` the child starts clean with its own buffers, writer thread and process folder.
+
+This module imports the standard library only; pyarrow is imported by the writer thread on first
+flush.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from holoprof import model
+
+_perf_ns = time.perf_counter_ns
+
+#: A poller runs on the writer thread at each flush and returns rows to write:
+#: a list of (table, {column: values}) pairs.
+Poller = Callable[[], list[tuple[str, dict[str, list[Any]]]]]
+
+
+def _versions() -> dict[str, str]:
+    from holoprof import __version__
+
+    v = {"python": sys.version.split()[0], "holoprof": __version__}
+    for mod in ("torch", "tensorflow", "numpy"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            v[mod] = str(getattr(m, "__version__", "?"))
+    return v
+
+
+class PhaseState(threading.local):
+    """The phase open on this thread (one at a time; nested work belongs to the outer phase)."""
+
+    active: str | None = None
+
+
+class StepTracker:
+    """Step boundaries, shared by all collectors of a process and by ``holoprof.step()``.
+
+    A step ends at the first *opener* (a training forward, a training-loader fetch, ``zero_grad``)
+    after an optimizer step, so that the whole iteration, logging included, belongs to one step.
+    Loops without an optimizer fall back to backward passes; ``holoprof.step()`` overrides both.
+    """
+
+    __slots__ = ("agent", "index", "manual", "optimizer_seen", "pending_close", "start_ns")
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.index = 0
+        self.start_ns: int | None = None
+        self.pending_close = False
+        self.manual = False
+        self.optimizer_seen = False
+
+    def reset(self) -> None:
+        self.index = 0
+        self.start_ns = None
+        self.pending_close = False
+        self.manual = False
+        self.optimizer_seen = False
+
+    def activity(self, t_ns: int) -> None:
+        """Something of the training loop happened at ``t_ns``: the first step starts here."""
+        if self.start_ns is None:
+            self.start_ns = t_ns
+
+    def opener(self, t_ns: int) -> None:
+        if self.pending_close and not self.manual:
+            self.close(t_ns)
+        elif self.start_ns is None:
+            self.start_ns = t_ns
+
+    def update_done(self, t_ns: int) -> None:
+        """An optimizer step (or, without any optimizer, a backward pass) finished."""
+        if self.manual:
+            return
+        if self.start_ns is None:
+            self.start_ns = t_ns
+        self.pending_close = True
+
+    def close(self, t_ns: int) -> None:
+        start = self.start_ns
+        if start is not None and t_ns >= start:
+            self.agent.span("step", "step", start, t_ns, self.index)
+            self.index += 1
+        self.start_ns = t_ns
+        self.pending_close = False
+
+    # holoprof.step() -----------------------------------------------------------------------------
+    def mark(self) -> None:
+        """Plain ``holoprof.step()``: the current step ends now, the next one starts now."""
+        t = _perf_ns()
+        self.manual = True
+        self.pending_close = False
+        if self.start_ns is not None:
+            self.close(t)
+        else:
+            self.start_ns = t
+
+    def finish(self, t_ns: int) -> None:
+        """At exit: a step whose update already happened is closed; a half-done step is dropped."""
+        if self.pending_close and not self.manual:
+            self.close(t_ns)
+
+
+class Collector:
+    """Base class: a named source of records that can fail open."""
+
+    name = "collector"
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.enabled = True
+
+    def install(self) -> None:  # pragma: no cover - interface
+        pass
+
+    def uninstall(self) -> None:
+        pass
+
+    def after_fork_child(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        """Called once at shutdown before the final flush."""
+
+
+class Agent:
+    """One per process. Use :func:`get_agent` / :func:`start_agent`, not the constructor."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        role: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        self.run_dir = os.path.abspath(run_dir)
+        self.options: dict[str, Any] = dict(options or {})
+        self.flush_interval_s = float(self.options.get("flush_interval_s", 1.0))
+        self.buffer_limit = int(self.options.get("buffer_limit", 200_000))
+        self.fixed_role = role
+        self.host = socket.gethostname()
+        self.collectors: list[Collector] = []
+        self.pollers: list[Poller] = []
+        self.finalizers: list[Callable[[], None]] = []
+        self.errors: list[str] = []
+        self._warned: set[str] = set()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # guards flushes (and fork)
+        self.steps = StepTracker(self)
+        self._init_process_state()
+        self._stopped = False
+        self.exit_code = -1
+        self.info: dict[str, Any] = {}
+
+    # -- per-process state (fresh after fork) ------------------------------------------------------
+    def _init_process_state(self) -> None:
+        self.pid = os.getpid()
+        self.ppid = os.getppid()
+        self.tls = PhaseState()
+        self.spans_buf: list[tuple[Any, ...]] = []
+        self.samples_buf: list[tuple[Any, ...]] = []
+        self.dropped = 0
+        self.clock_offset_ns = time.time_ns() - _perf_ns()
+        self.start_ns = _perf_ns()
+        self.folder = os.path.join(self.run_dir, f"{self.host}-{self.pid}")
+        self._seq = itertools.count()
+        self._last_identity: tuple[Any, ...] | None = None
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._flushed_any = False
+
+    # -- hot path ----------------------------------------------------------------------------------
+    def span(
+        self,
+        kind: str,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        step: int = -1,
+        attrs: dict[str, Any] | None = None,
+        parent_id: int = 0,
+    ) -> int:
+        """Record a finished span (monotonic ns). Returns its id (0 if dropped)."""
+        buf = self.spans_buf
+        if len(buf) >= self.buffer_limit:
+            self.dropped += 1
+            return 0
+        sid = next(self._ids)
+        buf.append((threading.get_native_id(), sid, parent_id, kind, name, start_ns, end_ns, step, attrs))
+        return sid
+
+    def sample(self, name: str, value: float, target_pid: int = -1, ts_ns: int | None = None) -> None:
+        buf = self.samples_buf
+        if len(buf) >= self.buffer_limit:
+            self.dropped += 1
+            return
+        buf.append((_perf_ns() if ts_ns is None else ts_ns, name, value, target_pid))
+
+    # -- fail open ---------------------------------------------------------------------------------
+    def fail(self, collector: Collector | str, exc: BaseException) -> None:
+        """A collector raised: switch it off, tell the user once, keep the job going."""
+        name = collector if isinstance(collector, str) else collector.name
+        if not isinstance(collector, str):
+            collector.enabled = False
+            try:
+                collector.uninstall()
+            except Exception:
+                pass
+        msg = f"{name}: {type(exc).__name__}: {exc}"
+        self.errors.append(msg)
+        self.warn_once(
+            name,
+            f"holoprof: the '{name}' collector failed ({type(exc).__name__}: {exc}) and was turned off; "
+            "your job continues unchanged",
+        )
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        try:
+            sys.stderr.write(message.rstrip() + "\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+    # -- identity ----------------------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        rank, local_rank, world_size = _dist_identity()
+        role = self.fixed_role or _detect_role(self.pid, rank)
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "ppid": self.ppid,
+            "rank": rank,
+            "local_rank": local_rank,
+            "world_size": world_size,
+            "role": role,
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, process_hooks: bool = True) -> None:
+        """Install collectors and start the writer thread.
+
+        ``process_hooks`` (exit, fork, SIGTERM handling) is off only for the launcher's own writer.
+        """
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        for c in self.collectors:
+            try:
+                c.install()
+            except Exception as exc:
+                self.fail(c, exc)
+        self._start_thread()
+        if not process_hooks:
+            return
+        atexit.register(self.shutdown)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(
+                before=self._before_fork,
+                after_in_parent=self._after_fork_parent,
+                after_in_child=self._after_fork_child,
+            )
+        _patch_os_exit(self)
+        _install_sigterm(self)
+
+    def _start_thread(self) -> None:
+        self._stop_event = threading.Event()
+        t = threading.Thread(target=self._run, name="holoprof-writer", daemon=True)
+        self._thread = t
+        t.start()
+
+    def _run(self) -> None:
+        stop = self._stop_event
+        while not stop.wait(self.flush_interval_s):
+            self.flush()
+
+    def _before_fork(self) -> None:
+        # No fork while the writer is inside pyarrow: the child would inherit its locks mid-use.
+        self._lock.acquire()
+
+    def _after_fork_parent(self) -> None:
+        self._lock.release()
+
+    def _after_fork_child(self) -> None:
+        self._lock = threading.Lock()
+        self._init_process_state()
+        self.steps.reset()
+        self.errors = []
+        self.exit_code = -1
+        self._stopped = False
+        for c in self.collectors:
+            try:
+                c.after_fork_child()
+            except Exception as exc:
+                self.fail(c, exc)
+        try:
+            os.makedirs(self.folder, mode=0o700, exist_ok=True)
+            self._start_thread()
+        except Exception as exc:
+            self.fail("agent", exc)
+        # multiprocessing children leave through os._exit (patched) or its finalizers.
+        try:
+            import multiprocessing.util as mpu
+
+            mpu.register_after_fork(self, _register_mp_finalizer)
+        except Exception:
+            pass
+
+    def shutdown(self, exit_code: int | None = None, timeout_s: float = 5.0) -> None:
+        """Stop collecting and flush everything. Safe to call more than once."""
+        if self._stopped or os.getpid() != self.pid:
+            return
+        self._stopped = True
+        if exit_code is not None:
+            self.exit_code = exit_code
+        self._stop_event.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+        now = _perf_ns()
+        for c in self.collectors:
+            try:
+                c.finish()
+            except Exception as exc:
+                self.fail(c, exc)
+        try:
+            self.steps.finish(now)
+        except Exception as exc:
+            self.fail("steps", exc)
+        for fn in self.finalizers:
+            try:
+                fn()
+            except Exception as exc:
+                self.fail("finalizer", exc)
+        self.flush(final=True)
+
+    # -- writer ------------------------------------------------------------------------------------
+    def flush(self, final: bool = False) -> None:
+        """Write what the buffers hold. Runs on the writer thread (or at exit)."""
+        acquired = self._lock.acquire(timeout=10)
+        if not acquired:
+            return
+        try:
+            self._flush_locked(final)
+        except Exception as exc:  # the writer must never take the job down
+            self.fail("writer", exc)
+        finally:
+            self._lock.release()
+
+    def _flush_locked(self, final: bool) -> None:
+        from holoprof.store.chunks import write_chunk
+
+        spans, self.spans_buf = self.spans_buf, []
+        samples, self.samples_buf = self.samples_buf, []
+        ident = self.identity()
+        base = {"host": ident["host"], "pid": ident["pid"], "rank": ident["rank"]}
+        off = self.clock_offset_ns
+        writes: list[tuple[str, dict[str, list[Any]]]] = []
+        if spans:
+            n = len(spans)
+            tid, sid, parent, kind, name, start, end, step, attrs = (
+                list(c) for c in zip(*spans, strict=True)
+            )
+            writes.append(
+                (
+                    "spans",
+                    {
+                        **{k: [v] * n for k, v in base.items()},
+                        "tid": tid,
+                        "span_id": sid,
+                        "parent_id": parent,
+                        "kind": kind,
+                        "name": name,
+                        "start_ns": [s + off for s in start],
+                        "end_ns": [e + off for e in end],
+                        "step": step,
+                        "attrs": [None if a is None else json.dumps(a, default=str) for a in attrs],
+                    },
+                )
+            )
+        if samples:
+            n = len(samples)
+            ts, sname, value, target = (list(c) for c in zip(*samples, strict=True))
+            writes.append(
+                (
+                    "samples",
+                    {
+                        **{k: [v] * n for k, v in base.items()},
+                        "ts_ns": [t + off for t in ts],
+                        "name": sname,
+                        "value": value,
+                        "target_pid": target,
+                    },
+                )
+            )
+        for poll in list(self.pollers):
+            try:
+                for table, cols in poll():
+                    n = max((len(v) for v in cols.values()), default=0)
+                    if n:
+                        writes.append((table, {**{k: [v] * n for k, v in base.items()}, **cols}))
+            except Exception as exc:
+                self.fail("poller", exc)
+                self.pollers.remove(poll)
+        key = (
+            tuple(sorted(ident.items())),
+            self.dropped,
+            len(self.errors),
+            json.dumps(self.info, sort_keys=True, default=str),
+        )
+        if final or key != self._last_identity:
+            self._last_identity = key
+            writes.append(("processes", self._process_row(ident, final)))
+        for table, cols in writes:
+            try:
+                write_chunk(self.folder, table, cols, seq=next(self._seq))
+            except OSError as exc:  # full or vanished disk: count, tell once, keep going
+                lost = max((len(v) for v in cols.values()), default=0)
+                if table in ("spans", "samples"):
+                    self.dropped += lost
+                self.warn_once(
+                    "disk", f"holoprof: cannot write to {self.folder} ({exc}); events are being dropped"
+                )
+        self._flushed_any = True
+
+    def _process_row(self, ident: dict[str, Any], final: bool) -> dict[str, list[Any]]:
+        now_wall = time.time_ns()
+        return {
+            "host": [ident["host"]],
+            "pid": [ident["pid"]],
+            "rank": [ident["rank"]],
+            "ppid": [ident["ppid"]],
+            "local_rank": [ident["local_rank"]],
+            "world_size": [ident["world_size"]],
+            "role": [ident["role"]],
+            "argv": [json.dumps(list(sys.argv))],
+            "exe": [sys.executable],
+            "start_ns": [self.start_ns + self.clock_offset_ns],
+            "end_ns": [now_wall if final else 0],
+            "exit_code": [self.exit_code],
+            "updated_ns": [now_wall],
+            "clock_offset_ns": [self.clock_offset_ns],
+            "versions": [json.dumps(_versions())],
+            "dropped_events": [self.dropped],
+            "errors": [json.dumps(self.errors)],
+            "info": [json.dumps({"source": "agent", **self.info}, default=str)],
+        }
+
+
+# --- identity helpers ------------------------------------------------------------------------------
+def _env_int(name: str, default: int = -1) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def _dist_identity() -> tuple[int, int, int]:
+    rank, local_rank, world = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                rank, world = dist.get_rank(), dist.get_world_size()
+        except Exception:
+            pass
+    return rank, local_rank, world
+
+
+def _detect_role(pid: int, rank: int) -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            from torch.utils.data import get_worker_info
+
+            if get_worker_info() is not None:
+                return "dataloader_worker"
+        except Exception:
+            pass
+    argv = " ".join(sys.argv)
+    if "multiprocessing.forkserver" in argv:
+        return "forkserver"
+    if rank >= 0:
+        return "rank"
+    if str(os.getppid()) == os.environ.get(model.ENV_LAUNCHER_PID):
+        return "main"
+    return "child"
+
+
+# --- exit paths ------------------------------------------------------------------------------------
+_real_os_exit = os._exit
+
+
+def _patch_os_exit(agent: Agent) -> None:
+    if getattr(os._exit, "__holoprof__", False):
+        return
+
+    def _exit(code: int) -> Any:
+        try:
+            a = _AGENT
+            if a is not None:
+                a.shutdown(exit_code=code, timeout_s=2.0)
+        except Exception:
+            pass
+        _real_os_exit(code)
+
+    _exit.__holoprof__ = True  # type: ignore[attr-defined]
+    os._exit = _exit  # type: ignore[assignment]
+
+
+def _register_mp_finalizer(agent: Agent) -> None:
+    import multiprocessing.util as mpu
+
+    mpu.Finalize(None, agent.shutdown, exitpriority=-100)
+
+
+def _install_sigterm(agent: Agent) -> None:
+    """Flush on SIGTERM when the job has no handler of its own, then die of SIGTERM as before."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def _on_term(signum: int, frame: Any) -> None:
+            try:
+                a = _AGENT
+                if a is not None:
+                    a.shutdown(exit_code=128 + signum, timeout_s=2.0)
+            finally:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, _on_term)
+    except (ValueError, OSError):
+        pass
+
+
+# --- the process-wide agent ------------------------------------------------------------------------
+_AGENT: Agent | None = None
+
+
+def get_agent() -> Agent | None:
+    return _AGENT
+
+
+def start_agent(run_dir: str, role: str | None = None, options: dict[str, Any] | None = None) -> Agent:
+    global _AGENT
+    if _AGENT is not None and not _AGENT._stopped and _AGENT.pid == os.getpid():
+        return _AGENT
+    agent = Agent(run_dir, role=role, options=options)
+    from holoprof.agent.setup import default_collectors
+
+    agent.collectors = default_collectors(agent)
+    _AGENT = agent
+    agent.start()
+    return agent
+
+
+def stop_agent() -> None:
+    global _AGENT
+    a = _AGENT
+    if a is None:
+        return
+    a.shutdown()
+    for c in a.collectors:
+        try:
+            c.uninstall()
+        except Exception:
+            pass
+    _AGENT = None
+
+
+def now_ns() -> int:
+    return _perf_ns()

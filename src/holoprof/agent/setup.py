@@ -1,0 +1,89 @@
+"""Which collectors run, and post-import hooks that install framework collectors lazily.
+
+Framework support is imported only when the job itself imports the framework: the torch collector
+installs right after ``import torch`` finishes (or at once if torch is already imported).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from holoprof.agent.core import Agent, Collector
+
+
+class _HookedLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, hook: Callable[[ModuleType], None]) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)  # type: ignore[no-any-return,unused-ignore]
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._hook(module)
+
+    def __getattr__(self, name: str) -> Any:  # resource readers, get_source, ...
+        return getattr(self._loader, name)
+
+
+class PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs ``hook(module)`` once right after the named top-level module finishes importing."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, Callable[[ModuleType], None]] = {}
+        self._busy = threading.local()
+
+    def add(self, name: str, hook: Callable[[ModuleType], None]) -> None:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            hook(mod)
+        else:
+            self.hooks[name] = hook
+
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        hook = self.hooks.get(fullname)
+        if hook is None or getattr(self._busy, "name", None) == fullname:
+            return None
+        self._busy.name = fullname
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.name = None
+        if spec is None or spec.loader is None:
+            return None
+        del self.hooks[fullname]
+        spec.loader = _HookedLoader(spec.loader, hook)
+        return spec
+
+
+_FINDER: PostImportFinder | None = None
+
+
+def post_import_finder() -> PostImportFinder:
+    global _FINDER
+    if _FINDER is None:
+        _FINDER = PostImportFinder()
+        sys.meta_path.insert(0, _FINDER)
+    return _FINDER
+
+
+def default_collectors(agent: Agent) -> list[Collector]:
+    """The always-on collectors for this process (options may switch some off)."""
+    from holoprof.collect.torch import TorchCollector
+
+    disabled = set(agent.options.get("disable", []))
+    collectors: list[Collector] = []
+    if "torch" not in disabled:
+        collectors.append(TorchCollector(agent))
+    return collectors

@@ -1,0 +1,174 @@
+"""The report document (``holoprof.report/1``): every analysis of a run, as one JSON-able dict.
+
+Sections that have no data are present and empty (``{}`` or ``[]``), never missing, so scripts can
+rely on the keys. Presenters (terminal, JSON, HTML, dashboard) render this document; they compute
+nothing themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from holoprof import model
+from holoprof.analyze import findings as findings_mod
+from holoprof.analyze.resources import Resources, resources
+from holoprof.analyze.steps import (
+    NS,
+    ProcKey,
+    StepStats,
+    loader_config,
+    outside_steps,
+    step_processes,
+    step_stats,
+)
+from holoprof.store.reader import Run
+
+
+def _phases_doc(st: StepStats | None) -> dict[str, Any]:
+    if st is None:
+        return {p: {"fraction": 0.0, "total_s": 0.0, "median_s": 0.0} for p in model.PHASES}
+    return {
+        p: {
+            "fraction": round(st.phases[p].fraction, 6),
+            "total_s": round(st.phases[p].total_s, 6),
+            "median_s": round(st.phases[p].median_s, 6),
+        }
+        for p in model.PHASES
+    }
+
+
+def _processes(run: Run) -> list[dict[str, Any]]:
+    rows = run.rows(
+        """SELECT p.host, p.pid, p.ppid, p.role, p.rank, p.local_rank, p.world_size, p.argv, p.start_ns,
+                  p.end_ns, p.exit_code, p.dropped_events, p.errors, p.info,
+                  (SELECT count(*) FROM spans s WHERE s.kind = 'step' AND s.host = p.host AND s.pid = p.pid)
+           FROM processes p ORDER BY p.start_ns, p.pid"""
+    )
+    out = []
+    for h, pid, ppid, role, rank, lrank, world, argv, s, e, code, dropped, errs, info, nsteps in rows:
+        try:
+            args = json.loads(argv) if argv else []
+        except ValueError:
+            args = []
+        try:
+            errors = json.loads(errs) if errs else []
+        except ValueError:
+            errors = []
+        traced = bool(info and '"source": "agent"' in info)
+        out.append(
+            {
+                "host": h,
+                "pid": int(pid),
+                "ppid": int(ppid) if ppid is not None else -1,
+                "role": role,
+                "rank": int(rank) if rank is not None else -1,
+                "local_rank": int(lrank) if lrank is not None else -1,
+                "world_size": int(world) if world is not None else -1,
+                "argv": args,
+                "start_ns": int(s or 0),
+                "end_ns": int(e or 0),
+                "exit_code": int(code) if code is not None else -1,
+                "traced": traced,
+                "steps": int(nsteps or 0),
+                "dropped_events": int(dropped or 0),
+                "errors": errors,
+            }
+        )
+    return out
+
+
+def _resources_doc(res: Resources) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for name, s in res.stats.items():
+        doc[name] = {"mean": round(s.mean, 3), "max": round(s.max, 3), "last": round(s.last, 3)}
+    return {
+        "summary": doc,
+        "series": {k: [[round(t, 3), round(v, 3)] for t, v in pts] for k, pts in res.series.items()},
+    }
+
+
+def build_report(run: Run) -> dict[str, Any]:
+    """Every analysis of ``run`` as the ``holoprof.report/1`` document."""
+    procs = step_processes(run)
+    main: ProcKey | None = procs[0] if procs else None
+    st = step_stats(run, main) if main is not None else None
+    per_rank = []
+    if len(procs) > 1:
+        for p in procs:
+            s = st if p == main else step_stats(run, p, timeline_points=1)
+            assert s is not None
+            per_rank.append(
+                {
+                    "host": p.host,
+                    "pid": p.pid,
+                    "rank": p.rank,
+                    "count": s.count,
+                    "median_s": round(s.median_s, 6),
+                    "p90_s": round(s.p90_s, 6),
+                    "phases": {k: round(v.fraction, 4) for k, v in s.phases.items()},
+                }
+            )
+    res = resources(run)
+    loader = loader_config(run, main) if main is not None else {}
+    found = findings_mod.all_findings(st, res, loader)
+    processes = _processes(run)
+    m = run.manifest
+    start, end = m.get("start_ns"), m.get("end_ns")
+    if not end:
+        last = (
+            run.rows("SELECT max(end_ns) FROM spans")[0][0]
+            or run.rows("SELECT max(ts_ns) FROM samples")[0][0]
+        )
+        end = last or start
+    dropped = sum(p["dropped_events"] for p in processes)
+    errors = [f"{p['host']}-{p['pid']}: {e}" for p in processes for e in p["errors"]]
+    ranks = sorted({p["rank"] for p in processes if p["rank"] >= 0})
+    outside = outside_steps(run, main)
+    return {
+        "schema": model.REPORT_SCHEMA,
+        "run": {
+            "dir": run.path,
+            "name": m.get("name"),
+            "command": m.get("command"),
+            "status": run.status,
+            "exit_code": m.get("exit_code"),
+            "start_ns": start,
+            "duration_s": round(((end or 0) - (start or 0)) / NS, 3) if start else 0.0,
+            "processes": len(processes),
+            "traced_processes": sum(1 for p in processes if p["traced"]),
+            "ranks": len(ranks),
+            "hosts": sorted({p["host"] for p in processes}) or m.get("hosts", []),
+            "dropped_events": dropped,
+            "errors": errors,
+            "warnings": list(run.warnings),
+            "disk_bytes": run.disk_bytes,
+            "gpus": res.gpus,
+        },
+        "steps": {
+            "count": st.count if st else 0,
+            "median_s": round(st.median_s, 6) if st else 0.0,
+            "p90_s": round(st.p90_s, 6) if st else 0.0,
+            "mean_s": round(st.mean_s, 6) if st else 0.0,
+            "per_s": round(st.per_s, 4) if st else 0.0,
+            "total_s": round(st.total_s, 6) if st else 0.0,
+            "epochs": st.epochs if st else 0,
+            "process": {"host": main.host, "pid": main.pid, "rank": main.rank} if main else {},
+            "per_rank": per_rank,
+            "timeline": st.timeline if st else [],
+        },
+        "phases": _phases_doc(st),
+        "outside_steps": {
+            "total_s": round(sum(outside.values()), 6),
+            "phases": {k: round(v, 6) for k, v in outside.items()},
+        },
+        "resources": _resources_doc(res),
+        "findings": [f.to_dict() for f in found],
+        "io": {},
+        "memory": {},
+        "communication": {},
+        "stages": [],
+        "processes": processes,
+        "cpu_count": os.cpu_count(),
+    }

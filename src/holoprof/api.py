@@ -1,0 +1,157 @@
+"""The Python API: trace from inside a script, and mark stages, phases and steps.
+
+All of it is safe to call when nothing is being traced: the markers then do nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+from holoprof import model
+
+_STATE: dict[str, Any] = {}
+
+
+def start(out: str | None = None, name: str | None = None, sample_interval_s: float = 1.0) -> str:
+    """Start tracing this process (and the processes it starts from now on). Returns the run directory.
+
+    Under ``holoprof run`` the process is traced already: the existing run directory is returned.
+    """
+    from holoprof.agent.core import get_agent, start_agent
+
+    agent = get_agent()
+    if agent is not None and not agent._stopped:
+        return agent.run_dir
+    from holoprof.collect.system import SystemSampler
+    from holoprof.launch.run import BOOT_DIR
+    from holoprof.store import rundir
+
+    script = os.path.splitext(os.path.basename(sys.argv[0] or "python"))[0] or "python"
+    name = name or script
+    run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
+    options: dict[str, Any] = {"sample_interval_s": sample_interval_s}
+    manifest = rundir.new_manifest(list(sys.argv), name, options)
+    rundir.write_manifest(run_dir, manifest)
+    agent = start_agent(run_dir, role="main", options=options)
+    sampler = SystemSampler(agent, os.getpid(), sample_interval_s)
+    sampler.start()
+    saved_env = {k: os.environ.get(k) for k in (model.ENV_RUN_DIR, "PYTHONPATH", model.ENV_OPTIONS)}
+    os.environ[model.ENV_RUN_DIR] = run_dir
+    os.environ[model.ENV_OPTIONS] = __import__("json").dumps(options)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = BOOT_DIR + (os.pathsep + old if old else "")
+    _STATE.update(run_dir=run_dir, manifest=manifest, sampler=sampler, env=saved_env)
+    return run_dir
+
+
+def stop(status: str = "finished") -> str | None:
+    """Stop tracing started by :func:`start`; flush everything. Returns the run directory."""
+    from holoprof.agent.core import stop_agent
+    from holoprof.store import rundir
+    from holoprof.store.compact import compact_run
+
+    if "run_dir" not in _STATE:
+        return None
+    sampler = _STATE.pop("sampler")
+    sampler.stop()
+    stop_agent()
+    for k, v in _STATE.pop("env").items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    run_dir: str = _STATE.pop("run_dir")
+    manifest = _STATE.pop("manifest")
+    try:
+        compact_run(run_dir)
+    except Exception:
+        pass
+    manifest.update(end_ns=time.time_ns(), status=status, exit_code=0 if status == "finished" else 1)
+    rundir.write_manifest(run_dir, manifest)
+    return run_dir
+
+
+class trace:
+    """``with holoprof.trace(out=...) as run_dir:`` traces the block."""
+
+    def __init__(
+        self, out: str | None = None, name: str | None = None, sample_interval_s: float = 1.0
+    ) -> None:
+        self.out, self.name, self.interval = out, name, sample_interval_s
+        self.run_dir: str | None = None
+        self._own = False
+
+    def __enter__(self) -> str:
+        self._own = "run_dir" not in _STATE and _agent() is None
+        self.run_dir = start(self.out, self.name, self.interval)
+        return self.run_dir
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._own:
+            stop("crashed" if et is not None and not issubclass(et, (KeyboardInterrupt,)) else "finished")
+
+
+def _agent() -> Any:
+    from holoprof.agent.core import get_agent
+
+    a = get_agent()
+    return None if a is None or a._stopped else a
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Mark a stage of the workflow (data preparation, training, evaluation, export, ...)."""
+    agent = _agent()
+    if agent is None:
+        yield
+        return
+    t0 = time.perf_counter_ns()
+    try:
+        yield
+    finally:
+        agent.span("stage", str(name), t0, time.perf_counter_ns(), -1)
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Mark a phase of the current step. Standard names (data_wait, forward, backward, optimizer,
+    communication, checkpoint, eval) count in the phase breakdown; other names are recorded as user
+    spans and their time stays in ``other``. Work detected automatically inside the block belongs to
+    this phase."""
+    agent = _agent()
+    if agent is None or agent.tls.active is not None:
+        yield
+        return
+    standard = name in model.MEASURED_PHASES
+    tls = agent.tls
+    t0 = time.perf_counter_ns()
+    if standard:
+        tls.active = name
+        if name != "eval":
+            agent.steps.activity(t0)
+    try:
+        yield
+    finally:
+        if standard:
+            tls.active = None
+        agent.span("phase" if standard else "user", str(name), t0, time.perf_counter_ns(), agent.steps.index)
+
+
+def step() -> None:
+    """Mark the end of a training step, for loops that have no optimizer (or a custom one).
+
+    Call it once at the end of each iteration. The first step starts at the first activity recorded
+    in the process (a DataLoader fetch, a forward pass, a phase), later ones where the previous ended.
+    Once called, automatic step detection is off for this process.
+    """
+    a = _agent()
+    if a is not None:
+        a.steps.mark()

@@ -1,0 +1,142 @@
+"""The `holoprof` command. Thin: parses, calls library functions, renders.
+
+Bad input raises HoloprofError, printed as one line ``holoprof: error: ...`` with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from holoprof import __version__
+from holoprof.errors import HoloprofError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, no usage dump
+        raise HoloprofError(f"{message}; see `{self.prog} --help`")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from holoprof.launch.run import run
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    options: dict[str, Any] = {}
+    if args.sample_interval is not None:
+        if args.sample_interval <= 0:
+            raise HoloprofError("--sample-interval must be a positive number of seconds, e.g. 0.5")
+        options["sample_interval_s"] = args.sample_interval
+    if args.flush_interval is not None:
+        if not 0 < args.flush_interval <= 1:
+            raise HoloprofError("--flush-interval must be between 0 and 1 second")
+        options["flush_interval_s"] = args.flush_interval
+    return run(command, out=args.out, name=args.name, options=options, report=not args.no_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from holoprof.analyze.report import build_report
+    from holoprof.store.reader import load
+
+    doc = build_report(load(args.run))
+    if args.html:
+        from holoprof.present.html import write_html
+
+        write_html(doc, args.html)
+        sys.stderr.write(f"holoprof: wrote {args.html}\n")
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    elif not args.html:
+        from holoprof.present.terminal import render
+
+        render(doc)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from holoprof.examples.demo import run_demo
+
+    return run_demo(out=args.out, quick=args.quick)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="holoprof", description="Where the time, memory and bandwidth of ML training go.")
+    p.add_argument("--version", action="version", version=f"holoprof {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run a command traced: holoprof run -- python train.py")
+    r.add_argument("--out", help="run directory to create (default: ./holoprof-runs/<time>-<name>)")
+    r.add_argument("--name", help="name of the run (default: the script's name)")
+    r.add_argument("--sample-interval", type=float, help="seconds between resource samples (default 1)")
+    r.add_argument(
+        "--flush-interval", type=float, help="seconds between flushes to disk (default 1, at most 1)"
+    )
+    r.add_argument("--no-report", action="store_true", help="do not print the report at the end")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="the command to trace, after --")
+    r.set_defaults(func=_cmd_run)
+
+    rp = sub.add_parser("report", help="report on a run: holoprof report RUN [--json] [--html FILE]")
+    rp.add_argument("run", help="a run directory")
+    rp.add_argument("--json", action="store_true", help="print the report as JSON (schema holoprof.report/1)")
+    rp.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    rp.set_defaults(func=_cmd_report)
+
+    d = sub.add_parser("demo", help="train the bundled example traced and print its report")
+    d.add_argument("--out", help="run directory to create")
+    d.add_argument("--quick", action="store_true", help="a shorter demo (fewer files and steps)")
+    d.set_defaults(func=_cmd_demo)
+
+    for name, module in EXTRA_COMMANDS.items():
+        _add_extra(sub, name, module)
+    return p
+
+
+#: Commands implemented in their own modules: name -> (module, help). Each module provides
+#: ``add_arguments(parser)`` and ``main(args) -> int``.
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+def _add_extra(sub: Any, name: str, spec: tuple[str, str]) -> None:
+    import importlib
+
+    module_name, help_text = spec
+    sp = sub.add_parser(name, help=help_text)
+    try:
+        mod = importlib.import_module(module_name)
+    except ImportError:
+        return
+    mod.add_arguments(sp)
+    sp.set_defaults(func=mod.main)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return 2
+        return int(func(args) or 0)
+    except HoloprofError as exc:
+        sys.stderr.write(f"holoprof: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("holoprof: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        except OSError:
+            pass
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""`holoprof run`: set up the run directory, inject the agent into every Python process, wait.
+
+The agent reaches every Python process of the job through a ``sitecustomize`` placed first on
+``PYTHONPATH`` and gated by ``HOLOPROF_RUN_DIR``: the main script, DataLoader workers (fork, spawn,
+forkserver), ``torch.multiprocessing.spawn`` and ``torchrun`` ranks, and Python subprocesses of shell
+pipelines. Processes that ignore the environment (``python -E``/``-I``) are not traced.
+
+Signals: SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 sent to ``holoprof run`` are forwarded to the job.
+SIGINT from the terminal (Ctrl-C) already reaches the job directly (same process group), so it is
+not forwarded a second time; a SIGINT sent to ``holoprof run`` alone with ``kill`` is forwarded.
+The exit status is the job's (128 + N when the job died of signal N).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from holoprof import model
+from holoprof.errors import HoloprofError
+from holoprof.store import rundir
+
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_SI_USER = 0
+
+
+def _is_python(exe: str) -> bool:
+    base = os.path.basename(exe)
+    return base.startswith("python") or base in ("pypy", "pypy3")
+
+
+def resolve_command(command: list[str]) -> list[str]:
+    """Turn the user's command into an argv, or raise a HoloprofError that says what is wrong."""
+    if not command:
+        raise HoloprofError(
+            "no command given; put the command after --, e.g.: holoprof run -- python train.py --epochs 3"
+        )
+    first = command[0]
+    if first.endswith(".py"):
+        if not os.path.isfile(first):
+            raise HoloprofError(f"script not found: {first}; check the path (relative to {os.getcwd()})")
+        return [sys.executable, *command]
+    if os.sep in first:
+        if not os.path.exists(first):
+            raise HoloprofError(f"command not found: {first}; check the path")
+        if not os.access(first, os.X_OK) or os.path.isdir(first):
+            raise HoloprofError(
+                f"{first} is not an executable file; check the path or run it through its interpreter"
+            )
+        exe = first
+    else:
+        found = shutil.which(first)
+        if found is None:
+            raise HoloprofError(
+                f"command not found: {first}; check the spelling, or give a path "
+                "(a .py file runs with this Python: holoprof run -- train.py)"
+            )
+        exe = found
+    if _is_python(exe):
+        script = _script_of(command[1:])
+        if script is not None and not os.path.isfile(script):
+            raise HoloprofError(f"script not found: {script}; check the path (relative to {os.getcwd()})")
+    return command
+
+
+def _script_of(args: list[str]) -> str | None:
+    """The script a python command line runs, if it runs one (not -c / -m)."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-c", "-m", "-"):
+            return None
+        if a in ("-W", "-X", "--check-hash-based-pycs"):
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return a
+    return None
+
+
+def run_name(command: list[str]) -> str:
+    script = _script_of(command[1:]) if _is_python(command[0]) else None
+    base = script or command[0]
+    if os.path.basename(base) in ("torchrun",) and len(command) > 1:
+        s = next((a for a in command[1:] if a.endswith(".py")), None)
+        base = s or base
+    return os.path.splitext(os.path.basename(base))[0] or "run"
+
+
+def job_environment(run_dir: str, options: dict[str, Any]) -> dict[str, str]:
+    env = dict(os.environ)
+    env[model.ENV_RUN_DIR] = run_dir
+    env[model.ENV_LAUNCHER_PID] = str(os.getpid())
+    env[model.ENV_BOOT_DIR] = BOOT_DIR
+    env[model.ENV_OPTIONS] = json.dumps(options)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = BOOT_DIR + (os.pathsep + old if old else "")
+    return env
+
+
+def run(
+    command: list[str],
+    out: str | None = None,
+    name: str | None = None,
+    options: dict[str, Any] | None = None,
+    report: bool = True,
+) -> int:
+    options = dict(options or {})
+    argv = resolve_command(command)
+    name = name or run_name(argv)
+    run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
+    manifest = rundir.new_manifest(list(command), name, options)
+    rundir.write_manifest(run_dir, manifest)
+    sys.stderr.write(f"holoprof: tracing into {run_dir}\n")
+    sys.stderr.flush()
+
+    rc = _supervise(argv, run_dir, options)
+
+    manifest["end_ns"] = time.time_ns()
+    manifest["exit_code"] = rc
+    manifest["status"] = "finished" if rc == 0 else "crashed"
+    if rc > 128:
+        try:
+            manifest["signal"] = signal.Signals(rc - 128).name
+        except ValueError:
+            pass
+    try:
+        from holoprof.store.compact import compact_run
+
+        compact_run(run_dir)
+    except Exception as exc:  # compaction is an optimization; the chunks are still there
+        sys.stderr.write(f"holoprof: could not compact the run ({exc}); it loads as it is\n")
+    rundir.write_manifest(run_dir, manifest)
+    if report:
+        try:
+            from holoprof.analyze.report import build_report
+            from holoprof.present.terminal import render
+            from holoprof.store.reader import load
+
+            render(build_report(load(run_dir)), short=True, file=sys.stderr)
+        except Exception as exc:
+            sys.stderr.write(f"holoprof: could not build the report ({type(exc).__name__}: {exc})\n")
+    sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
+    return rc
+
+
+def _from_terminal() -> bool:
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
+    from holoprof.agent.core import Agent
+    from holoprof.collect.system import SystemSampler
+
+    env = job_environment(run_dir, options)
+    use_wait = hasattr(signal, "sigtimedwait")
+    if use_wait:
+        # Signals wait in a queue for the loop below; the child starts with the mask cleared.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+
+        def _unblock() -> None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+        try:
+            proc = subprocess.Popen(argv, env=env, preexec_fn=_unblock)
+        except OSError as exc:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            raise HoloprofError(f"cannot start {argv[0]} ({exc.strerror or exc}); check the command")
+    else:  # pragma: no cover - platforms without sigtimedwait (macOS)
+        proc = subprocess.Popen(argv, env=env)
+        for s in FORWARDED:
+            if s == signal.SIGINT:
+                signal.signal(s, lambda n, f: None if _from_terminal() else proc.send_signal(n))
+            else:
+                signal.signal(s, lambda n, f: proc.send_signal(n))
+
+    agent = Agent(run_dir, role="launcher", options=options)
+    sampler = None
+    try:
+        agent.start(process_hooks=False)
+        sampler = SystemSampler(agent, proc.pid, float(options.get("sample_interval_s", 1.0)))
+        sampler.start()
+    except Exception as exc:
+        sys.stderr.write(f"holoprof: resource sampling is off ({type(exc).__name__}: {exc})\n")
+    try:
+        while True:
+            if use_wait:
+                info = signal.sigtimedwait(FORWARDED, 0.2)
+                if info is not None:
+                    from_tty = (
+                        info.si_signo == signal.SIGINT and info.si_code != _SI_USER and _from_terminal()
+                    )
+                    if not from_tty and proc.poll() is None:
+                        proc.send_signal(info.si_signo)
+            else:  # pragma: no cover
+                time.sleep(0.2)
+            rc = proc.poll()
+            if rc is not None:
+                break
+    finally:
+        if use_wait:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if sampler is not None:
+            sampler.stop()
+        agent.shutdown()
+    return rc if rc >= 0 else 128 - rc

@@ -1,0 +1,188 @@
+"""The execution model: table schemas, span kinds, phase names, environment variables.
+
+Everything that collectors write and analyses read is named here. The names are a contract with the
+run directory format, the JSON report and the docs (``docs/data-model.md``): add, never rename.
+
+This module must stay importable with the standard library only: the in-process agent imports it at
+interpreter start-up in every process of a job. The Arrow schemas are therefore built lazily by
+:func:`arrow_schema`.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+SCHEMA_VERSION: Final = 1
+REPORT_SCHEMA: Final = "holoprof.report/1"
+
+# --- span kinds ------------------------------------------------------------------------------------
+SpanKind = Literal["stage", "epoch", "step", "phase", "op", "io", "comm", "checkpoint", "user"]
+SPAN_KINDS: Final[tuple[str, ...]] = (
+    "stage",
+    "epoch",
+    "step",
+    "phase",
+    "op",
+    "io",
+    "comm",
+    "checkpoint",
+    "user",
+)
+
+# --- standard phases ---------------------------------------------------------------------------------
+PhaseName = Literal[
+    "data_wait", "forward", "backward", "optimizer", "communication", "checkpoint", "eval", "other"
+]
+PHASES: Final[tuple[str, ...]] = (
+    "data_wait",
+    "forward",
+    "backward",
+    "optimizer",
+    "communication",
+    "checkpoint",
+    "eval",
+    "other",
+)
+#: Phases that collectors record; ``other`` is always the remainder of the step.
+MEASURED_PHASES: Final[tuple[str, ...]] = tuple(p for p in PHASES if p != "other")
+
+# --- finding ids -------------------------------------------------------------------------------------
+FINDING_IDS: Final[tuple[str, ...]] = (
+    "input_bound",
+    "small_file_io",
+    "io_bandwidth",
+    "checkpoint_bound",
+    "communication_bound",
+    "straggler",
+    "memory_pressure",
+    "memory_headroom",
+    "low_device_utilization",
+    "host_overhead",
+)
+Severity = Literal["high", "medium", "low"]
+
+# --- process roles -----------------------------------------------------------------------------------
+ROLES: Final[tuple[str, ...]] = (
+    "launcher",  # the `holoprof run` process itself (it samples resources of the whole job)
+    "main",  # the command started by `holoprof run`, or the process that called holoprof.start()
+    "rank",  # a torch.distributed rank (RANK set, or init_process_group called)
+    "dataloader_worker",  # a torch DataLoader worker
+    "forkserver",  # the multiprocessing fork server
+    "child",  # any other process of the job
+)
+
+# --- environment variables (the launcher sets them; the agent reads them) --------------------------
+ENV_RUN_DIR: Final = "HOLOPROF_RUN_DIR"  # the gate: no agent starts unless it is set
+ENV_OPTIONS: Final = "HOLOPROF_OPTIONS"  # JSON object of agent options
+ENV_LAUNCHER_PID: Final = "HOLOPROF_LAUNCHER_PID"  # pid of `holoprof run`; its direct child is "main"
+ENV_BOOT_DIR: Final = "HOLOPROF_BOOT_DIR"  # the directory holding our sitecustomize (for chaining)
+ENV_FAULT: Final = "HOLOPROF_FAULT_INJECT"  # tests: "<collector>" makes that collector raise in its hook
+
+# --- run directory layout ----------------------------------------------------------------------------
+MANIFEST: Final = "manifest.json"
+CONTROL_DIR: Final = "control"
+ARTIFACTS_DIR: Final = "artifacts"
+TABLES: Final[tuple[str, ...]] = ("spans", "samples", "io_files", "io_ops", "processes")
+CHUNK_SUFFIX: Final = ".parquet"
+
+# --- table columns -----------------------------------------------------------------------------------
+# Identity columns carried by every data row (constant within a chunk, so they cost ~nothing in Parquet).
+IDENTITY_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
+    ("host", "string"),
+    ("pid", "int64"),
+    ("rank", "int32"),  # -1 when the process is not a distributed rank
+)
+
+COLUMNS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    "spans": (
+        *IDENTITY_COLUMNS,
+        ("tid", "int64"),
+        ("span_id", "int64"),
+        ("parent_id", "int64"),  # 0 = no parent
+        ("kind", "string"),
+        ("name", "string"),
+        ("start_ns", "int64"),
+        ("end_ns", "int64"),
+        ("step", "int64"),  # index of the training step the span belongs to (-1: none)
+        ("attrs", "string"),  # JSON object or null
+    ),
+    "samples": (
+        *IDENTITY_COLUMNS,
+        ("ts_ns", "int64"),
+        ("name", "string"),
+        ("value", "double"),
+        ("target_pid", "int64"),  # the process measured; -1 = the whole job (sum over its process tree)
+    ),
+    "io_files": (
+        *IDENTITY_COLUMNS,
+        ("ts_ns", "int64"),  # snapshot time: rows are cumulative snapshots, the last one per file wins
+        ("module", "string"),  # POSIX | STDIO
+        ("layer", "string"),  # native | python | darshan
+        ("path", "string"),
+        ("counters", "string"),  # JSON object: Darshan counter name -> value
+    ),
+    "io_ops": (
+        *IDENTITY_COLUMNS,
+        ("module", "string"),
+        ("path", "string"),
+        ("op", "string"),  # read | write | open | close | seek | stat | ...
+        ("offset", "int64"),
+        ("size_bytes", "int64"),
+        ("start_ns", "int64"),
+        ("end_ns", "int64"),
+    ),
+    "processes": (
+        *IDENTITY_COLUMNS,
+        ("ppid", "int64"),
+        ("local_rank", "int32"),
+        ("world_size", "int32"),
+        ("role", "string"),
+        ("argv", "string"),  # JSON list
+        ("exe", "string"),
+        ("start_ns", "int64"),
+        ("end_ns", "int64"),  # 0 while running
+        ("exit_code", "int32"),  # -1 unknown
+        ("updated_ns", "int64"),  # rows are snapshots; the last one per (host, pid) wins
+        ("clock_offset_ns", "int64"),  # wall-clock minus monotonic clock of this process
+        ("versions", "string"),  # JSON: python, holoprof, torch, ...
+        ("dropped_events", "int64"),
+        ("errors", "string"),  # JSON list of "collector: message"
+        ("info", "string"),  # JSON: collectors active, options, I/O layer, ...
+    ),
+}
+
+
+def column_names(table: str) -> tuple[str, ...]:
+    return tuple(name for name, _ in COLUMNS[table])
+
+
+def arrow_schema(table: str):  # -> pyarrow.Schema (lazy import: keep this module stdlib-only)
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "double": pa.float64()}
+    return pa.schema(
+        [pa.field(name, types[t]) for name, t in COLUMNS[table]],
+        metadata={
+            b"holoprof.schema_version": str(SCHEMA_VERSION).encode(),
+            b"holoprof.table": table.encode(),
+        },
+    )
+
+
+def duckdb_type(t: str) -> str:
+    return {"string": "VARCHAR", "int64": "BIGINT", "int32": "INTEGER", "double": "DOUBLE"}[t]
+
+
+# Darshan's ten access-size buckets (POSIX_SIZE_READ_0_100 ... POSIX_SIZE_READ_1G_PLUS).
+DARSHAN_SIZE_BUCKETS: Final[tuple[tuple[str, int, int], ...]] = (
+    ("0_100", 0, 100),
+    ("100_1K", 100, 1024),
+    ("1K_10K", 1024, 10 * 1024),
+    ("10K_100K", 10 * 1024, 100 * 1024),
+    ("100K_1M", 100 * 1024, 1024 * 1024),
+    ("1M_4M", 1024 * 1024, 4 * 1024 * 1024),
+    ("4M_10M", 4 * 1024 * 1024, 10 * 1024 * 1024),
+    ("10M_100M", 10 * 1024 * 1024, 100 * 1024 * 1024),
+    ("100M_1G", 100 * 1024 * 1024, 1024 * 1024 * 1024),
+    ("1G_PLUS", 1024 * 1024 * 1024, 2**63 - 1),
+)

@@ -1,0 +1,221 @@
+"""The terminal report (rich). Renders a ``holoprof.report/1`` document; computes nothing."""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+PHASE_COLORS = {
+    "data_wait": "red",
+    "forward": "green",
+    "backward": "blue",
+    "optimizer": "magenta",
+    "communication": "yellow",
+    "checkpoint": "cyan",
+    "eval": "bright_white",
+    "other": "grey50",
+}
+SEVERITY_COLORS = {"high": "bold red", "medium": "yellow", "low": "cyan"}
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def fmt_s(s: float) -> str:
+    if s >= 100:
+        return f"{s:.0f} s"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+def fmt_bytes(b: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(b) < 1024 or unit == "TiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return f"{b:.1f} TiB"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    if not values:
+        return ""
+    if len(values) > width:
+        k = len(values) / width
+        values = [max(values[int(i * k) : max(int(i * k) + 1, int((i + 1) * k))]) for i in range(width)]
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    return "".join(_SPARK[0 if span <= 0 else min(7, int((v - lo) / span * 7.999))] for v in values)
+
+
+def _phase_bar(phases: dict[str, Any], width: int = 60) -> Text:
+    bar = Text()
+    used = 0
+    items = [(p, v["fraction"]) for p, v in phases.items() if v["fraction"] > 0]
+    for i, (p, f) in enumerate(items):
+        n = width - used if i == len(items) - 1 else round(f * width)
+        n = max(0, min(n, width - used))
+        bar.append("█" * n, style=PHASE_COLORS.get(p, "white"))
+        used += n
+    return bar
+
+
+def _header(doc: dict[str, Any]) -> Table:
+    run = doc["run"]
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    status = run["status"]
+    style = {"finished": "green", "crashed": "bold red", "running": "yellow"}.get(status, "white")
+    cmd = " ".join(run.get("command") or [])
+    t.add_row("run", run["dir"])
+    if cmd:
+        t.add_row("command", cmd)
+    code = run.get("exit_code")
+    t.add_row(
+        "status",
+        Text(status + (f" (exit {code})" if code not in (None, 0) else ""), style=style),
+    )
+    t.add_row(
+        "duration",
+        f"{fmt_s(run['duration_s'])}  ·  {run['processes']} processes ({run['traced_processes']} traced)"
+        + (f"  ·  {run['ranks']} ranks" if run["ranks"] else ""),
+    )
+    return t
+
+
+def _steps(doc: dict[str, Any]) -> Table | Text:
+    st = doc["steps"]
+    if not st["count"]:
+        return Text(
+            "No training steps detected. Steps come from optimizer.step() (PyTorch); for other loops call "
+            "holoprof.step() once per iteration.",
+            style="yellow",
+        )
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for c in ("steps", "median", "p90", "steps/s", "epochs"):
+        t.add_column(c, justify="right")
+    t.add_row(
+        str(st["count"]), fmt_s(st["median_s"]), fmt_s(st["p90_s"]), f"{st['per_s']:.2f}", str(st["epochs"])
+    )
+    return t
+
+
+def _phases(doc: dict[str, Any]) -> Group:
+    phases = doc["phases"]
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t.add_column("phase")
+    t.add_column("share", justify="right")
+    t.add_column("median/step", justify="right")
+    t.add_column("total", justify="right")
+    t.add_column("")
+    for p, v in phases.items():
+        if v["fraction"] <= 0 and v["total_s"] <= 0:
+            continue
+        n = round(v["fraction"] * 30)
+        t.add_row(
+            Text(p, style=PHASE_COLORS.get(p, "white")),
+            f"{100 * v['fraction']:.1f}%",
+            fmt_s(v["median_s"]),
+            fmt_s(v["total_s"]),
+            Text("█" * n, style=PHASE_COLORS.get(p, "white")),
+        )
+    parts: list[Any] = [_phase_bar(phases), t]
+    tl = doc["steps"].get("timeline") or []
+    if len(tl) > 1:
+        parts.append(Text(f"step time over the run  {sparkline([r['step_s'] for r in tl])}", style="dim"))
+    out = doc.get("outside_steps") or {}
+    if out.get("total_s", 0) > 0:
+        items = ", ".join(f"{k} {fmt_s(v)}" for k, v in out["phases"].items() if v > 0)
+        parts.append(Text(f"outside training steps: {items}", style="dim"))
+    return Group(*parts)
+
+
+def _resources(doc: dict[str, Any]) -> Table | None:
+    s = doc["resources"]["summary"]
+    series = doc["resources"]["series"]
+    if not s:
+        return None
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t.add_column("resource")
+    t.add_column("mean", justify="right")
+    t.add_column("max", justify="right")
+    t.add_column("over time")
+
+    def row(label: str, key: str, fmt: Any) -> None:
+        if key in s:
+            spark = sparkline([v for _, v in series.get(key, [])], 40)
+            t.add_row(label, fmt(s[key]["mean"]), fmt(s[key]["max"]), Text(spark, style="cyan"))
+
+    row("CPU (job, 100% = 1 core)", "job.cpu_percent", lambda v: f"{v:.0f}%")
+    row("memory RSS (job)", "job.rss_bytes", fmt_bytes)
+    row("disk read", "job.read_bytes_per_s", lambda v: fmt_bytes(v) + "/s")
+    row("disk write", "job.write_bytes_per_s", lambda v: fmt_bytes(v) + "/s")
+    row("network in (host)", "host.net_recv_bytes_per_s", lambda v: fmt_bytes(v) + "/s")
+    row("network out (host)", "host.net_sent_bytes_per_s", lambda v: fmt_bytes(v) + "/s")
+    for g in doc["run"].get("gpus", []):
+        row(f"GPU {g} utilization", f"gpu.{g}.util_percent", lambda v: f"{v:.0f}%")
+        row(f"GPU {g} memory", f"gpu.{g}.mem_used_bytes", fmt_bytes)
+        row(f"GPU {g} power", f"gpu.{g}.power_w", lambda v: f"{v:.0f} W")
+    return t
+
+
+def _findings(doc: dict[str, Any]) -> Group:
+    items: list[Any] = []
+    if not doc["findings"]:
+        items.append(Text("No findings: nothing crossed a threshold.", style="green"))
+    for f in doc["findings"]:
+        head = Text()
+        head.append(f"[{f['severity']}] ", style=SEVERITY_COLORS.get(f["severity"], "white"))
+        head.append(f["title"], style="bold")
+        if f.get("estimated_gain"):
+            head.append(f"  (up to {100 * f['estimated_gain']:.0f}% of step time)", style="dim")
+        ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items())
+        items += [
+            head,
+            Text(f"    evidence: {ev}", style="dim"),
+            Text(f"    fix: {f['recommendation']}"),
+            Text(""),
+        ]
+    return Group(*items)
+
+
+def _notes(doc: dict[str, Any]) -> list[Text]:
+    run = doc["run"]
+    notes = []
+    if run["dropped_events"]:
+        notes.append(
+            Text(
+                f"{run['dropped_events']} events were dropped (buffer full or disk unwritable); totals may be low",
+                style="yellow",
+            )
+        )
+    for e in run["errors"]:
+        notes.append(Text(f"collector turned off: {e}", style="yellow"))
+    for w in run["warnings"]:
+        notes.append(Text(w, style="yellow"))
+    return notes
+
+
+def render(
+    doc: dict[str, Any], short: bool = False, file: IO[str] | None = None, width: int | None = None
+) -> None:
+    console = Console(file=file or sys.stdout, width=width or 110, highlight=False, soft_wrap=False)
+    parts: list[Any] = [_header(doc), Text("")]
+    parts += [Text("Steps", style="bold underline"), _steps(doc)]
+    if doc["steps"]["count"]:
+        parts += [Text(""), Text("Where each step's time goes", style="bold underline"), _phases(doc)]
+    res = _resources(doc)
+    if res is not None and not short:
+        parts += [Text(""), Text("Resources", style="bold underline"), res]
+    parts += [Text(""), Text("Findings", style="bold underline"), _findings(doc)]
+    notes = _notes(doc)
+    if notes:
+        parts += [Text("Notes", style="bold underline"), *notes]
+    console.print(Panel(Group(*parts), title="holoprof report", title_align="left", border_style="blue"))

@@ -1,0 +1,1 @@
+"""The run directory: format, chunk writer, reader."""

@@ -1,0 +1,130 @@
+"""Loading a run: DuckDB relations over the run's Parquet chunks.
+
+``holoprof.load(RUN)`` returns a :class:`Run`. Its tables (``spans``, ``samples``, ``io_files``,
+``io_ops``, ``processes``) are DuckDB relations (``.df()`` gives pandas, ``.arrow()`` Arrow). Chunks
+that cannot be read (the last chunk of a killed job) are skipped and listed in ``Run.warnings``.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import Any
+
+from holoprof import model
+from holoprof.errors import HoloprofError, MissingExtraError
+from holoprof.store import layout, rundir
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+class Run:
+    """A loaded run. Cheap to create: nothing is read until a query runs."""
+
+    def __init__(
+        self, path: str, manifest: dict[str, Any], chunks: layout.Chunks, threads: int | None = None
+    ) -> None:
+        try:
+            import duckdb
+        except ImportError:  # pragma: no cover - duckdb is a core dependency
+            raise MissingExtraError("loading a run", "duckdb", "duckdb")
+        self.path = path
+        self.manifest = manifest
+        self.chunks = chunks
+        self.warnings: list[str] = []
+        if chunks.bad:
+            rel = [os.path.relpath(p, path) for p in chunks.bad]
+            self.warnings.append(
+                f"skipped {len(rel)} unreadable chunk(s) (truncated: the process was probably killed while "
+                f"writing): {', '.join(rel[:5])}{' ...' if len(rel) > 5 else ''}"
+            )
+        self.con = duckdb.connect(":memory:")
+        self.con.execute(f"SET threads TO {threads or max(1, min(os.cpu_count() or 1, 8))}")
+        for table in model.TABLES:
+            self._register(table, chunks.files[table])
+        self.status = self._infer_status()
+
+    def _register(self, table: str, files: list[str]) -> None:
+        raw = f"{table}_raw" if table == "processes" else table
+        if files:
+            lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+            self.con.execute(f"CREATE VIEW {raw} AS SELECT * FROM read_parquet({lst}, union_by_name=true)")
+        else:
+            cols = ", ".join(f'"{n}" {model.duckdb_type(t)}' for n, t in model.COLUMNS[table])
+            self.con.execute(f"CREATE TABLE {raw} ({cols})")
+        if table == "processes":
+            # Rows are snapshots: keep the newest per process, an agent's own row over the sampler's.
+            self.con.execute(
+                """CREATE VIEW processes AS SELECT * EXCLUDE (rn) FROM (
+                     SELECT *, row_number() OVER (
+                       PARTITION BY host, pid
+                       ORDER BY (coalesce(info, '') LIKE '%"source": "sampler"%'), updated_ns DESC) AS rn
+                     FROM processes_raw) WHERE rn = 1"""
+            )
+
+    def _infer_status(self) -> str:
+        status = str(self.manifest.get("status", "running"))
+        if status == "running":
+            pid = self.manifest.get("launcher_pid")
+            alive = False
+            if isinstance(pid, int):
+                try:
+                    os.kill(pid, 0)
+                    alive = True
+                except OSError:
+                    alive = False
+            if not alive:
+                self.warnings.append(
+                    "the run never finished cleanly (its launcher is gone: killed?); everything flushed "
+                    "before that is shown"
+                )
+                return "crashed"
+        return status
+
+    # tables -----------------------------------------------------------------------------------------
+    def table(self, name: str) -> Any:
+        if name not in model.TABLES:
+            raise HoloprofError(f"unknown table {name!r}; the tables are: {', '.join(model.TABLES)}")
+        return self.con.table(name)
+
+    @property
+    def spans(self) -> Any:
+        return self.table("spans")
+
+    @property
+    def samples(self) -> Any:
+        return self.table("samples")
+
+    @property
+    def io_files(self) -> Any:
+        return self.table("io_files")
+
+    @property
+    def io_ops(self) -> Any:
+        return self.table("io_ops")
+
+    @property
+    def processes(self) -> Any:
+        return self.table("processes")
+
+    def sql(self, query: str, params: list[Any] | None = None) -> Any:
+        return self.con.execute(query, params or [])
+
+    def rows(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.con.execute(query, params or []).fetchall()
+
+    @cached_property
+    def disk_bytes(self) -> int:
+        return sum(os.path.getsize(f) for fs in self.chunks.files.values() for f in fs)
+
+    def __repr__(self) -> str:
+        return f"Run({self.path!r}, status={self.status!r})"
+
+
+def load(path: str | os.PathLike[str], threads: int | None = None) -> Run:
+    """Load the run directory ``path``. Raises HoloprofError (one line, with the fix) on bad input."""
+    p = os.path.abspath(os.fspath(path))
+    manifest = rundir.read_manifest(p)
+    return Run(p, manifest, layout.find_chunks(p), threads=threads)

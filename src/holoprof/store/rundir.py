@@ -1,0 +1,121 @@
+"""The run directory: creation (private, 0700), the manifest, and locating runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from typing import Any
+
+from holoprof import model
+from holoprof.errors import HoloprofError
+
+DEFAULT_RUNS_DIR = "holoprof-runs"
+
+
+def default_run_dir(name: str, base: str = DEFAULT_RUNS_DIR) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
+    path = os.path.join(base, f"{stamp}-{safe}")
+    n = 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(base, f"{stamp}-{safe}-{n}")
+    return path
+
+
+def create_run_dir(path: str) -> str:
+    """Create ``path`` as a private run directory; refuse one that exists and is not empty."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise HoloprofError(
+                f"--out {path} exists and is not a directory; choose a new directory for the run"
+            )
+        if os.listdir(path):
+            raise HoloprofError(
+                f"--out {path} already exists and is not empty; choose a new directory (or leave out --out "
+                "to get a fresh one under ./holoprof-runs)"
+            )
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)
+        for sub in (model.CONTROL_DIR, model.ARTIFACTS_DIR):
+            os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
+        probe = os.path.join(path, ".write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise HoloprofError(
+            f"cannot create the run directory {path} ({exc.strerror or exc}); choose a writable place with --out"
+        )
+    return path
+
+
+def write_manifest(run_dir: str, manifest: dict[str, Any]) -> None:
+    path = os.path.join(run_dir, model.MANIFEST)
+    tmp = path + f".tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def new_manifest(command: list[str], name: str, options: dict[str, Any]) -> dict[str, Any]:
+    from holoprof import __version__
+
+    return {
+        "schema_version": model.SCHEMA_VERSION,
+        "holoprof_version": __version__,
+        "name": name,
+        "command": command,
+        "cwd": os.getcwd(),
+        "hosts": [socket.gethostname()],
+        "start_ns": time.time_ns(),
+        "end_ns": None,
+        "status": "running",
+        "exit_code": None,
+        "launcher_pid": os.getpid(),
+        "options": options,
+    }
+
+
+def read_manifest(run_dir: str) -> dict[str, Any]:
+    """Read and check the manifest of ``run_dir``; raise a HoloprofError naming the fix."""
+    if not os.path.exists(run_dir):
+        raise HoloprofError(
+            f"{run_dir} does not exist; pass a run directory (runs are under ./holoprof-runs)"
+        )
+    if not os.path.isdir(run_dir):
+        raise HoloprofError(f"{run_dir} is not a directory; pass a run directory made by `holoprof run`")
+    path = os.path.join(run_dir, model.MANIFEST)
+    if not os.path.exists(path):
+        raise HoloprofError(
+            f"{run_dir} is not a holoprof run (no {model.MANIFEST}); pass a directory made by `holoprof run` "
+            "(runs are under ./holoprof-runs)"
+        )
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except ValueError as exc:
+        raise HoloprofError(
+            f"{path} is corrupted ({exc}); restore it from a copy — the recorded data in {run_dir} is untouched"
+        )
+    except OSError as exc:
+        raise HoloprofError(f"cannot read {path} ({exc.strerror or exc}); check its permissions")
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise HoloprofError(
+            f"{path} is not a holoprof manifest (no schema_version); restore it from a copy — the recorded "
+            f"data in {run_dir} is untouched"
+        )
+    if int(data.get("schema_version", 0)) > model.SCHEMA_VERSION:
+        raise HoloprofError(
+            f"{run_dir} was written by a newer holoprof (schema {data['schema_version']}); upgrade holoprof "
+            "to read it"
+        )
+    return data
