@@ -41,12 +41,15 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
     agent = start_agent(run_dir, role="main", options=options)
     sampler = SystemSampler(agent, os.getpid(), sample_interval_s)
     sampler.start()
+    from holoprof.store.raw import Converter
+
+    converter = Converter(run_dir).start()
     saved_env = {k: os.environ.get(k) for k in (model.ENV_RUN_DIR, "PYTHONPATH", model.ENV_OPTIONS)}
     os.environ[model.ENV_RUN_DIR] = run_dir
     os.environ[model.ENV_OPTIONS] = __import__("json").dumps(options)
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = BOOT_DIR + (os.pathsep + old if old else "")
-    _STATE.update(run_dir=run_dir, manifest=manifest, sampler=sampler, env=saved_env)
+    _STATE.update(run_dir=run_dir, manifest=manifest, sampler=sampler, env=saved_env, converter=converter)
     return run_dir
 
 
@@ -66,6 +69,7 @@ def stop(status: str = "finished") -> str | None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    _STATE.pop("converter").stop()
     run_dir: str = _STATE.pop("run_dir")
     manifest = _STATE.pop("manifest")
     try:

@@ -10,8 +10,8 @@ Rules that every line here keeps:
   SIGINT (through Python's normal exit path), and before ``os._exit`` (multiprocessing children).
   After ``fork`` the child starts clean with its own buffers, writer thread and process folder.
 
-This module imports the standard library only; pyarrow is imported by the writer thread on first
-flush.
+This module imports the standard library only, and so does the writer: it stores raw chunks
+(``holoprof.store.raw``) that the launcher converts to Parquet outside the job.
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ class Agent:
         self.run_dir = os.path.abspath(run_dir)
         self.options: dict[str, Any] = dict(options or {})
         self.flush_interval_s = float(self.options.get("flush_interval_s", 1.0))
-        self.buffer_limit = int(self.options.get("buffer_limit", 200_000))
+        self.buffer_limit = int(self.options.get("buffer_limit", 50_000))
+        self.early_flush = max(1, self.buffer_limit // 4)
         self.fixed_role = role
         self.host = socket.gethostname()
         self.collectors: list[Collector] = []
@@ -292,8 +293,13 @@ class Agent:
 
     def _run(self) -> None:
         stop = self._stop_event
-        while not stop.wait(self.flush_interval_s):
-            self.flush()
+        tick = min(0.1, self.flush_interval_s)
+        last = time.monotonic()
+        while not stop.wait(tick):
+            now = time.monotonic()
+            if now - last >= self.flush_interval_s or len(self.spans_buf) >= self.early_flush:
+                last = now
+                self.flush()
 
     def _before_fork(self) -> None:
         # No fork while the writer is inside pyarrow: the child would inherit its locks mid-use.
@@ -369,7 +375,7 @@ class Agent:
             self._lock.release()
 
     def _flush_locked(self, final: bool) -> None:
-        from holoprof.store.chunks import write_chunk
+        from holoprof.store.raw import write_raw
 
         spans, self.spans_buf = self.spans_buf, []
         samples, self.samples_buf = self.samples_buf, []
@@ -434,7 +440,7 @@ class Agent:
             writes.append(("processes", self._process_row(ident, final)))
         for table, cols in writes:
             try:
-                write_chunk(self.folder, table, cols, seq=next(self._seq))
+                write_raw(self.folder, table, cols, seq=next(self._seq))
             except OSError as exc:  # full or vanished disk: count, tell once, keep going
                 lost = max((len(v) for v in cols.values()), default=0)
                 if table in ("spans", "samples"):

@@ -163,6 +163,7 @@ def _from_terminal() -> bool:
 def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
     from holoprof.agent.core import Agent
     from holoprof.collect.system import SystemSampler
+    from holoprof.store.raw import Converter
 
     env = job_environment(run_dir, options)
     use_wait = hasattr(signal, "sigtimedwait")
@@ -188,6 +189,7 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
 
     agent = Agent(run_dir, role="launcher", options=options)
     sampler = None
+    converter = Converter(run_dir).start()
     try:
         agent.start(process_hooks=False)
         sampler = SystemSampler(agent, proc.pid, float(options.get("sample_interval_s", 1.0)))
@@ -215,4 +217,8 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
         if sampler is not None:
             sampler.stop()
         agent.shutdown()
+        try:
+            converter.stop()
+        except Exception as exc:
+            sys.stderr.write(f"holoprof: could not convert all chunks ({exc}); `holoprof report` will retry\n")
     return rc if rc >= 0 else 128 - rc

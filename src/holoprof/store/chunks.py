@@ -1,8 +1,7 @@
 """Writing Parquet chunks atomically.
 
-A chunk is written under a temporary name, fsync'ed is not needed for crash tolerance of the *job*
-(the reader skips unreadable chunks), but the rename makes a chunk appear whole or not at all for
-concurrent readers such as the live dashboard.
+A chunk is written under a temporary name and renamed, so that it appears whole or not at all to
+concurrent readers such as the live dashboard (the reader also skips unreadable chunks).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ def chunk_name(table: str, seq: int) -> str:
 
 
 def write_chunk(
-    folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq: int | None = None
+    folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq: int | None = None, exact: bool = False
 ) -> str | None:
     """Write one chunk of ``table`` (column name -> values) into ``folder``; return its path.
 
@@ -54,10 +53,10 @@ def write_chunk(
             seq = next(_counter)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, chunk_name(table, seq))
-    while os.path.exists(path):  # another writer (after fork) used the same sequence number
+    while not exact and os.path.exists(path):  # another writer used the same sequence number
         seq += 1_000_000
         path = os.path.join(folder, chunk_name(table, seq))
-    tmp = path + ".tmp"
+    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
     pq.write_table(
         tbl,
         tmp,

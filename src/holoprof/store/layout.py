@@ -66,9 +66,17 @@ def folder_chunks(folder: str) -> dict[str, tuple[list[tuple[int, int, str]], li
 
 
 def find_chunks(run_dir: str) -> Chunks:
+    """The readable chunks of a run, after converting raw chunks left behind (when writable)."""
+    from holoprof.store.raw import convert_folder
+
     out = Chunks()
     for folder in process_folders(run_dir):
         out.folders.append(folder)
+        try:
+            _, bad = convert_folder(folder)
+            out.bad += bad
+        except OSError:
+            pass
         for table, (compacted, parts) in folder_chunks(folder).items():
             covered: list[tuple[int, int]] = []
             # a compacted file inside a larger one is a leftover of an interrupted compaction

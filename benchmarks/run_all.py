@@ -1,0 +1,43 @@
+"""Run every benchmark and write benchmarks/RESULTS.md (`make bench`)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHES = [
+    "bench_overhead.py",
+    "bench_hotpath.py",
+    "bench_report_scale.py",
+]
+
+
+def main() -> None:
+    sections = []
+    for b in BENCHES + [a for a in sys.argv[1:] if a not in BENCHES]:
+        path = os.path.join(HERE, b)
+        if not os.path.exists(path):
+            continue
+        print(f"running {b} ...", file=sys.stderr, flush=True)
+        out = subprocess.run([sys.executable, path], capture_output=True, text=True)
+        if out.returncode != 0:
+            sections.append(f"## {b}\n\nfailed:\n\n```\n{out.stderr[-2000:]}\n```\n")
+        else:
+            sections.append(out.stdout)
+    head = (
+        "# Benchmark results\n\n"
+        f"Produced by `make bench` (`python benchmarks/run_all.py`) on {time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
+        "Every overhead is a ratio against the untraced run in the same process or run.\n\n"
+    )
+    with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
+        f.write(head + "\n".join(sections))
+    print(head + "\n".join(sections))
+
+
+if __name__ == "__main__":
+    main()

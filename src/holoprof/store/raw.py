@@ -1,0 +1,139 @@
+"""Raw chunks: what the in-process agent writes, converted to Parquet outside the job.
+
+The agent must stay light in every process of a job (a DataLoader worker included): importing pyarrow
+costs about 50 MiB of resident memory and a few hundred milliseconds per process. So the writer thread
+stores each flush as a *raw chunk* — the columns, serialized with ``marshal`` and compressed with
+``zlib`` (standard library only) — and the launcher (``holoprof run``), or a converter thread under
+``holoprof.start()``, turns raw chunks into Parquet chunks within a couple of seconds. Loading a run
+converts any raw chunk left over (a launcher that was killed).
+
+A raw chunk ``<table>-<seq>.hpr`` becomes ``<table>-<seq>.parquet``; when both exist (a conversion was
+interrupted), the Parquet file wins.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import re
+import threading
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from holoprof import model
+
+RAW_SUFFIX = ".hpr"
+_MAGIC = b"HPR1"
+_RAW = re.compile(r"^(?P<table>[a-z_]+)-(?P<seq>\d{8,})\.hpr$")
+
+
+def write_raw(folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq: int) -> str | None:
+    """Write one raw chunk atomically (temporary name, then rename). Standard library only."""
+    n = max((len(v) for v in columns.values()), default=0)
+    if n == 0:
+        return None
+    payload = marshal.dumps((model.SCHEMA_VERSION, table, {k: list(v) for k, v in columns.items()}))
+    data = _MAGIC + zlib.compress(payload, 1)
+    path = os.path.join(folder, f"{table}-{seq:08d}{RAW_SUFFIX}")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path
+
+
+def read_raw(path: str) -> tuple[str, dict[str, list[Any]]]:
+    """Read a raw chunk; raises ValueError when it is not a complete raw chunk."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(_MAGIC):
+        raise ValueError(f"{path}: not a raw chunk")
+    try:
+        version, table, cols = marshal.loads(zlib.decompress(data[len(_MAGIC) :]))
+    except (zlib.error, EOFError, ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: truncated or corrupted raw chunk ({exc})")
+    if table not in model.TABLES or not isinstance(cols, dict) or int(version) > model.SCHEMA_VERSION:
+        raise ValueError(f"{path}: not a raw chunk of a known table")
+    return table, cols
+
+
+_convert_lock = threading.Lock()
+
+
+def convert_folder(folder: str) -> tuple[int, list[str]]:
+    """Convert the raw chunks of one process folder to Parquet. Returns (converted, bad paths)."""
+    from holoprof.store.chunks import write_chunk
+
+    converted = 0
+    bad: list[str] = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return 0, bad
+    for name in names:
+        m = _RAW.match(name)
+        if not m:
+            continue
+        path = os.path.join(folder, name)
+        parquet = os.path.join(folder, f"{m['table']}-{m['seq']}{model.CHUNK_SUFFIX}")
+        if os.path.exists(parquet):
+            _remove(path)
+            continue
+        try:
+            table, cols = read_raw(path)
+        except (ValueError, OSError):
+            bad.append(path)
+            continue
+        with _convert_lock:
+            write_chunk(folder, table, cols, seq=int(m["seq"]), exact=True)
+        _remove(path)
+        converted += 1
+    return converted, bad
+
+
+def convert_run(run_dir: str) -> tuple[int, list[str]]:
+    from holoprof.store.layout import process_folders
+
+    total, bad = 0, []
+    for folder in process_folders(run_dir):
+        n, b = convert_folder(folder)
+        total += n
+        bad += b
+    return total, bad
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+class Converter:
+    """A background thread converting the raw chunks of a run every ``interval_s``."""
+
+    def __init__(self, run_dir: str, interval_s: float = 1.0) -> None:
+        self.run_dir = run_dir
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="holoprof-converter", daemon=True)
+        self.errors: list[str] = []
+
+    def start(self) -> Converter:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                convert_run(self.run_dir)
+            except Exception as exc:  # keep converting later; the raw chunks stay readable
+                if len(self.errors) < 10:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def stop(self) -> None:
+        """Stop and convert everything that is left."""
+        self._stop.set()
+        self._thread.join(30)
+        convert_run(self.run_dir)
