@@ -170,6 +170,10 @@ def all_findings(st: StepStats | None, res: Resources, loader: dict[str, Any]) -
     if st is not None:
         out += [input_bound(st, loader), host_overhead(st)]
     out.append(low_device_utilization(st, res))
-    found = [f for f in out if f is not None]
+    return ordered([f for f in out if f is not None])
+
+
+def ordered(found: list[Finding]) -> list[Finding]:
+    """Most severe first, then by expected gain."""
     order = {"high": 0, "medium": 1, "low": 2}
     return sorted(found, key=lambda f: (order.get(f.severity, 3), -f.estimated_gain))

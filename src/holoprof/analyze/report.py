@@ -89,6 +89,36 @@ def _resources_doc(res: Resources) -> dict[str, Any]:
     }
 
 
+#: Sections filled by their own analysis modules: key -> "module:function". Each function takes
+#: ``(run, ctx)`` and returns ``(section, findings)``: the JSON-able section (``{}``/``[]`` when there is
+#: no data) and a list of :class:`~holoprof.analyze.findings.Finding`. ``ctx`` carries what the core
+#: analyses found (``main``: the main loop's ProcKey or None, ``steps``: its StepStats or None,
+#: ``resources``, ``loader``). A section that fails is reported in run.warnings and left empty.
+SECTIONS: dict[str, str] = {}
+SECTION_DEFAULTS: dict[str, Any] = {"io": {}, "memory": {}, "communication": {}, "stages": []}
+
+
+def _extra_sections(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Any], list[str]]:
+    import importlib
+
+    out: dict[str, Any] = {
+        k: (v.copy() if isinstance(v, (dict, list)) else v) for k, v in SECTION_DEFAULTS.items()
+    }
+    found: list[Any] = []
+    warnings: list[str] = []
+    for key, target in SECTIONS.items():
+        module_name, func_name = target.split(":")
+        try:
+            func = getattr(importlib.import_module(module_name), func_name)
+            section, fs = func(run, ctx)
+        except Exception as exc:
+            warnings.append(f"the {key} analysis failed ({type(exc).__name__}: {exc}); its section is empty")
+            continue
+        out[key] = section
+        found += fs
+    return out, found, warnings
+
+
 def build_report(run: Run) -> dict[str, Any]:
     """Every analysis of ``run`` as the ``holoprof.report/1`` document."""
     procs = step_processes(run)
@@ -113,6 +143,9 @@ def build_report(run: Run) -> dict[str, Any]:
     res = resources(run)
     loader = loader_config(run, main) if main is not None else {}
     found = findings_mod.all_findings(st, res, loader)
+    ctx = {"main": main, "steps": st, "resources": res, "loader": loader, "step_processes": procs}
+    sections, more, section_warnings = _extra_sections(run, ctx)
+    found = findings_mod.ordered(found + more)
     processes = _processes(run)
     m = run.manifest
     start, end = m.get("start_ns"), m.get("end_ns")
@@ -142,7 +175,7 @@ def build_report(run: Run) -> dict[str, Any]:
             "hosts": sorted({p["host"] for p in processes}) or m.get("hosts", []),
             "dropped_events": dropped,
             "errors": errors,
-            "warnings": list(run.warnings),
+            "warnings": list(run.warnings) + section_warnings,
             "disk_bytes": run.disk_bytes,
             "gpus": res.gpus,
         },
@@ -165,10 +198,7 @@ def build_report(run: Run) -> dict[str, Any]:
         },
         "resources": _resources_doc(res),
         "findings": [f.to_dict() for f in found],
-        "io": {},
-        "memory": {},
-        "communication": {},
-        "stages": [],
+        **sections,
         "processes": processes,
         "cpu_count": os.cpu_count(),
     }
