@@ -36,6 +36,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not 0 < args.flush_interval <= 1:
             raise HoloprofError("--flush-interval must be between 0 and 1 second")
         options["flush_interval_s"] = args.flush_interval
+    import importlib
+
+    for module_name in RUN_OPTION_MODULES:
+        options.update(importlib.import_module(module_name).run_options(args))
     return run(command, out=args.out, name=args.name, options=options, report=not args.no_report)
 
 
@@ -78,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--flush-interval", type=float, help="seconds between flushes to disk (default 1, at most 1)"
     )
     r.add_argument("--no-report", action="store_true", help="do not print the report at the end")
+    for module_name in RUN_OPTION_MODULES:
+        import importlib
+
+        importlib.import_module(module_name).add_run_arguments(r)
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command to trace, after --")
     r.set_defaults(func=_cmd_run)
 
@@ -101,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``add_arguments(parser)`` and ``main(args) -> int``.
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
 
+#: Modules that add options to `holoprof run`: each provides ``add_run_arguments(parser)`` and
+#: ``run_options(args) -> dict`` (merged into the agent options, JSON-able).
+RUN_OPTION_MODULES: list[str] = []
+
 
 def _add_extra(sub: Any, name: str, spec: tuple[str, str]) -> None:
     import importlib
@@ -109,7 +121,13 @@ def _add_extra(sub: Any, name: str, spec: tuple[str, str]) -> None:
     sp = sub.add_parser(name, help=help_text)
     try:
         mod = importlib.import_module(module_name)
-    except ImportError:
+    except ImportError as exc:
+        missing = str(exc)
+
+        def _unavailable(args: argparse.Namespace) -> int:
+            raise HoloprofError(f"`holoprof {name}` is unavailable ({missing}); reinstall holoprof")
+
+        sp.set_defaults(func=_unavailable)
         return
     mod.add_arguments(sp)
     sp.set_defaults(func=mod.main)
