@@ -36,10 +36,14 @@ class _HookedLoader(importlib.abc.Loader):
 
 
 class PostImportFinder(importlib.abc.MetaPathFinder):
-    """Runs ``hook(module)`` once right after the named top-level module finishes importing."""
+    """Runs each ``hook(module)`` once right after the named module finishes importing.
+
+    Several collectors may hook the same module (``torch``): hooks run in registration order, each
+    guarded so that one failing hook does not stop the others.
+    """
 
     def __init__(self) -> None:
-        self.hooks: dict[str, Callable[[ModuleType], None]] = {}
+        self.hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
         self._busy = threading.local()
 
     def add(self, name: str, hook: Callable[[ModuleType], None]) -> None:
@@ -47,13 +51,17 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
         if mod is not None:
             hook(mod)
         else:
-            self.hooks[name] = hook
+            self.hooks.setdefault(name, []).append(hook)
 
-    def find_spec(
-        self, fullname: str, path: Any, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        hook = self.hooks.get(fullname)
-        if hook is None or getattr(self._busy, "name", None) == fullname:
+    def _run(self, name: str, module: ModuleType) -> None:
+        for hook in self.hooks.pop(name, []):
+            try:
+                hook(module)
+            except Exception:
+                pass  # each hook fails open on its own (collectors report through agent.fail)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.hooks or getattr(self._busy, "name", None) == fullname:
             return None
         self._busy.name = fullname
         try:
@@ -62,8 +70,7 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
             self._busy.name = None
         if spec is None or spec.loader is None:
             return None
-        del self.hooks[fullname]
-        spec.loader = _HookedLoader(spec.loader, hook)
+        spec.loader = _HookedLoader(spec.loader, lambda m: self._run(fullname, m))
         return spec
 
 
