@@ -44,7 +44,7 @@ def _processes(run: Run) -> list[dict[str, Any]]:
         """SELECT p.host, p.pid, p.ppid, p.role, p.rank, p.local_rank, p.world_size, p.argv, p.start_ns,
                   p.end_ns, p.exit_code, p.dropped_events, p.errors, p.info,
                   (SELECT count(*) FROM spans s WHERE s.kind = 'step' AND s.host = p.host AND s.pid = p.pid)
-           FROM processes p ORDER BY p.start_ns, p.pid"""
+           FROM processes p WHERE p.role IS DISTINCT FROM 'launcher' ORDER BY p.start_ns, p.pid"""
     )
     out = []
     for h, pid, ppid, role, rank, lrank, world, argv, s, e, code, dropped, errs, info, nsteps in rows:
@@ -189,7 +189,7 @@ def build_report(run: Run) -> dict[str, Any]:
             "epochs": st.epochs if st else 0,
             "process": {"host": main.host, "pid": main.pid, "rank": main.rank} if main else {},
             "per_rank": per_rank,
-            "timeline": st.timeline if st else [],
+            "timeline": [{k: round(v, 6) for k, v in r.items()} for r in st.timeline] if st else [],
         },
         "phases": _phases_doc(st),
         "outside_steps": {
