@@ -84,7 +84,7 @@ def _header(doc: dict[str, Any]) -> Table:
     )
     t.add_row(
         "duration",
-        f"{fmt_s(run['duration_s'])}  ·  {run['processes']} processes ({run['traced_processes']} traced)"
+        f"{fmt_s(run['duration_s'])}  ·  {run['processes']} process{'' if run['processes'] == 1 else 'es'} ({run['traced_processes']} traced)"
         + (f"  ·  {run['ranks']} ranks" if run["ranks"] else ""),
     )
     return t
