@@ -31,13 +31,16 @@ SPAN_KINDS: Final[tuple[str, ...]] = (
 
 # --- standard phases ---------------------------------------------------------------------------------
 PhaseName = Literal[
-    "data_wait", "forward", "backward", "optimizer", "communication", "checkpoint", "eval", "other"
+    "data_wait", "forward", "backward", "optimizer", "compute", "communication", "checkpoint", "eval", "other"
 ]
+#: ``compute`` is forward + backward + optimizer run as one fused call that cannot be told apart from
+#: outside (a compiled Keras/TensorFlow train step); frameworks that can split them never record it.
 PHASES: Final[tuple[str, ...]] = (
     "data_wait",
     "forward",
     "backward",
     "optimizer",
+    "compute",
     "communication",
     "checkpoint",
     "eval",

@@ -46,8 +46,19 @@ def _ms(s: float) -> str:
     return f"{1000 * s:.1f} ms"
 
 
+def steady_share(st: StepStats, phase: str) -> float:
+    """The share of a typical step spent in ``phase``.
+
+    The median over steps of the per-step share, so that a few slow warm-up steps (graph tracing,
+    worker start-up, autotuning) neither hide nor fake a steady-state problem; the plain fraction of
+    total time for runs with too few steps for a median to mean much.
+    """
+    ps = st.phases[phase]
+    return ps.median_share if st.count >= 5 else ps.fraction
+
+
 def input_bound(st: StepStats, loader: dict[str, Any], cpus: int | None = None) -> Finding | None:
-    frac = st.phases["data_wait"].fraction
+    frac = steady_share(st, "data_wait")
     if st.count == 0 or frac < INPUT_BOUND_MEDIUM:
         return None
     severity = "high" if frac >= INPUT_BOUND_HIGH else "medium"
@@ -55,6 +66,7 @@ def input_bound(st: StepStats, loader: dict[str, Any], cpus: int | None = None) 
     workers = loader.get("num_workers")
     evidence: dict[str, Any] = {
         "data_wait_fraction": round(frac, 4),
+        "data_wait_fraction_of_total": round(st.phases["data_wait"].fraction, 4),
         "data_wait_median_s": round(st.phases["data_wait"].median_s, 6),
         "step_median_s": round(st.median_s, 6),
         "steps": st.count,
@@ -97,7 +109,7 @@ def input_bound(st: StepStats, loader: dict[str, Any], cpus: int | None = None) 
 
 
 def host_overhead(st: StepStats) -> Finding | None:
-    frac = st.phases["other"].fraction
+    frac = steady_share(st, "other")
     if st.count == 0 or frac < HOST_OVERHEAD_MEDIUM:
         return None
     severity = "high" if frac >= HOST_OVERHEAD_HIGH else "medium"
@@ -138,7 +150,7 @@ def low_device_utilization(st: StepStats | None, res: Resources) -> Finding | No
     severity = "high" if mean < GPU_UTIL_HIGH else "medium"
     hint = ""
     if st is not None and st.count:
-        dw, other = st.phases["data_wait"].fraction, st.phases["other"].fraction
+        dw, other = steady_share(st, "data_wait"), steady_share(st, "other")
         if dw >= INPUT_BOUND_MEDIUM:
             hint = f" The step waits for data {_pct(dw)} of the time: fix the input pipeline first."
         elif other >= HOST_OVERHEAD_MEDIUM:

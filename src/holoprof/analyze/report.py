@@ -28,15 +28,22 @@ from holoprof.store.reader import Run
 
 def _phases_doc(st: StepStats | None) -> dict[str, Any]:
     if st is None:
-        return {p: {"fraction": 0.0, "total_s": 0.0, "median_s": 0.0} for p in model.PHASES}
-    return {
+        return {
+            p: {"fraction": 0.0, "total_s": 0.0, "median_s": 0.0, "median_share": 0.0} for p in model.PHASES
+        }
+    doc = {
         p: {
             "fraction": round(st.phases[p].fraction, 6),
             "total_s": round(st.phases[p].total_s, 6),
             "median_s": round(st.phases[p].median_s, 6),
+            "median_share": round(st.phases[p].median_share, 6),
         }
         for p in model.PHASES
     }
+    if st.total_s > 0:  # rounding must not break "the phases sum to 100%": `other` takes the residue
+        rest = sum(v["fraction"] for k, v in doc.items() if k != "other")
+        doc["other"]["fraction"] = max(0.0, 1.0 - rest)
+    return doc
 
 
 def _processes(run: Run) -> list[dict[str, Any]]:
@@ -94,7 +101,12 @@ def _resources_doc(res: Resources) -> dict[str, Any]:
 #: no data) and a list of :class:`~holoprof.analyze.findings.Finding`. ``ctx`` carries what the core
 #: analyses found (``main``: the main loop's ProcKey or None, ``steps``: its StepStats or None,
 #: ``resources``, ``loader``). A section that fails is reported in run.warnings and left empty.
-SECTIONS: dict[str, str] = {}
+SECTIONS: dict[str, str] = {
+    "stages": "holoprof.analyze.stages:stages_section",
+    "memory": "holoprof.analyze.memory:memory_section",
+    "io": "holoprof.analyze.io:io_section",
+    "communication": "holoprof.analyze.comm:communication",
+}
 SECTION_DEFAULTS: dict[str, Any] = {"io": {}, "memory": {}, "communication": {}, "stages": []}
 
 

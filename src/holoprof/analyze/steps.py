@@ -30,9 +30,10 @@ class ProcKey:
 
 @dataclass
 class PhaseStat:
-    fraction: float
+    fraction: float  # of the total step time
     total_s: float
-    median_s: float
+    median_s: float  # per step
+    median_share: float = 0.0  # median over steps of (phase time / step time): robust to warm-up
 
 
 @dataclass
@@ -102,7 +103,9 @@ def _per_step_sql() -> str:
 def step_stats(run: Run, proc: ProcKey, timeline_points: int = 120) -> StepStats:
     params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     base = _per_step_sql()
-    agg_cols = ", ".join(f"sum({p}), median({p})" for p in (*_PHASE_COLS, "other"))
+    agg_cols = ", ".join(
+        f"sum({p}), median({p}), median({p} / greatest(dur, 1))" for p in (*_PHASE_COLS, "other")
+    )
     row = run.con.execute(
         base
         + f"""SELECT count(*), median(dur), quantile_cont(dur, 0.9), avg(dur), sum(dur), min(s), max(e),
@@ -115,10 +118,14 @@ def step_stats(run: Run, proc: ProcKey, timeline_points: int = 120) -> StepStats
     total = float(row[4] or 0)
     phases: dict[str, PhaseStat] = {}
     for i, p in enumerate((*_PHASE_COLS, "other")):
-        tot = float(row[7 + 2 * i] or 0)
-        med = float(row[8 + 2 * i] or 0)
+        tot = float(row[7 + 3 * i] or 0)
+        med = float(row[8 + 3 * i] or 0)
+        share = float(row[9 + 3 * i] or 0)
         phases[p] = PhaseStat(
-            fraction=(tot / total) if total > 0 else 0.0, total_s=tot / NS, median_s=med / NS
+            fraction=(tot / total) if total > 0 else 0.0,
+            total_s=tot / NS,
+            median_s=med / NS,
+            median_share=share,
         )
     # make the fractions sum to exactly 1 despite float rounding: put the residue on `other`
     if total > 0:

@@ -16,6 +16,7 @@ PHASE_COLORS = {
     "forward": "green",
     "backward": "blue",
     "optimizer": "magenta",
+    "compute": "bright_green",
     "communication": "yellow",
     "checkpoint": "cyan",
     "eval": "bright_white",

@@ -1,0 +1,460 @@
+"""TensorFlow and Keras 3, always on: steps, input wait, eval and checkpoints with no code change.
+
+What is measured, and how honestly:
+
+* ``model.fit``: a callback added to the job's own callbacks gives steps (one per train batch),
+  epochs, and the validation passes (``eval``). Keras runs forward, backward and the optimizer update
+  as one compiled call, so that time is one phase, ``compute`` (forward + backward + optimizer,
+  fused), not an invented split.
+* Input wait in ``fit``/``evaluate``: Keras normally fetches the next batch inside its compiled
+  function, where Python cannot time it. With ``steps_per_execution=1`` holoprof hands Keras a plain
+  Python iterator over the same dataset (Keras's own path for non-``tf.data`` iterators), so each
+  fetch is timed as ``data_wait`` and the compiled step gets the batch as its argument. The
+  computation is unchanged; the step function is traced once more for the last, smaller batch.
+  ``holoprof run --tf-input-timing off`` restores Keras's path (input wait then counts in ``compute``).
+* Custom loops: iterating a ``tf.data`` dataset eagerly is ``data_wait``; ``GradientTape.gradient``
+  is ``backward``; ``optimizer.apply_gradients`` is ``optimizer`` and ends a step. A ``tf.function``
+  whose trace applied gradients is a training step function: each call is ``compute`` and a step.
+* Checkpoints: ``Model.save``/``save_weights``/``load_weights`` (so ``ModelCheckpoint``) and
+  ``tf.train.Checkpoint.save``/``write``/``restore``/``read`` are ``checkpoint``, with path and bytes.
+* GPU memory from ``tf.config.experimental.get_memory_info`` when TensorFlow sees GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+from holoprof.agent.core import Agent, Collector, now_ns
+from holoprof.agent.setup import post_import_finder
+
+
+def _path_bytes(path: str) -> int | None:
+    """Bytes of a file, a directory, or a TF checkpoint prefix (all files starting with it)."""
+    try:
+        if os.path.isfile(path):
+            return os.path.getsize(path)
+        if os.path.isdir(path):
+            return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+        parent, base = os.path.split(path)
+        return (
+            sum(
+                os.path.getsize(os.path.join(parent or ".", f))
+                for f in os.listdir(parent or ".")
+                if f.startswith(base) and os.path.isfile(os.path.join(parent or ".", f))
+            )
+            or None
+        )
+    except OSError:
+        return None
+
+
+class TensorFlowCollector(Collector):
+    name = "tensorflow"
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(agent)
+        self._patches: list[tuple[Any, str, Any]] = []
+        self._done: set[str] = set()
+        self.input_timing = str(agent.options.get("tf_input_timing", "on")) != "off"
+        self._mode: list[str] = []  # keras calls in progress: fit / evaluate / predict
+        self._fetch_end = 0
+        self._fn_stack: list[int] = []
+        self._train_fns: set[int] = set()
+        self._gpu_names: list[str] | None = None
+
+    # -- install -----------------------------------------------------------------------------------
+    def install(self) -> None:
+        finder = post_import_finder()
+        finder.add("tensorflow", self._on_tf)
+        finder.add("keras", self._on_keras)
+
+    def _set(self, obj: Any, attr: str, value: Any) -> None:
+        self._patches.append((obj, attr, getattr(obj, attr)))
+        setattr(obj, attr, value)
+
+    def uninstall(self) -> None:
+        for obj, attr, orig in reversed(self._patches):
+            try:
+                setattr(obj, attr, orig)
+            except Exception:
+                pass
+        self._patches.clear()
+
+    def _guard(self, key: str, fn: Any, module: ModuleType) -> None:
+        if key in self._done or not self.enabled:
+            return
+        self._done.add(key)
+        try:
+            fn(module)
+        except Exception as exc:
+            self.agent.fail(self, exc)
+
+    def _on_tf(self, tf: ModuleType) -> None:
+        self._guard("tf", self._patch_tf, tf)
+        keras = sys.modules.get("keras")
+        # `import keras` imports tensorflow half-way through its own start-up: patch keras only once
+        # it is complete (otherwise its own post-import hook does it).
+        if keras is not None and getattr(keras, "callbacks", None) is not None:
+            self._guard("keras", self._patch_keras, keras)
+
+    def _on_keras(self, keras: ModuleType) -> None:
+        if "tensorflow" in sys.modules:
+            self._guard("tf", self._patch_tf, sys.modules["tensorflow"])
+        self._guard("keras", self._patch_keras, keras)
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _phase(self, name: str, t0: int, t1: int, attrs: dict[str, Any] | None = None) -> None:
+        self.agent.span("phase", name, t0, t1, self.agent.steps.index, attrs)
+
+    def _mode_now(self) -> str | None:
+        return self._mode[-1] if self._mode else None
+
+    # -- TensorFlow: custom loops, checkpoints, GPU memory -----------------------------------------
+    def _patch_tf(self, tf: ModuleType) -> None:
+        from tensorflow.python.data.ops import iterator_ops
+        from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
+
+        col = self
+        agent = self.agent
+        steps = agent.steps
+        inside_function = tf.inside_function
+
+        orig_next = iterator_ops.OwnedIterator.__next__
+
+        def __next__(it: Any) -> Any:
+            t = agent.tls
+            if t.active is not None or not col.enabled or col._mode or inside_function():
+                return orig_next(it)
+            t0 = now_ns()
+            try:
+                steps.opener(t0)
+            except Exception as exc:
+                agent.fail(col, exc)
+            t.active = "data_wait"
+            try:
+                return orig_next(it)
+            finally:
+                t.active = None
+                try:
+                    col._phase("data_wait", t0, now_ns())
+                except Exception as exc:
+                    agent.fail(col, exc)
+
+        self._set(iterator_ops.OwnedIterator, "__next__", __next__)
+
+        orig_gradient = tf.GradientTape.gradient
+
+        def gradient(tape: Any, *args: Any, **kwargs: Any) -> Any:
+            t = agent.tls
+            if t.active is not None or not col.enabled or inside_function():
+                return orig_gradient(tape, *args, **kwargs)
+            t0 = now_ns()
+            t.active = "backward"
+            try:
+                return orig_gradient(tape, *args, **kwargs)
+            finally:
+                t.active = None
+                try:
+                    steps.activity(t0)
+                    col._phase("backward", t0, now_ns())
+                except Exception as exc:
+                    agent.fail(col, exc)
+
+        self._set(tf.GradientTape, "gradient", gradient)
+
+        orig_call = pf.Function.__call__
+
+        def fn_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            t = agent.tls
+            if t.active is not None or not col.enabled or col._mode or inside_function():
+                return orig_call(fn, *args, **kwargs)
+            t0 = now_ns()
+            col._fn_stack.append(id(fn))
+            t.active = "compute"
+            try:
+                return orig_call(fn, *args, **kwargs)
+            finally:
+                t.active = None
+                col._fn_stack.pop()
+                try:
+                    if id(fn) in col._train_fns:
+                        t1 = now_ns()
+                        steps.activity(t0)
+                        col._phase("compute", t0, t1, {"fused": ["forward", "backward", "optimizer"]})
+                        steps.update_done(t1)
+                except Exception as exc:
+                    agent.fail(col, exc)
+
+        self._set(pf.Function, "__call__", fn_call)
+
+        def wrap_ckpt(cls: Any, meth: str, op: str) -> None:
+            orig = getattr(cls, meth)
+
+            def ckpt(obj: Any, *args: Any, **kwargs: Any) -> Any:
+                t = agent.tls
+                if t.active is not None or not col.enabled:
+                    return orig(obj, *args, **kwargs)
+                t0 = now_ns()
+                t.active = "checkpoint"
+                result = None
+                try:
+                    result = orig(obj, *args, **kwargs)
+                    return result
+                finally:
+                    t.active = None
+                    try:
+                        target = args[0] if args else next(iter(kwargs.values()), None)
+                        path = result if isinstance(result, str) else target
+                        attrs: dict[str, Any] = {"op": op, "api": f"{cls.__name__}.{meth}"}
+                        if isinstance(path, (str, os.PathLike)):
+                            attrs["path"] = os.path.abspath(os.fspath(path))
+                            b = _path_bytes(attrs["path"])
+                            if b is not None:
+                                attrs["bytes"] = b
+                        col._phase("checkpoint", t0, now_ns(), attrs)
+                    except Exception as exc:
+                        agent.fail(col, exc)
+
+            self._set(cls, meth, ckpt)
+
+        for meth, op in (("save", "save"), ("write", "save"), ("restore", "load"), ("read", "load")):
+            wrap_ckpt(tf.train.Checkpoint, meth, op)
+        self._wrap_ckpt = wrap_ckpt
+        agent.pollers.append(self._poll_gpu_memory)
+        agent.info.setdefault("frameworks", []).append(f"tensorflow {tf.__version__}")
+
+    def _poll_gpu_memory(self) -> list[tuple[str, dict[str, list[Any]]]]:
+        tf = sys.modules.get("tensorflow")
+        if tf is None:
+            return []
+        if self._gpu_names is None:
+            try:
+                self._gpu_names = [f"GPU:{i}" for i, _ in enumerate(tf.config.list_physical_devices("GPU"))]
+            except Exception:
+                self._gpu_names = []
+        for i, dev in enumerate(self._gpu_names):
+            try:
+                info = tf.config.experimental.get_memory_info(dev)
+            except Exception:
+                continue
+            self.agent.sample(f"tf.gpu.{i}.mem_current_bytes", float(info.get("current", 0)), self.agent.pid)
+            self.agent.sample(f"tf.gpu.{i}.mem_peak_bytes", float(info.get("peak", 0)), self.agent.pid)
+        return []
+
+    # -- Keras 3 -----------------------------------------------------------------------------------
+    def _patch_keras(self, keras: ModuleType) -> None:
+        col = self
+        agent = self.agent
+        steps = agent.steps
+        callback_cls = _make_callback(keras, self)
+
+        def wrap_entry(meth: str, mode: str) -> None:
+            orig = getattr(keras.Model, meth)
+
+            def entry(model: Any, *args: Any, **kwargs: Any) -> Any:
+                if not col.enabled:
+                    return orig(model, *args, **kwargs)
+                try:
+                    cbs = kwargs.get("callbacks")
+                    # fit passes its own CallbackList to the evaluate() it runs for validation:
+                    # that list already holds our callback, so leave it alone.
+                    if cbs is None or isinstance(cbs, (list, tuple)):
+                        kwargs["callbacks"] = [*(cbs or []), callback_cls(mode)]
+                except Exception as exc:
+                    agent.fail(col, exc)
+                col._mode.append(mode)
+                try:
+                    return orig(model, *args, **kwargs)
+                finally:
+                    col._mode.pop()
+                    if mode == "fit":
+                        try:
+                            steps.end_loop(steps.last_update_ns or now_ns())
+                        except Exception as exc:
+                            agent.fail(col, exc)
+
+            self._set(keras.Model, meth, entry)
+
+        wrap_entry("fit", "fit")
+        wrap_entry("evaluate", "evaluate")
+        wrap_entry("predict", "predict")
+
+        if hasattr(self, "_wrap_ckpt"):
+            for meth, op in (("save", "save"), ("save_weights", "save"), ("load_weights", "load")):
+                self._wrap_ckpt(keras.Model, meth, op)
+
+        # optimizer.apply_gradients: custom loops (eager) and step functions (traced)
+        from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+        orig_apply = BaseOptimizer.apply_gradients
+
+        def apply_gradients(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            tf = sys.modules.get("tensorflow")
+            traced = tf is not None and tf.inside_function()
+            if traced:
+                if col._fn_stack and not col._mode:
+                    col._train_fns.add(col._fn_stack[0])  # this tf.function is a training step
+                return orig_apply(opt, *args, **kwargs)
+            t = agent.tls
+            if t.active is not None or not col.enabled or col._mode:
+                return orig_apply(opt, *args, **kwargs)
+            t0 = now_ns()
+            t.active = "optimizer"
+            try:
+                return orig_apply(opt, *args, **kwargs)
+            finally:
+                t.active = None
+                try:
+                    t1 = now_ns()
+                    steps.optimizer_seen = True
+                    col._phase("optimizer", t0, t1)
+                    steps.update_done(t1)
+                except Exception as exc:
+                    agent.fail(col, exc)
+
+        self._set(BaseOptimizer, "apply_gradients", apply_gradients)
+
+        if self.input_timing:
+            from keras.src.backend.tensorflow import trainer as tf_trainer
+
+            orig_get_iterator = tf_trainer.TFEpochIterator._get_iterator
+
+            def _get_iterator(it: Any) -> Any:
+                ds = orig_get_iterator(it)
+                try:
+                    if getattr(it, "steps_per_execution", 1) == 1 and col.enabled:
+                        return _TimedIterable(ds, col)
+                except Exception as exc:
+                    agent.fail(col, exc)
+                return ds
+
+            self._set(tf_trainer.TFEpochIterator, "_get_iterator", _get_iterator)
+        agent.info.setdefault("frameworks", []).append(f"keras {getattr(keras, '__version__', '?')}")
+
+
+class _TimedIterable:
+    """The dataset Keras iterates, yielding batches through a timed plain Python iterator."""
+
+    def __init__(self, dataset: Any, col: TensorFlowCollector) -> None:
+        self.dataset = dataset
+        self.col = col
+
+    def __iter__(self) -> _TimedIterator:
+        return _TimedIterator(iter(self.dataset), self.col)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dataset, name)
+
+
+class _TimedIterator:
+    def __init__(self, it: Any, col: TensorFlowCollector) -> None:
+        self.it = it
+        self.col = col
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        col = self.col
+        t0 = now_ns()
+        try:
+            return next(self.it)
+        except StopIteration:
+            # Keras's loop expects TensorFlow's end-of-data error from inside the step function.
+            import tensorflow as tf
+
+            raise tf.errors.OutOfRangeError(None, None, "End of sequence")
+        finally:
+            try:
+                t1 = now_ns()
+                col._fetch_end = t1
+                label = "data_wait" if col._mode_now() == "fit" and not col.agent.tls.active else "eval"
+                col._phase(label, t0, t1)
+            except Exception as exc:
+                col.agent.fail(col, exc)
+
+
+def _make_callback(keras: ModuleType, col: TensorFlowCollector) -> Any:
+    agent = col.agent
+    steps = agent.steps
+
+    class HoloprofCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defined,unused-ignore]
+        """Steps, epochs and evaluation of a Keras fit/evaluate/predict call."""
+
+        def __init__(self, mode: str) -> None:
+            super().__init__()
+            self.mode = mode
+            self._b0 = 0
+            self._e0 = 0
+            self._epoch = 0
+
+        def _safe(self, fn: Any, *args: Any) -> None:
+            if not col.enabled:
+                return
+            try:
+                fn(*args)
+            except Exception as exc:
+                agent.fail(col, exc)
+
+        # training batches: a step runs from one batch's begin to the next batch's begin
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self._safe(self._train_begin)
+
+        def _train_begin(self) -> None:
+            t = now_ns()
+            steps.opener(t)
+            self._b0 = t
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self._safe(self._train_end)
+
+        def _train_end(self) -> None:
+            t1 = now_ns()
+            t0 = col._fetch_end if col._fetch_end >= self._b0 else self._b0
+            col._phase("compute", t0, t1, {"fused": ["forward", "backward", "optimizer"]})
+            steps.optimizer_seen = True
+            steps.update_done(t1)
+
+        def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self._b0 = now_ns()
+
+        def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+            self._safe(self._eval_end)
+
+        on_predict_batch_begin = on_test_batch_begin
+        on_predict_batch_end = on_test_batch_end
+
+        def _eval_end(self) -> None:
+            t1 = now_ns()
+            t0 = col._fetch_end if col._fetch_end >= self._b0 else self._b0
+            col._phase("eval", t0, t1)
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._e0 = now_ns()
+            self._epoch = epoch
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self._safe(self._epoch_end)
+
+        def _epoch_end(self) -> None:
+            agent.span("epoch", "epoch", self._e0, now_ns(), -1, {"epoch": self._epoch, "framework": "keras"})
+
+    return HoloprofCallback
+
+
+# -- `holoprof run` options ---------------------------------------------------------------------------
+def add_run_arguments(parser: Any) -> None:
+    parser.add_argument(
+        "--tf-input-timing",
+        choices=("on", "off"),
+        default=None,
+        help="Keras: time each batch fetch as data_wait (default on; off keeps Keras's in-graph fetch)",
+    )
+
+
+def run_options(args: Any) -> dict[str, Any]:
+    value = getattr(args, "tf_input_timing", None)
+    return {} if value is None else {"tf_input_timing": value}

@@ -1,0 +1,93 @@
+"""Keras and TensorFlow traced with no code change: real fits and custom loops under `holoprof run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "tf_scripts")
+
+
+def _trace(tmp: str, name: str, *args: str) -> dict:
+    out = os.path.join(tmp, name)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "run", "--no-report", "--out", out, "--", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "report", out, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    doc = json.loads(rep.stdout)
+    doc["_stdout"] = proc.stdout
+    doc["_stderr"] = proc.stderr
+    return doc
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    tmp = str(tmp_path_factory.mktemp("keras"))
+    script = os.path.join(SCRIPTS, "keras_fit.py")
+    return {
+        mode: _trace(tmp, mode, script, os.path.join(tmp, f"ck-{mode}"), mode, "2")
+        for mode in ("slow", "fast")
+    }
+
+
+def test_keras_fit_counts_steps_and_epochs(fits: dict[str, dict]) -> None:
+    for doc in fits.values():
+        assert "epochs run 2" in doc["_stdout"]
+        assert doc["steps"]["count"] == 20  # 2 epochs x 10 batches
+        assert doc["steps"]["epochs"] == 2
+        assert abs(sum(p["fraction"] for p in doc["phases"].values()) - 1) < 1e-6
+        assert doc["run"]["errors"] == []
+
+
+def test_keras_fused_step_is_reported_as_compute_not_split(fits: dict[str, dict]) -> None:
+    phases = fits["fast"]["phases"]
+    assert phases["compute"]["total_s"] > 0
+    for p in ("forward", "backward", "optimizer"):
+        assert phases[p]["total_s"] == 0
+
+
+def test_keras_validation_and_checkpoints_are_recorded(fits: dict[str, dict]) -> None:
+    doc = fits["fast"]
+    eval_s = doc["phases"]["eval"]["total_s"] + doc["outside_steps"]["phases"].get("eval", 0)
+    ckpt_s = doc["phases"]["checkpoint"]["total_s"] + doc["outside_steps"]["phases"].get("checkpoint", 0)
+    assert eval_s > 0
+    assert ckpt_s > 0
+
+
+def test_slow_tf_data_map_is_input_bound_and_prefetched_pipeline_is_not(fits: dict[str, dict]) -> None:
+    slow = {f["id"]: f for f in fits["slow"]["findings"]}
+    assert "input_bound" in slow and slow["input_bound"]["severity"] == "high"
+    assert slow["input_bound"]["evidence"]["data_wait_fraction"] >= 0.5
+    assert "input_bound" not in {f["id"] for f in fits["fast"]["findings"]}
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_gradient_tape_loop_counts_its_steps(tmp_path: object, mode: str) -> None:
+    doc = _trace(str(tmp_path), mode, os.path.join(SCRIPTS, "custom_loop.py"), mode, "12")
+    assert "iterations 12" in doc["_stdout"]
+    assert doc["steps"]["count"] == 12
+    assert doc["phases"]["data_wait"]["total_s"] > 0
+    if mode == "eager":
+        assert doc["phases"]["backward"]["total_s"] > 0
+        assert doc["phases"]["optimizer"]["total_s"] > 0
+    else:
+        assert doc["phases"]["compute"]["total_s"] > 0
