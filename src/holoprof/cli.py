@@ -36,10 +36,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not 0 < args.flush_interval <= 1:
             raise HoloprofError("--flush-interval must be between 0 and 1 second")
         options["flush_interval_s"] = args.flush_interval
-    import importlib
-
-    for module_name in RUN_OPTION_MODULES:
-        options.update(importlib.import_module(module_name).run_options(args))
+    for mod in _run_option_modules():
+        options.update(mod.run_options(args))
     return run(command, out=args.out, name=args.name, options=options, report=not args.no_report)
 
 
@@ -82,10 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--flush-interval", type=float, help="seconds between flushes to disk (default 1, at most 1)"
     )
     r.add_argument("--no-report", action="store_true", help="do not print the report at the end")
-    for module_name in RUN_OPTION_MODULES:
-        import importlib
-
-        importlib.import_module(module_name).add_run_arguments(r)
+    for mod in _run_option_modules():
+        mod.add_run_arguments(r)
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command to trace, after --")
     r.set_defaults(func=_cmd_run)
 
@@ -112,6 +108,19 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
 #: Modules that add options to `holoprof run`: each provides ``add_run_arguments(parser)`` and
 #: ``run_options(args) -> dict`` (merged into the agent options, JSON-able).
 RUN_OPTION_MODULES: list[str] = []
+RUN_OPTION_MODULES.append("holoprof.collect.tensorflow")
+
+
+def _run_option_modules() -> list[Any]:
+    import importlib
+
+    mods = []
+    for module_name in RUN_OPTION_MODULES:
+        try:
+            mods.append(importlib.import_module(module_name))
+        except ImportError:  # a broken optional part must not take the whole command down
+            continue
+    return mods
 
 
 def _add_extra(sub: Any, name: str, spec: tuple[str, str]) -> None:

@@ -62,7 +62,7 @@ class StepTracker:
     Loops without an optimizer fall back to backward passes; ``holoprof.step()`` overrides both.
     """
 
-    __slots__ = ("agent", "index", "manual", "optimizer_seen", "pending_close", "start_ns")
+    __slots__ = ("agent", "index", "last_update_ns", "manual", "optimizer_seen", "pending_close", "start_ns")
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -71,6 +71,7 @@ class StepTracker:
         self.pending_close = False
         self.manual = False
         self.optimizer_seen = False
+        self.last_update_ns = 0
 
     def reset(self) -> None:
         self.index = 0
@@ -78,6 +79,7 @@ class StepTracker:
         self.pending_close = False
         self.manual = False
         self.optimizer_seen = False
+        self.last_update_ns = 0
 
     def activity(self, t_ns: int) -> None:
         """Something of the training loop happened at ``t_ns``: the first step starts here."""
@@ -97,6 +99,7 @@ class StepTracker:
         if self.start_ns is None:
             self.start_ns = t_ns
         self.pending_close = True
+        self.last_update_ns = t_ns
 
     def close(self, t_ns: int) -> None:
         start = self.start_ns
@@ -117,10 +120,17 @@ class StepTracker:
         else:
             self.start_ns = t
 
-    def finish(self, t_ns: int) -> None:
-        """At exit: a step whose update already happened is closed; a half-done step is dropped."""
+    def end_loop(self, t_ns: int) -> None:
+        """The training loop ended (e.g. ``fit`` returned): close a pending step, open none."""
         if self.pending_close and not self.manual:
             self.close(t_ns)
+        self.start_ns = None
+
+    def finish(self, t_ns: int) -> None:
+        """At exit: a step whose update happened is closed where that update ended (what follows it,
+        such as a final evaluation, is not part of a step); a half-done step is dropped."""
+        if self.pending_close and not self.manual:
+            self.close(self.last_update_ns or t_ns)
 
 
 class Collector:
@@ -160,6 +170,7 @@ class Agent:
         self.buffer_limit = int(self.options.get("buffer_limit", 50_000))
         self.early_flush = max(1, self.buffer_limit // 4)
         self.fixed_role = role
+        self.forked = False  # True in a child made by fork (it inherits its parent's command line)
         self.host = socket.gethostname()
         self.collectors: list[Collector] = []
         self.pollers: list[Poller] = []
@@ -190,6 +201,7 @@ class Agent:
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._flushed_any = False
+        self.dist_identity: tuple[int, int, int] | None = None  # (rank, local_rank, world_size)
 
     # -- hot path ----------------------------------------------------------------------------------
     def span(
@@ -247,9 +259,19 @@ class Agent:
             pass
 
     # -- identity ----------------------------------------------------------------------------------
+    def note_distributed(self) -> None:
+        """torch.distributed is initialized: remember the rank, which outlives destroy_process_group."""
+        rank, local_rank, world_size = _dist_identity()
+        if rank >= 0:
+            self.dist_identity = (rank, local_rank, world_size)
+
     def identity(self) -> dict[str, Any]:
         rank, local_rank, world_size = _dist_identity()
-        role = self.fixed_role or _detect_role(self.pid, rank)
+        if rank >= 0:
+            self.dist_identity = (rank, local_rank, world_size)
+        elif self.dist_identity is not None:  # the process group was destroyed before this flush
+            rank, local_rank, world_size = self.dist_identity
+        role = self.fixed_role or _detect_role(self.pid, rank, self.forked)
         return {
             "host": self.host,
             "pid": self.pid,
@@ -309,6 +331,7 @@ class Agent:
         self._lock.release()
 
     def _after_fork_child(self) -> None:
+        self.forked = True
         self._lock = threading.Lock()
         self._init_process_state()
         self.steps.reset()
@@ -482,12 +505,23 @@ def _env_int(name: str, default: int = -1) -> int:
         return default
 
 
+def _imported(name: str) -> Any:
+    """The module ``name`` if it has finished importing, else None.
+
+    Identity is computed on the writer thread: it must never import anything, nor use a module that
+    the job is importing at that moment (that would break the job's own import).
+    """
+    mod = sys.modules.get(name)
+    if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+        return None
+    return mod
+
+
 def _dist_identity() -> tuple[int, int, int]:
     rank, local_rank, world = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
-    torch = sys.modules.get("torch")
-    if torch is not None:
+    dist = _imported("torch.distributed") if _imported("torch") is not None else None
+    if dist is not None:
         try:
-            dist = torch.distributed
             if dist.is_available() and dist.is_initialized():
                 rank, world = dist.get_rank(), dist.get_world_size()
         except Exception:
@@ -495,18 +529,17 @@ def _dist_identity() -> tuple[int, int, int]:
     return rank, local_rank, world
 
 
-def _detect_role(pid: int, rank: int) -> str:
-    torch = sys.modules.get("torch")
-    if torch is not None:
+def _detect_role(pid: int, rank: int, forked: bool = False) -> str:
+    data = _imported("torch.utils.data") if _imported("torch") is not None else None
+    if data is not None:
         try:
-            from torch.utils.data import get_worker_info
-
-            if get_worker_info() is not None:
+            if data.get_worker_info() is not None:
                 return "dataloader_worker"
         except Exception:
             pass
-    argv = " ".join(sys.argv)
-    if "multiprocessing.forkserver" in argv:
+    # the fork server runs as `python -c "from multiprocessing.forkserver import main; ..."`
+    argv = " ".join(getattr(sys, "orig_argv", sys.argv))
+    if "multiprocessing.forkserver" in argv and not forked:
         return "forkserver"
     if rank >= 0:
         return "rank"

@@ -6,6 +6,7 @@ installs right after ``import torch`` finishes (or at once if torch is already i
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -60,7 +61,9 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
             except Exception:
                 pass  # each hook fails open on its own (collectors report through agent.fail)
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in self.hooks or getattr(self._busy, "name", None) == fullname:
             return None
         self._busy.name = fullname
@@ -85,12 +88,25 @@ def post_import_finder() -> PostImportFinder:
     return _FINDER
 
 
-def default_collectors(agent: Agent) -> list[Collector]:
-    """The always-on collectors for this process (options may switch some off)."""
-    from holoprof.collect.torch import TorchCollector
+#: The always-on collectors, "module:Class", in installation order. A collector that cannot be
+#: imported or built is reported once (fail open) and the others run.
+COLLECTORS: list[str] = [
+    "holoprof.collect.torch:TorchCollector",
+    "holoprof.collect.tensorflow:TensorFlowCollector",
+]
 
+
+def default_collectors(agent: Agent) -> list[Collector]:
+    """The always-on collectors for this process; ``options["disable"]`` lists names to skip."""
     disabled = set(agent.options.get("disable", []))
     collectors: list[Collector] = []
-    if "torch" not in disabled:
-        collectors.append(TorchCollector(agent))
+    for target in COLLECTORS:
+        module_name, cls_name = target.split(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+            if getattr(cls, "name", None) in disabled:
+                continue
+            collectors.append(cls(agent))
+        except Exception as exc:
+            agent.fail(module_name.rsplit(".", 1)[-1], exc)
     return collectors

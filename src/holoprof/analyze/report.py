@@ -102,10 +102,6 @@ def _resources_doc(res: Resources) -> dict[str, Any]:
 #: analyses found (``main``: the main loop's ProcKey or None, ``steps``: its StepStats or None,
 #: ``resources``, ``loader``). A section that fails is reported in run.warnings and left empty.
 SECTIONS: dict[str, str] = {
-    "stages": "holoprof.analyze.stages:stages_section",
-    "memory": "holoprof.analyze.memory:memory_section",
-    "io": "holoprof.analyze.io:io_section",
-    "communication": "holoprof.analyze.comm:communication",
 }
 SECTION_DEFAULTS: dict[str, Any] = {"io": {}, "memory": {}, "communication": {}, "stages": []}
 

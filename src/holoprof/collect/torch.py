@@ -322,6 +322,22 @@ class TorchCollector(Collector):
         self._set(torch, "save", wrap_ckpt(torch.save, "save"))
         self._set(torch, "load", wrap_ckpt(torch.load, "load"))
 
+        # torch.distributed: the rank is remembered when the group starts (jobs destroy it before exit)
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and hasattr(dist, "init_process_group"):
+            orig_init_pg = dist.init_process_group
+
+            def init_process_group(*args: Any, **kwargs: Any) -> Any:
+                out = orig_init_pg(*args, **kwargs)
+                try:
+                    agent.note_distributed()
+                except Exception as exc:
+                    fail(exc)
+                return out
+
+            init_process_group.__wrapped__ = orig_init_pg  # type: ignore[attr-defined]
+            self._set(dist, "init_process_group", init_process_group)
+
         agent.pollers.append(self._poll_device)
         agent.info["torch"] = {"patched": True}
 

@@ -110,7 +110,8 @@ class Run:
         return self.table("processes")
 
     def sql(self, query: str, params: list[Any] | None = None) -> Any:
-        return self.con.execute(query, params or [])
+        # On a cursor of its own: a result left half-read must not block the relations of this run.
+        return self.con.cursor().execute(query, params or [])
 
     def rows(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         return self.con.execute(query, params or []).fetchall()
