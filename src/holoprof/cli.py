@@ -109,6 +109,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
 #: ``run_options(args) -> dict`` (merged into the agent options, JSON-able).
 RUN_OPTION_MODULES: list[str] = []
 RUN_OPTION_MODULES.append("holoprof.collect.tensorflow")
+RUN_OPTION_MODULES.append("holoprof.analyze.checkpoints")
 
 
 def _run_option_modules() -> list[Any]:

@@ -102,8 +102,9 @@ def _resources_doc(res: Resources) -> dict[str, Any]:
 #: analyses found (``main``: the main loop's ProcKey or None, ``steps``: its StepStats or None,
 #: ``resources``, ``loader``). A section that fails is reported in run.warnings and left empty.
 SECTIONS: dict[str, str] = {
+    "checkpoints": "holoprof.analyze.checkpoints:checkpoints_section",
 }
-SECTION_DEFAULTS: dict[str, Any] = {"io": {}, "memory": {}, "communication": {}, "stages": []}
+SECTION_DEFAULTS: dict[str, Any] = {"io": {}, "memory": {}, "communication": {}, "stages": [], "checkpoints": {}}
 
 
 def _extra_sections(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Any], list[str]]:

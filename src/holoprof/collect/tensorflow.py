@@ -29,26 +29,7 @@ from typing import Any
 
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
-
-
-def _path_bytes(path: str) -> int | None:
-    """Bytes of a file, a directory, or a TF checkpoint prefix (all files starting with it)."""
-    try:
-        if os.path.isfile(path):
-            return os.path.getsize(path)
-        if os.path.isdir(path):
-            return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
-        parent, base = os.path.split(path)
-        return (
-            sum(
-                os.path.getsize(os.path.join(parent or ".", f))
-                for f in os.listdir(parent or ".")
-                if f.startswith(base) and os.path.isfile(os.path.join(parent or ".", f))
-            )
-            or None
-        )
-    except OSError:
-        return None
+from holoprof.collect.util import path_bytes as _path_bytes
 
 
 class TensorFlowCollector(Collector):

@@ -25,6 +25,7 @@ from typing import Any
 from holoprof import model
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
+from holoprof.collect.util import path_bytes
 
 
 class _Fault(RuntimeError):
@@ -287,7 +288,7 @@ class TorchCollector(Collector):
         self._set(base_iter, "__next__", __next__)
 
         # checkpoints -------------------------------------------------------------------------------
-        def wrap_ckpt(orig: Any, op: str) -> Any:
+        def wrap_ckpt(orig: Any, op: str, api: str) -> Any:
             def ckpt(*args: Any, **kwargs: Any) -> Any:
                 t = col._tls
                 if t.active is not None or not col.enabled:
@@ -300,17 +301,18 @@ class TorchCollector(Collector):
                     t.active = None
                     try:
                         t1 = now_ns()
-                        target = args[1] if op == "save" and len(args) > 1 else kwargs.get("f")
-                        if op == "load":
+                        if api.startswith("torch.distributed"):
+                            target = kwargs.get("checkpoint_id")
+                        elif op == "save":
+                            target = args[1] if len(args) > 1 else kwargs.get("f")
+                        else:
                             target = args[0] if args else kwargs.get("f")
-                        attrs: dict[str, Any] = {"op": op}
+                        attrs: dict[str, Any] = {"op": op, "api": api}
                         if isinstance(target, (str, os.PathLike)):
-                            path = os.fspath(target)
-                            attrs["path"] = os.path.abspath(path)
-                            try:
-                                attrs["bytes"] = os.stat(path).st_size
-                            except OSError:
-                                pass
+                            attrs["path"] = os.path.abspath(os.fspath(target))
+                            size = path_bytes(attrs["path"])
+                            if size is not None:
+                                attrs["bytes"] = size
                         span("phase", "checkpoint", t0, t1, steps.index, attrs)
                     except Exception as exc:
                         fail(exc)
@@ -319,8 +321,24 @@ class TorchCollector(Collector):
             ckpt.__doc__ = orig.__doc__
             return ckpt
 
-        self._set(torch, "save", wrap_ckpt(torch.save, "save"))
-        self._set(torch, "load", wrap_ckpt(torch.load, "load"))
+        self._set(torch, "save", wrap_ckpt(torch.save, "save", "torch.save"))
+        self._set(torch, "load", wrap_ckpt(torch.load, "load", "torch.load"))
+
+        def on_dcp(dcp: ModuleType) -> None:
+            if not self.enabled:
+                return
+            try:
+                for meth, op in (("save", "save"), ("load", "load"), ("async_save", "save")):
+                    if hasattr(dcp, meth):
+                        self._set(
+                            dcp,
+                            meth,
+                            wrap_ckpt(getattr(dcp, meth), op, f"torch.distributed.checkpoint.{meth}"),
+                        )
+            except Exception as exc:
+                fail(exc)
+
+        post_import_finder().add("torch.distributed.checkpoint", on_dcp)
 
         # torch.distributed: the rank is remembered when the group starts (jobs destroy it before exit)
         dist = getattr(torch, "distributed", None)

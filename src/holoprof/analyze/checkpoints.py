@@ -1,0 +1,154 @@
+"""What checkpoints cost the job: the `checkpoints` section and the `checkpoint_bound` finding.
+
+A checkpoint span (``torch.save``/``torch.load``, ``torch.distributed.checkpoint``, Keras and
+``tf.train.Checkpoint`` saves) recorded on the thread that runs the training loop blocked training
+for its whole duration; one recorded on another thread (an asynchronous save, a burst buffer's drain)
+did not. The share of training time blocked by checkpoints is the measure behind ``checkpoint_bound``.
+
+The checkpoint interval recommendation follows Young's and Daly's first-order formula,
+``interval = sqrt(2 * C * MTBF)`` where ``C`` is the blocking cost of one checkpoint, when the user
+gives the mean time between failures (``holoprof run --mtbf HOURS``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from holoprof.analyze.findings import Finding
+from holoprof.store.reader import Run
+
+CHECKPOINT_BOUND_MEDIUM = 0.05
+CHECKPOINT_BOUND_HIGH = 0.20
+
+
+def young_daly_interval_s(cost_s: float, mtbf_s: float) -> float:
+    """Optimal time between checkpoints (first order): sqrt(2 C M)."""
+    return math.sqrt(2.0 * max(cost_s, 0.0) * max(mtbf_s, 0.0))
+
+
+def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
+    main = ctx.get("main")
+    rows = run.rows(
+        """SELECT host, pid, tid, start_ns, end_ns, attrs FROM spans
+           WHERE kind = 'phase' AND name = 'checkpoint' ORDER BY start_ns"""
+    )
+    if not rows:
+        return {}, []
+    items = []
+    for host, pid, tid, s, e, attrs in rows:
+        try:
+            a = json.loads(attrs) if attrs else {}
+        except ValueError:
+            a = {}
+        blocking = main is None or (host == main.host and pid == main.pid and tid == main.tid)
+        dur = max(0, e - s) / 1e9
+        b = a.get("bytes")
+        items.append(
+            {
+                "op": a.get("op", "save"),
+                "api": a.get("api", "torch.save" if a.get("op") != "load" else "torch.load"),
+                "path": a.get("path"),
+                "bytes": b,
+                "seconds": round(dur, 6),
+                "bandwidth_bytes_per_s": round(b / dur, 1) if b and dur > 0 else None,
+                "blocking": blocking,
+                "pid": pid,
+                "start_ns": s,
+            }
+        )
+    saves = [i for i in items if i["op"] == "save"]
+    blocked_s = sum(i["seconds"] for i in items if i["blocking"])
+    st = ctx.get("steps")
+    # training time: the main loop from its first step to its last, plus blocking checkpoints after it
+    train_s = 0.0
+    if st is not None and st.count:
+        train_s = (st.last_end_ns - st.first_start_ns) / 1e9
+        train_s += sum(i["seconds"] for i in items if i["blocking"] and i["start_ns"] >= st.last_end_ns)
+    share = blocked_s / train_s if train_s > 0 else 0.0
+    save_cost = sorted(i["seconds"] for i in saves if i["blocking"])
+    median_cost = save_cost[len(save_cost) // 2] if save_cost else 0.0
+    mtbf_s = _mtbf_s(run)
+    section: dict[str, Any] = {
+        "count": len(items),
+        "saves": len(saves),
+        "loads": len(items) - len(saves),
+        "bytes_written": sum(i["bytes"] or 0 for i in saves),
+        "blocking_s": round(blocked_s, 6),
+        "background_s": round(sum(i["seconds"] for i in items if not i["blocking"]), 6),
+        "blocking_fraction": round(share, 6),
+        "median_save_s": round(median_cost, 6),
+        "items": [{k: v for k, v in i.items() if k != "start_ns"} for i in items[:200]],
+    }
+    if mtbf_s and median_cost > 0:
+        section["young_daly_interval_s"] = round(young_daly_interval_s(median_cost, mtbf_s), 1)
+        section["mtbf_s"] = mtbf_s
+    findings: list[Finding] = []
+    if share >= CHECKPOINT_BOUND_MEDIUM and saves:
+        bw = [i["bandwidth_bytes_per_s"] for i in saves if i["bandwidth_bytes_per_s"]]
+        rec = (
+            "save asynchronously so training goes on while the checkpoint is written: "
+            "holoprof.checkpoint.BurstBuffer(fast_dir='/dev/shm/ckpt', durable_dir=...) writes to a fast "
+            "tier and drains to durable storage in the background (or torch.distributed.checkpoint.async_save)"
+        )
+        if mtbf_s and "young_daly_interval_s" in section:
+            rec += f"; with an MTBF of {mtbf_s / 3600:.1f} h, checkpoint every {section['young_daly_interval_s']:.0f} s (Young/Daly)"
+        else:
+            rec += "; give `holoprof run --mtbf HOURS` to get the optimal checkpoint interval (Young/Daly)"
+        findings.append(
+            Finding(
+                id="checkpoint_bound",
+                severity="high" if share >= CHECKPOINT_BOUND_HIGH else "medium",
+                title=f"checkpoint-bound: checkpoints block {100 * share:.0f}% of training time",
+                evidence={
+                    "blocking_fraction": round(share, 4),
+                    "blocking_s": round(blocked_s, 3),
+                    "saves": len(saves),
+                    "median_save_s": round(median_cost, 4),
+                    "bytes_per_save": (section["bytes_written"] // len(saves)) if saves else 0,
+                    "median_bandwidth_bytes_per_s": sorted(bw)[len(bw) // 2] if bw else None,
+                },
+                recommendation=rec,
+                estimated_gain=round(share, 4),
+                threshold={
+                    "medium": CHECKPOINT_BOUND_MEDIUM,
+                    "high": CHECKPOINT_BOUND_HIGH,
+                    "measure": "blocking checkpoint time / training time",
+                },
+            )
+        )
+    return section, findings
+
+
+def _mtbf_s(run: Run) -> float | None:
+    opts = run.manifest.get("options") or {}
+    raw = opts.get("mtbf_s")
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return v if v and v > 0 else None
+
+
+# -- `holoprof run --mtbf HOURS` ----------------------------------------------------------------------
+def add_run_arguments(parser: Any) -> None:
+    parser.add_argument(
+        "--mtbf",
+        type=float,
+        metavar="HOURS",
+        help="mean time between failures of the job's machines, for the checkpoint interval advice",
+    )
+
+
+def run_options(args: Any) -> dict[str, Any]:
+    from holoprof.errors import HoloprofError
+
+    v = getattr(args, "mtbf", None)
+    if v is None:
+        return {}
+    if not v > 0:
+        raise HoloprofError("--mtbf must be a positive number of hours, e.g. --mtbf 24")
+    return {"mtbf_s": v * 3600.0}
