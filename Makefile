@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench clean tools
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-test: $(STAMP) lint
+# System tools some tests use as ground truth or as a real browser (Debian packages). Installed when
+# missing and we are root; tests that need a tool still skip with a clear reason when it is absent.
+TOOLS := /usr/bin/strace /usr/bin/chromium
+tools:
+	@missing=""; for t in $(TOOLS); do [ -x $$t ] || missing="$$missing $$(basename $$t)"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	    || echo "could not install$$missing; the tests that need them will skip"; \
+	fi
+
+test: $(STAMP) lint tools
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)
