@@ -104,7 +104,49 @@ def job_environment(run_dir: str, options: dict[str, Any]) -> dict[str, str]:
     env[model.ENV_OPTIONS] = json.dumps(options)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = BOOT_DIR + (os.pathsep + old if old else "")
+    if options.get("io_layer", "auto") != "python":
+        # The native I/O layer reaches every process of the job, Python or not (LD_PRELOAD).
+        try:
+            from holoprof.collect import io_native
+
+            env = io_native.preload_env(env)
+        except Exception:  # not built here: the Python layer counts Python's I/O
+            pass
     return env
+
+
+def import_native_dumps(run_dir: str) -> int:
+    """Counters that non-Python processes of the job wrote at exit, into their process folders."""
+    from holoprof.collect import io_native
+    from holoprof.store.chunks import write_chunk
+
+    n = 0
+    for path in io_native.dump_files(run_dir):
+        try:
+            rows = io_native.read_dump(path)
+            header = io_native.read_dump_header(path)
+        except Exception:
+            continue
+        folder = os.path.dirname(path)
+        if rows:
+            host, _, pid = os.path.basename(folder).rpartition("-")
+            write_chunk(
+                folder,
+                "io_files",
+                {
+                    "host": [host] * len(rows),
+                    "pid": [int(header.get("pid") or pid)] * len(rows),
+                    "rank": [-1] * len(rows),
+                    "ts_ns": [int(r.get("ts_ns") or time.time_ns()) for r in rows],
+                    "module": [r["module"] for r in rows],
+                    "layer": ["native"] * len(rows),
+                    "path": [r["path"] for r in rows],
+                    "counters": [json.dumps(r["counters"]) for r in rows],
+                },
+            )
+            n += len(rows)
+        os.replace(path, path + ".imported")
+    return n
 
 
 def run(
@@ -218,7 +260,13 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
             sampler.stop()
         agent.shutdown()
         try:
+            import_native_dumps(run_dir)
+        except Exception as exc:
+            sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
+        try:
             converter.stop()
         except Exception as exc:
-            sys.stderr.write(f"holoprof: could not convert all chunks ({exc}); `holoprof report` will retry\n")
+            sys.stderr.write(
+                f"holoprof: could not convert all chunks ({exc}); `holoprof report` will retry\n"
+            )
     return rc if rc >= 0 else 128 - rc

@@ -1,0 +1,424 @@
+"""Native I/O capture: Darshan-style POSIX and STDIO counters from an ``LD_PRELOAD`` library.
+
+``libholoprof_io.so`` (built from ``holoprof_io.c`` by :mod:`holoprof.collect.io_native.build`) is
+preloaded into every process of a traced job. It interposes the C library's file calls and keeps,
+per file and per module (``POSIX``, ``STDIO``), the counters of Darshan's POSIX and STDIO modules.
+This module is the Python side of it:
+
+* in a process where the library is loaded, :func:`snapshot` / :func:`changes` read the counters and
+  :func:`trace_start` / :func:`trace_drain` / :func:`trace_stop` run the per-operation trace;
+* for processes that no agent reads (``tar``, ``cat``, a DataLoader worker without an agent), the
+  library writes ``$HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl`` at exit;
+  :func:`read_dump` turns such a file into rows.
+
+Rows have the columns of the ``io_files`` and ``io_ops`` tables (:data:`holoprof.model.COLUMNS`).
+Float counters (``*_TIME``, ``*_TIMESTAMP``) are seconds; timestamps are seconds since the epoch.
+Paths are absolute and lexically normalised (like :func:`os.path.abspath`); bytes that are not UTF-8
+are shown as ``\\xNN`` (see :func:`path_text`).
+
+Only the standard library is imported here: this module loads in every process of a job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+__all__ = [
+    "ENV_DISABLE",
+    "ENV_EXCLUDE",
+    "ENV_LIB",
+    "ENV_MAX_FILES",
+    "LIBRARY_NAME",
+    "available",
+    "changes",
+    "dropped",
+    "dump",
+    "dump_files",
+    "library_path",
+    "path_text",
+    "preload_env",
+    "read_dump",
+    "read_dump_header",
+    "set_owner",
+    "snapshot",
+    "trace_drain",
+    "trace_dropped",
+    "trace_start",
+    "trace_stop",
+]
+
+LIBRARY_NAME: Final = "libholoprof_io.so"
+#: Path of the library to use instead of the one beside this module.
+ENV_LIB: Final = "HOLOPROF_IO_LIB"
+#: Set to 1 to make the preloaded library pass every call straight through.
+ENV_DISABLE: Final = "HOLOPROF_IO_DISABLE"
+#: Colon-separated path prefixes the library ignores (replaces the default list; "" ignores none).
+ENV_EXCLUDE: Final = "HOLOPROF_IO_EXCLUDE"
+#: Lower the number of file records the library keeps (default and maximum 65536).
+ENV_MAX_FILES: Final = "HOLOPROF_IO_MAX_FILES"
+
+LAYER: Final = "native"
+MODULES: Final[tuple[str, str]] = ("POSIX", "STDIO")
+OPS: Final[tuple[str, ...]] = ("", "open", "close", "read", "write", "seek", "stat", "sync", "mmap", "flush")
+DUMP_PREFIX: Final = "io_native-"
+DUMP_SUFFIX: Final = ".jsonl"
+DUMP_FORMAT: Final = "holoprof.io_native/1"
+
+_TRACE_REC: Final = struct.Struct("<IBBHqqqq")
+_HDR: Final = struct.Struct("<IIHHI")
+_NS_PER_S: Final = 1e9
+
+
+def library_path() -> str | None:
+    """The built ``libholoprof_io.so`` ($HOLOPROF_IO_LIB, else beside this module), or None."""
+    override = os.environ.get(ENV_LIB)
+    if override:
+        return override if os.path.isfile(override) else None
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, LIBRARY_NAME)
+    if os.path.isfile(path):
+        return path
+    # built as a setuptools Extension: libholoprof_io.cpython-311-x86_64-linux-gnu.so and the like
+    try:
+        names = sorted(n for n in os.listdir(here) if n.startswith("libholoprof_io.") and n.endswith(".so"))
+    except OSError:
+        return None
+    return os.path.join(here, names[0]) if names else None
+
+
+def preload_env(env: Mapping[str, str] | None = None, lib: str | None = None) -> dict[str, str]:
+    """A copy of ``env`` (default: ``os.environ``) whose ``LD_PRELOAD`` starts with the library.
+
+    Returns the copy unchanged when the library is not built.
+    """
+    out = dict(os.environ if env is None else env)
+    lib = lib or library_path()
+    if not lib:
+        return out
+    current = [p for p in out.get("LD_PRELOAD", "").replace(":", " ").split() if p and p != lib]
+    out["LD_PRELOAD"] = " ".join([lib, *current])
+    return out
+
+
+def path_text(raw: bytes) -> str:
+    """The text form of a path as the native layer reports it: UTF-8, other bytes as ``\\xNN``.
+
+    Valid UTF-8 (spaces, newlines, any Unicode) comes back unchanged. Other layers should pass their
+    paths through ``path_text(os.fsencode(p))`` to match native rows (the result is always safe to
+    store as an Arrow string, unlike :func:`os.fsdecode`'s surrogates).
+    """
+    return raw.decode("utf-8", "backslashreplace")
+
+
+# -- the loaded library ---------------------------------------------------------------------------
+class _Lib:
+    """ctypes bindings of the library's exported functions, resolved in this process."""
+
+    def __init__(self, handle: ctypes.CDLL) -> None:
+        c = ctypes
+        f = handle.holoprof_io_snapshot
+        f.argtypes = [c.c_void_p, c.c_size_t, c.c_uint64, c.POINTER(c.c_uint64)]
+        f.restype = c.c_int64
+        self.snapshot = f
+        self.set_owner = handle.holoprof_io_set_owner
+        self.set_owner.argtypes = [c.c_int]
+        self.set_owner.restype = None
+        self.dropped = handle.holoprof_io_dropped
+        self.dropped.restype = c.c_long
+        self.path = handle.holoprof_io_path
+        self.path.argtypes = [c.c_uint32, c.c_char_p, c.c_size_t]
+        self.path.restype = c.c_int
+        self.trace_start = handle.holoprof_io_trace_start
+        self.trace_start.argtypes = [c.c_uint64]
+        self.trace_start.restype = c.c_int
+        self.trace_stop = handle.holoprof_io_trace_stop
+        self.trace_stop.restype = None
+        self.trace_drain = handle.holoprof_io_trace_drain
+        self.trace_drain.argtypes = [c.c_void_p, c.c_uint64]
+        self.trace_drain.restype = c.c_int64
+        self.trace_dropped = handle.holoprof_io_trace_dropped
+        self.trace_dropped.restype = c.c_long
+        self.dump = handle.holoprof_io_dump
+        self.dump.argtypes = [c.c_char_p]
+        self.dump.restype = c.c_int
+        names = handle.holoprof_io_counter_names
+        names.argtypes = [c.c_int, c.c_int]
+        names.restype = c.c_char_p
+        layout = handle.holoprof_io_layout
+        layout.argtypes = [c.POINTER(c.c_int), c.POINTER(c.c_int), c.POINTER(c.c_int)]
+        ni, nf, hdr = c.c_int(), c.c_int(), c.c_int()
+        layout(c.byref(ni), c.byref(nf), c.byref(hdr))
+        if hdr.value != _HDR.size:
+            raise RuntimeError(f"unexpected snapshot layout of {LIBRARY_NAME} (header {hdr.value})")
+        self.ni, self.nf = ni.value, nf.value
+        self.values = struct.Struct(f"<{self.ni + self.nf}q")
+        # per module: (integer counter names, float counter names)
+        self.names: list[tuple[list[str], list[str]]] = []
+        for m in range(len(MODULES)):
+            ints = (names(m, 0) or b"").decode().strip(",").split(",")
+            floats = (names(m, 1) or b"").decode().strip(",").split(",")
+            self.names.append((ints, floats))
+        self.buf = ctypes.create_string_buffer(1 << 18)
+        self.paths: dict[int, str] = {}
+
+    def path_of(self, idx: int) -> str:
+        p = self.paths.get(idx)
+        if p is None:
+            buf = ctypes.create_string_buffer(4096)
+            n = self.path(idx, buf, len(buf))
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self.path(idx, buf, len(buf))
+            p = path_text(buf.raw[: max(n, 0)])
+            self.paths[idx] = p
+        return p
+
+
+_lib: _Lib | None = None
+_lib_pid = -1
+_probed = False
+
+
+def _get() -> _Lib | None:
+    global _lib, _probed, _lib_pid
+    if not _probed:
+        _probed = True
+        try:
+            handle = ctypes.CDLL(None)
+            handle.holoprof_io_snapshot  # noqa: B018 - raises AttributeError when not loaded
+        except (OSError, AttributeError):
+            return None
+        _lib = _Lib(handle)
+        _lib_pid = os.getpid()
+    elif _lib is not None and _lib_pid != os.getpid():
+        _lib.paths.clear()  # paths are kept across fork, but keep the cache honest anyway
+        _lib_pid = os.getpid()
+    return _lib
+
+
+def available() -> bool:
+    """Whether the library is loaded in this process (preloaded, or loaded with RTLD_GLOBAL)."""
+    return _get() is not None
+
+
+def set_owner(owned: bool = True) -> None:
+    """Tell the library that this process's counters are read in process (no dump at exit).
+
+    The claim is for this pid: after ``fork()`` the child is not owned until it claims again (do it
+    in an ``os.register_at_fork(after_in_child=...)`` hook when the agent keeps running there).
+    """
+    lib = _get()
+    if lib is not None:
+        lib.set_owner(1 if owned else 0)
+
+
+def dropped() -> int:
+    """Files the library could not record because its table (or name store) was full."""
+    lib = _get()
+    return int(lib.dropped()) if lib is not None else 0
+
+
+def _decode(lib: _Lib, data: bytes, ts_ns: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    off = 0
+    end = len(data)
+    hdr = _HDR.size
+    values = lib.values
+    ni = lib.ni
+    while off < end:
+        reclen, _idx, module, plen, _ = _HDR.unpack_from(data, off)
+        vals = values.unpack_from(data, off + hdr)
+        p0 = off + hdr + values.size
+        path = path_text(data[p0 : p0 + plen])
+        int_names, float_names = lib.names[module]
+        counters: dict[str, Any] = dict(zip(int_names, vals[: len(int_names)], strict=True))
+        for name, v in zip(float_names, vals[ni : ni + len(float_names)], strict=True):
+            counters[name] = v / _NS_PER_S
+        rows.append(
+            {"ts_ns": ts_ns, "module": MODULES[module], "layer": LAYER, "path": path, "counters": counters}
+        )
+        off += reclen
+    return rows
+
+
+def changes(since: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Rows of the files whose counters changed since ``since`` (0: every file), and the next ``since``.
+
+    Counters are cumulative: a row replaces the previous row of the same (module, path). Call it with
+    the returned value at each flush to write only what changed.
+    """
+    lib = _get()
+    if lib is None:
+        return [], since
+    nxt = ctypes.c_uint64(0)
+    while True:
+        n = lib.snapshot(lib.buf, len(lib.buf), since, ctypes.byref(nxt))
+        if n >= 0:
+            break
+        lib.buf = ctypes.create_string_buffer(int(-n * 1.25) + (1 << 16))
+    ts = time.time_ns()
+    return _decode(lib, lib.buf.raw[:n], ts), int(nxt.value)
+
+
+def snapshot() -> list[dict[str, Any]]:
+    """One row per file and module that this process has touched (empty when not loaded).
+
+    Each row: ``{"ts_ns", "module": "POSIX"|"STDIO", "layer": "native", "path", "counters"}``.
+    """
+    return changes(0)[0]
+
+
+def dump(path: str | None = None) -> bool:
+    """Write this process's counters as a dump file now (default: the at-exit location)."""
+    lib = _get()
+    if lib is None:
+        return False
+    return lib.dump(os.fsencode(path) if path is not None else None) == 0
+
+
+# -- per-operation trace --------------------------------------------------------------------------
+def trace_start(max_records: int = 1_000_000) -> bool:
+    """Record every access into a ring of ``max_records`` entries; later ones are dropped and counted.
+
+    A trace already running is restarted (its records not drained yet are discarded).
+    """
+    lib = _get()
+    if lib is None or max_records <= 0:
+        return False
+    return lib.trace_start(int(max_records)) == 0
+
+
+def trace_stop() -> None:
+    """Stop recording; what was recorded can still be drained."""
+    lib = _get()
+    if lib is not None:
+        lib.trace_stop()
+
+
+def trace_dropped() -> int:
+    """Accesses not recorded since the trace started because the ring was full."""
+    lib = _get()
+    return int(lib.trace_dropped()) if lib is not None else 0
+
+
+def trace_drain(max_records: int = 65536) -> list[dict[str, Any]]:
+    """Move up to ``max_records`` recorded operations out of the ring, as ``io_ops`` rows.
+
+    Each row: ``{"module", "path", "op", "offset", "size_bytes", "start_ns", "end_ns"}`` (wall-clock
+    nanoseconds). ``offset`` is -1 where unknown (a failed ``ftell``).
+    """
+    lib = _get()
+    if lib is None or max_records <= 0:
+        return []
+    buf = ctypes.create_string_buffer(_TRACE_REC.size * int(max_records))
+    n = int(lib.trace_drain(buf, int(max_records)))
+    rows: list[dict[str, Any]] = []
+    raw = buf.raw
+    for i in range(n):
+        idx, module, op, _, offset, size, start, end = _TRACE_REC.unpack_from(raw, i * _TRACE_REC.size)
+        rows.append(
+            {
+                "module": MODULES[module] if module < len(MODULES) else str(module),
+                "path": lib.path_of(idx),
+                "op": OPS[op] if op < len(OPS) else str(op),
+                "offset": offset,
+                "size_bytes": size,
+                "start_ns": start,
+                "end_ns": end,
+            }
+        )
+    return rows
+
+
+# -- dump files -----------------------------------------------------------------------------------
+def dump_files(run_dir: str) -> list[str]:
+    """The dump files in a run directory (``<run>/<host>-<pid>/io_native-<pid>.jsonl``), sorted."""
+    out: list[str] = []
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return out
+    for d in entries:
+        if not d.is_dir(follow_symlinks=False):
+            continue
+        try:
+            for f in os.scandir(d.path):
+                if f.name.startswith(DUMP_PREFIX) and f.name.endswith(DUMP_SUFFIX) and f.is_file():
+                    out.append(f.path)
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def _dump_text(s: str) -> str:
+    # the library writes non-UTF-8 bytes as \udcXX escapes; turn them back into bytes first
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return path_text(s.encode("utf-8", "surrogateescape"))
+
+
+def read_dump_header(path: str) -> dict[str, Any]:
+    """The first line of a dump file: host, pid, ppid, exe, reason (exit, _exit, request), start_ns,
+    ts_ns, dropped (files not recorded: table full), trace_dropped, counter_names (per module)."""
+    with open(path, "rb") as f:
+        first = f.readline()
+    head = json.loads(first)
+    if head.get("format") != DUMP_FORMAT:
+        raise ValueError(f"{path}: not a holoprof native I/O dump (format {head.get('format')!r})")
+    for key in ("host", "exe"):
+        if isinstance(head.get(key), str):
+            head[key] = _dump_text(head[key])
+    return head
+
+
+def read_dump(path: str) -> list[dict[str, Any]]:
+    """The ``io_files`` rows of a dump file (host, pid and rank -1 filled in from its header).
+
+    A truncated last line (the process died while writing) is skipped.
+    """
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if not lines or not lines[0].strip():
+        return []
+    head = json.loads(lines[0])
+    if head.get("format") != DUMP_FORMAT:
+        raise ValueError(f"{path}: not a holoprof native I/O dump (format {head.get('format')!r})")
+    host = _dump_text(str(head.get("host", "")))
+    pid = int(head.get("pid", -1))
+    ts = int(head.get("ts_ns", 0))
+    # counters that are zero are left out of the records: fill them in, in the header's order
+    zeros: dict[str, dict[str, Any]] = {
+        module: {name: (0.0 if "_F_" in name else 0) for name in names}
+        for module, names in (head.get("counter_names") or {}).items()
+    }
+    rows: list[dict[str, Any]] = []
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        counters = dict(zeros.get(rec["module"], {}))
+        counters.update(rec["counters"])
+        rows.append(
+            {
+                "host": host,
+                "pid": pid,
+                "rank": -1,
+                "ts_ns": ts,
+                "module": rec["module"],
+                "layer": LAYER,
+                "path": _dump_text(rec["path"]),
+                "counters": counters,
+            }
+        )
+    return rows
