@@ -153,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(func(args) or 0)
     except HoloprofError as exc:
-        sys.stderr.write(f"holoprof: error: {exc}\n")
+        message = " ".join(str(exc).split())  # always one line, whatever a library put in it
+        sys.stderr.write(f"holoprof: error: {message}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("holoprof: interrupted\n")
