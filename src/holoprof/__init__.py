@@ -28,8 +28,12 @@ if TYPE_CHECKING:
     from holoprof.store.reader import Run
 
 
-def load(path: Any) -> Run:
-    """Load a run directory: ``run.spans``, ``run.samples``, ... are DuckDB relations."""
+def load(path: Any, **where: Any) -> Run:
+    """Load a run directory: ``run.spans``, ``run.samples``, ... are DuckDB relations.
+
+    Keyword filters, pushed down into the Parquet scans: ``start_s``/``end_s`` (seconds from the
+    run's start), ``ranks`` (list of ranks), ``steps`` (inclusive ``(first, last)``).
+    """
     from holoprof.store.reader import load as _load
 
-    return _load(path)
+    return _load(path, **where)

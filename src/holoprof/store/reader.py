@@ -8,6 +8,7 @@ that cannot be read (the last chunk of a killed job) are skipped and listed in `
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -24,7 +25,12 @@ class Run:
     """A loaded run. Cheap to create: nothing is read until a query runs."""
 
     def __init__(
-        self, path: str, manifest: dict[str, Any], chunks: layout.Chunks, threads: int | None = None
+        self,
+        path: str,
+        manifest: dict[str, Any],
+        chunks: layout.Chunks,
+        threads: int | None = None,
+        where: Filter | None = None,
     ) -> None:
         try:
             import duckdb
@@ -40,8 +46,18 @@ class Run:
                 f"skipped {len(rel)} unreadable chunk(s) (truncated: the process was probably killed while "
                 f"writing): {', '.join(rel[:5])}{' ...' if len(rel) > 5 else ''}"
             )
+        self.filter = where or Filter()
         self.con = duckdb.connect(":memory:")
         self.con.execute(f"SET threads TO {threads or max(1, min(os.cpu_count() or 1, 8))}")
+        # Bounded memory on large runs: DuckDB spills to a private temporary directory past the limit.
+        self.con.execute("SET preserve_insertion_order = false")
+        limit = os.environ.get("HOLOPROF_MEMORY_LIMIT")
+        if limit:
+            self.con.execute(f"SET memory_limit = {_sql_str(limit)}")
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="holoprof-duckdb-")
+        self.con.execute(f"SET temp_directory = {_sql_str(self._tmp.name)}")
         for table in model.TABLES:
             self._register(table, chunks.files[table])
         self.status = self._infer_status()
@@ -50,7 +66,11 @@ class Run:
         raw = f"{table}_raw" if table == "processes" else table
         if files:
             lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
-            self.con.execute(f"CREATE VIEW {raw} AS SELECT * FROM read_parquet({lst}, union_by_name=true)")
+            cond = self.filter.sql(table)
+            self.con.execute(
+                f"CREATE VIEW {raw} AS SELECT * FROM read_parquet({lst}, union_by_name=true)"
+                + (f" WHERE {cond}" if cond else "")
+            )
         else:
             cols = ", ".join(f'"{n}" {model.duckdb_type(t)}' for n, t in model.COLUMNS[table])
             self.con.execute(f"CREATE TABLE {raw} ({cols})")
@@ -124,8 +144,57 @@ class Run:
         return f"Run({self.path!r}, status={self.status!r})"
 
 
-def load(path: str | os.PathLike[str], threads: int | None = None) -> Run:
-    """Load the run directory ``path``. Raises HoloprofError (one line, with the fix) on bad input."""
+@dataclass(frozen=True)
+class Filter:
+    """What part of a run to read. DuckDB pushes these predicates into the Parquet scans, so row
+    groups outside the window are skipped (spans are sorted by start time after compaction)."""
+
+    start_s: float | None = None  # seconds from the run's start
+    end_s: float | None = None
+    ranks: tuple[int, ...] | None = None
+    steps: tuple[int, int] | None = None  # inclusive range of step indices (spans only)
+    run_start_ns: int = 0
+
+    def sql(self, table: str) -> str:
+        conds = []
+        t_col = {"spans": "start_ns", "samples": "ts_ns", "io_files": "ts_ns", "io_ops": "start_ns"}.get(
+            table
+        )
+        if t_col is not None:
+            if self.start_s is not None:
+                conds.append(f"{t_col} >= {self.run_start_ns + int(self.start_s * 1e9)}")
+            if self.end_s is not None:
+                conds.append(f"{t_col} <= {self.run_start_ns + int(self.end_s * 1e9)}")
+        if self.ranks is not None and table != "processes":
+            conds.append(f"rank IN ({', '.join(str(int(r)) for r in self.ranks) or 'NULL'})")
+        if self.steps is not None and table == "spans":
+            a, b = self.steps
+            conds.append(f"(step BETWEEN {int(a)} AND {int(b)} OR step < 0)")
+        return " AND ".join(conds)
+
+
+def load(
+    path: str | os.PathLike[str],
+    threads: int | None = None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    ranks: list[int] | tuple[int, ...] | None = None,
+    steps: tuple[int, int] | None = None,
+) -> Run:
+    """Load the run directory ``path`` (or a packed run). Raises HoloprofError on bad input.
+
+    ``start_s``/``end_s`` (seconds from the start of the run), ``ranks`` and ``steps`` (an inclusive
+    range) restrict what is read; the filters are pushed down into the Parquet scans.
+    """
     p = os.path.abspath(os.fspath(path))
     manifest = rundir.read_manifest(p)
-    return Run(p, manifest, layout.find_chunks(p), threads=threads)
+    if start_s is not None and end_s is not None and end_s < start_s:
+        raise HoloprofError(f"the time window ends ({end_s} s) before it starts ({start_s} s); swap them")
+    where = Filter(
+        start_s=start_s,
+        end_s=end_s,
+        ranks=tuple(ranks) if ranks is not None else None,
+        steps=steps,
+        run_start_ns=int(manifest.get("start_ns") or 0),
+    )
+    return Run(p, manifest, layout.find_chunks(p), threads=threads, where=where)
