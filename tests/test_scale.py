@@ -54,3 +54,22 @@ def test_memory_limit_is_applied(synth: tuple[str, object], monkeypatch: pytest.
     limit = run.rows("SELECT current_setting('memory_limit')")[0][0]
     assert "MiB" in limit or "MB" in limit
     assert build_report(run)["steps"]["count"] == 20_000
+
+
+def test_dask_engine_gives_the_same_numbers_as_duckdb(synth: tuple[str, object]) -> None:
+    pytest.importorskip("distributed")
+    path, _ = synth
+    duck = build_report(holoprof.load(path, ranks=[0, 2]))
+    dask = build_report(holoprof.load(path, ranks=[0, 2]), engine="dask")
+    assert dask["engine"] == "dask" and duck["engine"] == "duckdb"
+    assert dask["steps"]["count"] == duck["steps"]["count"] == 20_000
+    for key in ("median_s", "p90_s", "per_s", "total_s", "epochs", "per_rank"):
+        assert dask["steps"][key] == duck["steps"][key], key
+    assert dask["steps"]["timeline"] == duck["steps"]["timeline"]
+    assert dask["phases"] == duck["phases"]
+    assert dask["resources"] == duck["resources"]
+
+
+def test_unknown_engine_is_refused(synth: tuple[str, object]) -> None:
+    with pytest.raises(HoloprofError, match="unknown engine"):
+        build_report(holoprof.load(synth[0]), engine="spark")

@@ -45,7 +45,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from holoprof.analyze.report import build_report
     from holoprof.store.reader import load
 
-    doc = build_report(load(args.run))
+    if args.scheduler and args.engine != "dask":
+        raise HoloprofError("--scheduler goes with --engine dask")
+    doc = build_report(load(args.run), engine=args.engine, scheduler=args.scheduler)
     if args.html:
         from holoprof.present.html import write_html
 
@@ -89,6 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run", help="a run directory")
     rp.add_argument("--json", action="store_true", help="print the report as JSON (schema holoprof.report/1)")
     rp.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    rp.add_argument(
+        "--engine",
+        choices=("duckdb", "dask"),
+        default="duckdb",
+        help="query engine (dask: for runs that outgrow one machine)",
+    )
+    rp.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="with --engine dask: an existing Dask scheduler (default: a local cluster)",
+    )
     rp.set_defaults(func=_cmd_report)
 
     d = sub.add_parser("demo", help="train the bundled example traced and print its report")

@@ -104,7 +104,13 @@ def _resources_doc(res: Resources) -> dict[str, Any]:
 SECTIONS: dict[str, str] = {
     "checkpoints": "holoprof.analyze.checkpoints:checkpoints_section",
 }
-SECTION_DEFAULTS: dict[str, Any] = {"io": {}, "memory": {}, "communication": {}, "stages": [], "checkpoints": {}}
+SECTION_DEFAULTS: dict[str, Any] = {
+    "io": {},
+    "memory": {},
+    "communication": {},
+    "stages": [],
+    "checkpoints": {},
+}
 
 
 def _extra_sections(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Any], list[str]]:
@@ -128,15 +134,50 @@ def _extra_sections(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list
     return out, found, warnings
 
 
-def build_report(run: Run) -> dict[str, Any]:
-    """Every analysis of ``run`` as the ``holoprof.report/1`` document."""
-    procs = step_processes(run)
+class _DuckDBEngine:
+    """The default engine: DuckDB queries over the run's Parquet files."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def step_processes(self) -> list[ProcKey]:
+        return step_processes(self.run)
+
+    def step_stats(self, proc: ProcKey, timeline_points: int = 120) -> StepStats:
+        return step_stats(self.run, proc, timeline_points=timeline_points)
+
+    def resources(self) -> Resources:
+        return resources(self.run)
+
+
+def build_report(run: Run, engine: str = "duckdb", scheduler: str | None = None) -> dict[str, Any]:
+    """Every analysis of ``run`` as the ``holoprof.report/1`` document.
+
+    ``engine="dask"`` runs the step, phase and resource analyses on a Dask cluster (local, or the
+    ``scheduler`` address); the numbers are the same as DuckDB's.
+    """
+    if engine == "dask":
+        from holoprof.analyze.engine_dask import DaskEngine, client
+
+        with client(scheduler) as c:
+            doc = _build(run, DaskEngine(run, c))
+        doc["engine"] = "dask"
+        return doc
+    if engine != "duckdb":
+        from holoprof.errors import HoloprofError
+
+        raise HoloprofError(f"unknown engine {engine!r}; use duckdb (default) or dask")
+    return _build(run, _DuckDBEngine(run))
+
+
+def _build(run: Run, eng: Any) -> dict[str, Any]:
+    procs = eng.step_processes()
     main: ProcKey | None = procs[0] if procs else None
-    st = step_stats(run, main) if main is not None else None
+    st = eng.step_stats(main) if main is not None else None
     per_rank = []
     if len(procs) > 1:
         for p in procs:
-            s = st if p == main else step_stats(run, p, timeline_points=1)
+            s = st if p == main else eng.step_stats(p, timeline_points=1)
             assert s is not None
             per_rank.append(
                 {
@@ -149,7 +190,7 @@ def build_report(run: Run) -> dict[str, Any]:
                     "phases": {k: round(v.fraction, 4) for k, v in s.phases.items()},
                 }
             )
-    res = resources(run)
+    res = eng.resources()
     loader = loader_config(run, main) if main is not None else {}
     found = findings_mod.all_findings(st, res, loader)
     ctx = {"main": main, "steps": st, "resources": res, "loader": loader, "step_processes": procs}
@@ -170,6 +211,7 @@ def build_report(run: Run) -> dict[str, Any]:
     outside = outside_steps(run, main)
     return {
         "schema": model.REPORT_SCHEMA,
+        "engine": "duckdb",
         "run": {
             "dir": run.path,
             "name": m.get("name"),
