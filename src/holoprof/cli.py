@@ -117,12 +117,27 @@ def build_parser() -> argparse.ArgumentParser:
 #: Commands implemented in their own modules: name -> (module, help). Each module provides
 #: ``add_arguments(parser)`` and ``main(args) -> int``.
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
+EXTRA_COMMANDS["export"] = (
+    "holoprof.present.export_cli",
+    "a run as a Chrome trace or TensorBoard logs: holoprof export RUN --format chrome -o trace.json",
+)
+EXTRA_COMMANDS["pack"] = (
+    "holoprof.store.pack",
+    "a run as one portable file: holoprof pack RUN -o run.holoprof",
+)
+EXTRA_COMMANDS["diff"] = ("holoprof.analyze.diff", "compare two runs: holoprof diff RUN_A RUN_B [--json]")
+EXTRA_COMMANDS["whatif"] = ("holoprof.present.whatif", "predict data-parallel scaling: holoprof whatif RUN")
+EXTRA_COMMANDS["import"] = (
+    "holoprof.store.import_darshan",
+    "import a trace: holoprof import darshan LOG --out DIR",
+)
 
 #: Modules that add options to `holoprof run`: each provides ``add_run_arguments(parser)`` and
 #: ``run_options(args) -> dict`` (merged into the agent options, JSON-able).
 RUN_OPTION_MODULES: list[str] = []
 RUN_OPTION_MODULES.append("holoprof.collect.tensorflow")
 RUN_OPTION_MODULES.append("holoprof.analyze.checkpoints")
+RUN_OPTION_MODULES.append("holoprof.collect.io_options")
 
 
 def _run_option_modules() -> list[Any]:

@@ -103,6 +103,9 @@ def _resources_doc(res: Resources) -> dict[str, Any]:
 #: ``resources``, ``loader``). A section that fails is reported in run.warnings and left empty.
 SECTIONS: dict[str, str] = {
     "checkpoints": "holoprof.analyze.checkpoints:checkpoints_section",
+    "stages": "holoprof.analyze.stages:stages_section",
+    "io": "holoprof.analyze.io:io_section",
+    "communication": "holoprof.analyze.comm:communication",
 }
 SECTION_DEFAULTS: dict[str, Any] = {
     "io": {},

@@ -92,6 +92,8 @@ class SystemSampler:
         self._last_t: float | None = None
         self._last_net: tuple[int, int] | None = None
         self._new_procs: list[dict[str, Any]] = []
+        # a process seen between fork and exec still shows its parent's command line: look again
+        self._recheck: dict[int, tuple[int, list[str]]] = {}  # pid -> (ticks left, argv seen)
         self._lock = threading.Lock()
         self.gpus = _Gpus()
         agent.info["gpus"] = self.gpus.names
@@ -142,7 +144,24 @@ class SystemSampler:
             out.append(cached)
         return out
 
-    def _describe(self, p: Any) -> None:
+    def _recheck_names(self) -> None:
+        for pid, (left, argv) in list(self._recheck.items()):
+            proc = self._procs.get(pid)
+            if proc is None or left <= 0:
+                self._recheck.pop(pid, None)
+                continue
+            try:
+                now = proc.cmdline()
+            except Exception:
+                self._recheck.pop(pid, None)
+                continue
+            if now != argv:
+                self._recheck.pop(pid, None)
+                self._describe(proc, recheck=False)
+            else:
+                self._recheck[pid] = (left - 1, argv)
+
+    def _describe(self, p: Any, recheck: bool = True) -> None:
         try:
             with p.oneshot():
                 row = {
@@ -151,9 +170,12 @@ class SystemSampler:
                     "argv": p.cmdline(),
                     "exe": p.exe(),
                     "start_ns": int(p.create_time() * 1e9),
+                    "described_ns": time.time_ns(),
                 }
         except Exception:
             return
+        if recheck:
+            self._recheck[p.pid] = (3, list(row["argv"]))
         with self._lock:
             self._new_procs.append(row)
 
@@ -169,6 +191,7 @@ class SystemSampler:
         d_read = d_write = 0
         alive = 0
         threads = 0
+        self._recheck_names()
         for p in self._tree():
             try:
                 with p.oneshot():
@@ -229,7 +252,6 @@ class SystemSampler:
         if not rows:
             return []
         n = len(rows)
-        now = time.time_ns()
         return [
             (
                 "processes",
@@ -244,7 +266,7 @@ class SystemSampler:
                     "start_ns": [r["start_ns"] for r in rows],
                     "end_ns": [0] * n,
                     "exit_code": [-1] * n,
-                    "updated_ns": [now] * n,
+                    "updated_ns": [r["described_ns"] for r in rows],
                     "clock_offset_ns": [0] * n,
                     "versions": ["{}"] * n,
                     "dropped_events": [0] * n,

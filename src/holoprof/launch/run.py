@@ -115,15 +115,19 @@ def job_environment(run_dir: str, options: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def import_native_dumps(run_dir: str) -> int:
-    """Counters that non-Python processes of the job wrote at exit, into their process folders."""
+def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> int:
+    """Counters that non-Python processes of the job wrote at exit, into their process folders
+    (filtered like the agent's own: no interpreter files, pseudo file systems or the run itself)."""
     from holoprof.collect import io_native
+    from holoprof.collect.io_py import PathPolicy
     from holoprof.store.chunks import write_chunk
 
+    opts = options or {}
+    policy = PathPolicy(opts.get("io_include"), opts.get("io_exclude"), run_dir)
     n = 0
     for path in io_native.dump_files(run_dir):
         try:
-            rows = io_native.read_dump(path)
+            rows = [r for r in io_native.read_dump(path) if policy.keep(r["path"])]
             header = io_native.read_dump_header(path)
         except Exception:
             continue
@@ -260,7 +264,7 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
             sampler.stop()
         agent.shutdown()
         try:
-            import_native_dumps(run_dir)
+            import_native_dumps(run_dir, options)
         except Exception as exc:
             sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
         try:

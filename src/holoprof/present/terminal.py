@@ -204,6 +204,25 @@ def _notes(doc: dict[str, Any]) -> list[Text]:
     return notes
 
 
+#: Sections rendered by their own modules: (title, "module:function"); the function takes the report
+#: document and returns a rich renderable, or None when the section has nothing to show.
+_SECTION_RENDERERS: list[tuple[str, str]] = [
+    ("Workflow stages", "holoprof.present.stages:stages_group"),
+    ("I/O", "holoprof.present.io:io_group"),
+]
+
+
+def _section_group(target: str, doc: dict[str, Any]) -> Any:
+    import importlib
+
+    module_name, func = target.split(":")
+    try:
+        mod = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    return getattr(mod, func)(doc)
+
+
 def render(
     doc: dict[str, Any], short: bool = False, file: IO[str] | None = None, width: int | None = None
 ) -> None:
@@ -215,6 +234,14 @@ def render(
     res = _resources(doc)
     if res is not None and not short:
         parts += [Text(""), Text("Resources", style="bold underline"), res]
+    if not short:
+        for title, section in _SECTION_RENDERERS:
+            try:
+                group = _section_group(section, doc)
+            except Exception as exc:  # a renderer bug must not hide the rest of the report
+                group = Text(f"({title} could not be shown: {type(exc).__name__}: {exc})", style="yellow")
+            if group is not None:
+                parts += [Text(""), Text(title, style="bold underline"), group]
     parts += [Text(""), Text("Findings", style="bold underline"), _findings(doc)]
     notes = _notes(doc)
     if notes:

@@ -186,7 +186,9 @@ def load(
     ``start_s``/``end_s`` (seconds from the start of the run), ``ranks`` and ``steps`` (an inclusive
     range) restrict what is read; the filters are pushed down into the Parquet scans.
     """
-    p = os.path.abspath(os.fspath(path))
+    from holoprof.store.pack import open_run
+
+    p = open_run(os.path.abspath(os.fspath(path)))  # a packed run is unpacked to a private temp dir
     manifest = rundir.read_manifest(p)
     if start_s is not None and end_s is not None and end_s < start_s:
         raise HoloprofError(f"the time window ends ({end_s} s) before it starts ({start_s} s); swap them")

@@ -1,0 +1,435 @@
+"""Communication of distributed jobs: collectives, exposed and overlapped time, DDP buckets, stragglers.
+
+Pure functions of a loaded run (``communication(run, ctx)`` is the ``communication`` section of the
+report). Definitions, per step of a process:
+
+* ``total``: the union of its ``comm`` spans (collectives and DDP buckets) within the step.
+* ``exposed``: communication the training loop waited for — the ``communication`` phase (synchronous
+  collectives and ``Work.wait()`` outside any other phase) plus, for DDP, the time between the last
+  gradient bucket becoming ready (backward compute is over) and the last bucket's allreduce completing.
+* ``overlapped``: ``total - exposed`` (communication hidden behind compute).
+* ``wait`` (per rank): its ``total`` minus the smallest ``total`` of any rank in the same step — time
+  spent waiting at collectives for slower ranks. The rank that waits least in most steps arrives last:
+  when the others wait for it long enough, it is the straggler.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from holoprof.analyze.findings import Finding
+from holoprof.analyze.steps import NS, ProcKey, StepStats, step_stats
+from holoprof.store.reader import Run
+
+COMM_BOUND_MEDIUM = 0.10
+COMM_BOUND_HIGH = 0.25
+STRAGGLER_STEP_EXCESS = 0.10  # a rank's step median above the others' median by more than this
+STRAGGLER_WAIT = 0.10  # the others wait for one rank at least this fraction of a step
+STRAGGLER_CONSISTENCY = 0.75  # ... and it arrives last in at least this share of the steps
+
+
+@dataclass
+class ProcComm:
+    """One process's steps and, per step, its communication time (total and exposed, ns)."""
+
+    key: ProcKey
+    stats: StepStats
+    steps: dict[int, tuple[int, int]]  # step -> (start, end)
+    total: dict[int, int] = field(default_factory=dict)  # step -> comm union ns
+    exposed: dict[int, int] = field(default_factory=dict)
+
+
+def _union(intervals: list[tuple[int, int]]) -> int:
+    total = 0
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None and cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None and cur_s is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def load_proc(run: Run, key: ProcKey, st: StepStats | None) -> ProcComm:
+    stats = st if st is not None else step_stats(run, key, timeline_points=1)
+    steps = {
+        int(s): (int(a), int(b))
+        for s, a, b in run.rows(
+            "SELECT step, start_ns, end_ns FROM spans WHERE kind = 'step' AND host = ? AND pid = ?",
+            [key.host, key.pid],
+        )
+    }
+    proc = ProcComm(key, stats, steps)
+    comm: dict[int, list[tuple[int, int]]] = {}
+    buckets: dict[int, list[tuple[int, int]]] = {}  # step -> (ready_ns, end_ns)
+    rows = run.rows(
+        """SELECT step, name, start_ns, end_ns, try_cast(json_extract(attrs, '$.ready_ns') AS BIGINT)
+           FROM spans WHERE kind = 'comm' AND host = ? AND pid = ? AND step >= 0""",
+        [key.host, key.pid],
+    )
+    for step, name, s, e, ready in rows:
+        win = steps.get(int(step))
+        if win is None:
+            continue
+        a, b = max(int(s), win[0]), min(int(e), win[1])
+        if b > a:
+            comm.setdefault(int(step), []).append((a, b))
+        if name == "ddp_bucket":
+            buckets.setdefault(int(step), []).append((int(s) if ready is None else int(ready), int(e)))
+    phase_rows = run.rows(
+        """SELECT step, start_ns, end_ns FROM spans WHERE kind = 'phase' AND name = 'communication'
+           AND host = ? AND pid = ? AND step >= 0""",
+        [key.host, key.pid],
+    )
+    exposed_phase: dict[int, list[tuple[int, int]]] = {}
+    for step, s, e in phase_rows:
+        win = steps.get(int(step))
+        if win is None:
+            continue
+        a, b = max(int(s), win[0]), min(int(e), win[1])
+        if b > a:
+            exposed_phase.setdefault(int(step), []).append((a, b))
+    for step in steps:
+        proc.total[step] = _union(comm.get(step, []))
+        tail = 0
+        bs = buckets.get(step)
+        if bs:
+            tail = max(0, max(e for _, e in bs) - max(r for r, _ in bs))
+        proc.exposed[step] = min(proc.total[step], _union(exposed_phase.get(step, [])) + tail)
+    return proc
+
+
+def _collectives(run: Run, main: ProcKey | None, nsteps: int) -> list[dict[str, Any]]:
+    rows = run.rows(
+        """SELECT name, count(*), coalesce(sum(try_cast(json_extract(attrs, '$.bytes') AS BIGINT)), 0),
+                  sum(end_ns - start_ns), count(DISTINCT pid),
+                  coalesce(sum(try_cast(json_extract(attrs, '$.bytes') AS BIGINT))
+                           FILTER (WHERE host = ? AND pid = ? AND step >= 0), 0)
+           FROM spans WHERE kind = 'comm' GROUP BY name ORDER BY 4 DESC""",
+        [main.host if main else "", main.pid if main else -1],
+    )
+    out = []
+    for name, count, nbytes, dur, procs, main_bytes in rows:
+        out.append(
+            {
+                "op": name,
+                "count": int(count),
+                "bytes": int(nbytes or 0),
+                "total_s": round(float(dur or 0) / NS, 6),
+                "processes": int(procs),
+                "bytes_per_step": int(main_bytes or 0) // nsteps if nsteps else 0,
+            }
+        )
+    return out
+
+
+def _buckets(run: Run, main: ProcKey) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    back = {
+        int(s): int(t)
+        for s, t in run.rows(
+            """SELECT step, min(start_ns) FROM spans WHERE kind = 'phase' AND name = 'backward'
+               AND host = ? AND pid = ? AND tid = ? GROUP BY step""",
+            [main.host, main.pid, main.tid],
+        )
+    }
+    rows = run.rows(
+        """SELECT step, start_ns, end_ns, attrs FROM spans WHERE kind = 'comm' AND name = 'ddp_bucket'
+           AND host = ? AND pid = ? ORDER BY start_ns""",
+        [main.host, main.pid],
+    )
+    by_index: dict[int, dict[str, Any]] = {}
+    for step, s, e, attrs in rows:
+        try:
+            a = json.loads(attrs) if attrs else {}
+        except ValueError:
+            a = {}
+        idx = int(a.get("bucket_index", -1))
+        b = by_index.setdefault(idx, {"bytes": [], "ready": [], "dur": [], "params": [], "pbytes": []})
+        b["bytes"].append(int(a.get("bytes", 0)))
+        b["dur"].append((int(e) - int(s)) / NS)
+        t0 = back.get(int(step))
+        if t0 is not None:
+            b["ready"].append((int(s) - t0) / NS)
+        if a.get("params"):
+            b["params"] = list(a["params"])
+            b["pbytes"] = list(a.get("param_bytes") or [])
+    buckets = []
+    layers: dict[str, dict[str, float]] = {}
+    for idx in sorted(by_index):
+        b = by_index[idx]
+        nbytes = int(_median(b["bytes"]))
+        allreduce_s = _median(b["dur"])
+        names = [str(p).rsplit(".", 1)[0] if "." in str(p) else str(p) for p in b["params"]]
+        layer_names = list(dict.fromkeys(names))
+        buckets.append(
+            {
+                "index": idx,
+                "bytes": nbytes,
+                "params": len(b["params"]),
+                "layers": layer_names,
+                "ready_s": round(_median(b["ready"]), 6),
+                "allreduce_s": round(allreduce_s, 6),
+            }
+        )
+        total_b = sum(b["pbytes"]) or 1
+        for layer, pb in zip(names, b["pbytes"], strict=False):
+            d = layers.setdefault(layer, {"grad_bytes": 0.0, "comm_s": 0.0})
+            d["grad_bytes"] += pb
+            d["comm_s"] += allreduce_s * pb / total_b
+    per_layer = [
+        {"name": k, "grad_bytes": int(v["grad_bytes"]), "comm_s": round(v["comm_s"], 6)}
+        for k, v in sorted(layers.items(), key=lambda kv: -kv[1]["grad_bytes"])
+    ]
+    return buckets, per_layer
+
+
+def _failures(run: Run) -> list[dict[str, Any]]:
+    """Ranks that ended with an error, the first to die first.
+
+    "First" is by the last recorded activity (phases, ops, collectives), not by the exit time: a
+    rank that dies takes a moment to flush, while a peer that fails at its next collective because
+    of it may exit sooner, but its last activity (that collective) comes later.
+    """
+    rows = run.rows(
+        """WITH act AS (
+             SELECT host, pid, count(*) FILTER (WHERE kind = 'step') AS n,
+                    max(end_ns) FILTER (WHERE kind <> 'step') AS last
+             FROM spans GROUP BY host, pid)
+           SELECT p.rank, p.pid, p.host, p.exit_code, p.end_ns, coalesce(a.n, 0), a.last
+           FROM processes p LEFT JOIN act a ON a.host = p.host AND a.pid = p.pid
+           WHERE p.rank >= 0 AND p.exit_code NOT IN (0, -1)
+           ORDER BY coalesce(a.last, CASE WHEN p.end_ns > 0 THEN p.end_ns END, 9223372036854775807), p.rank"""
+    )
+    start = run.manifest.get("start_ns") or 0
+    return [
+        {
+            "rank": int(r),
+            "pid": int(pid),
+            "host": host,
+            "exit_code": int(code),
+            "end_s": round((int(end) - start) / NS, 3) if end and start else None,
+            "last_activity_s": round((int(last) - start) / NS, 3) if last and start else None,
+            "steps": int(n),
+        }
+        for r, pid, host, code, end, n, last in rows
+    ]
+
+
+def _straggler(procs: list[ProcComm]) -> tuple[Finding | None, dict[int, float]]:
+    """Per-rank median wait, and the straggler finding if one rank holds the others back."""
+    ranked = [p for p in procs if p.key.rank >= 0 and p.stats.count > 0]
+    waits: dict[int, list[float]] = {p.key.rank: [] for p in ranked}
+    if len(ranked) < 2:
+        return None, {}
+    common = set.intersection(*(set(p.total) for p in ranked))
+    last_count = {p.key.rank: 0 for p in ranked}
+    others_wait: dict[int, list[float]] = {p.key.rank: [] for p in ranked}
+    for step in sorted(common):
+        totals = {p.key.rank: p.total[step] for p in ranked}
+        low = min(totals.values())
+        for r, t in totals.items():
+            waits[r].append((t - low) / NS)
+        last = min(totals, key=lambda r: (totals[r], r))
+        last_count[last] += 1
+        for r in totals:
+            others = [(totals[o] - totals[r]) / NS for o in totals if o != r]
+            others_wait[r].append(statistics.mean(others))
+    med_wait = {r: _median(w) for r, w in waits.items()}
+    medians = {p.key.rank: p.stats.median_s for p in ranked}
+    nsteps = max(1, len(common))
+    best: Finding | None = None
+    for p in ranked:
+        r = p.key.rank
+        rest = [medians[o] for o in medians if o != r]
+        rest_med = _median(rest)
+        excess = (medians[r] - rest_med) / rest_med if rest_med > 0 else 0.0
+        cost = max(0.0, _median(others_wait[r]))
+        consistent = last_count[r] / nsteps
+        step_s = medians[r] or 1e-12
+        by_wait = consistent >= STRAGGLER_CONSISTENCY and cost / step_s >= STRAGGLER_WAIT and len(common) >= 3
+        by_step = excess > STRAGGLER_STEP_EXCESS
+        if not (by_wait or by_step):
+            continue
+        cost_s = cost if by_wait else medians[r] - rest_med
+        frac = cost_s / step_s if step_s > 0 else 0.0
+        slower = _slower_phase(p, [q for q in ranked if q is not p])
+        evidence: dict[str, Any] = {
+            "rank": r,
+            "host": p.key.host,
+            "step_median_s": round(medians[r], 6),
+            "others_step_median_s": round(rest_med, 6),
+            "others_wait_per_step_s": round(cost, 6),
+            "cost_per_step_s": round(cost_s, 6),
+            "last_to_arrive_fraction": round(consistent, 3),
+            "steps": len(common),
+        }
+        if slower:
+            evidence["slower_phase"] = slower[0]
+            evidence["slower_phase_excess_s"] = round(slower[1], 6)
+        where = f" (its {slower[0]} phase is {1000 * slower[1]:.1f} ms longer)" if slower else ""
+        f = Finding(
+            id="straggler",
+            severity="high" if frac >= 0.25 else "medium",
+            title=(
+                f"straggler: rank {r} holds the job back by {1000 * cost_s:.1f} ms per step "
+                f"({100 * frac:.0f}% of a step){where}"
+            ),
+            evidence=evidence,
+            recommendation=(
+                f"find out why rank {r} is slower: compare its phases with the other ranks' "
+                "(`holoprof report` per_rank), look for CPU or I/O contention on its host, a slower or "
+                "throttled device, or more work on that rank (uneven shards, variable sequence lengths); "
+                "balance the work per rank or move it off the busy node"
+            ),
+            estimated_gain=round(min(1.0, frac), 4),
+            threshold={
+                "step_excess": STRAGGLER_STEP_EXCESS,
+                "wait_fraction": STRAGGLER_WAIT,
+                "consistency": STRAGGLER_CONSISTENCY,
+                "measure": "others' wait at collectives for this rank / step time, or step median excess",
+            },
+        )
+        if best is None or f.estimated_gain > best.estimated_gain:
+            best = f
+    return best, med_wait
+
+
+def _slower_phase(p: ProcComm, others: list[ProcComm]) -> tuple[str, float] | None:
+    best: tuple[str, float] | None = None
+    for name, ph in p.stats.phases.items():
+        if name == "communication":
+            continue
+        rest = _median([o.stats.phases[name].median_s for o in others])
+        d = ph.median_s - rest
+        if d > 0 and (best is None or d > best[1]):
+            best = (name, d)
+    return best
+
+
+def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
+    has = run.rows("SELECT count(*) FROM spans WHERE kind = 'comm'")[0][0]
+    failures = _failures(run)
+    if not has and not failures:
+        return {}, []
+    main: ProcKey | None = ctx.get("main")
+    procs_keys: list[ProcKey] = list(ctx.get("step_processes") or ([main] if main else []))
+    procs = [load_proc(run, k, ctx.get("steps") if k == main else None) for k in procs_keys]
+    main_proc = next((p for p in procs if p.key == main), None)
+    nsteps = len(main_proc.steps) if main_proc else 0
+    section: dict[str, Any] = {
+        "bytes_per_step": 0,
+        "exposed_fraction": 0.0,
+        "total_s_per_step": 0.0,
+        "overlapped_s_per_step": 0.0,
+        "exposed_s_per_step": 0.0,
+        "world_size": 0,
+        "collectives": _collectives(run, main, nsteps),
+        "per_rank": [],
+        "buckets": [],
+        "per_layer": [],
+        "failed_ranks": failures,
+    }
+    if failures:
+        f0 = failures[0]
+        others = ", ".join(f"rank {f['rank']} (exit {f['exit_code']})" for f in failures[1:])
+        section["first_failure"] = {
+            **f0,
+            "message": (
+                f"rank {f0['rank']} died first (exit code {f0['exit_code']}) after {f0['steps']} steps"
+                + (f"; then {others}" if others else "")
+            ),
+        }
+    findings: list[Finding] = []
+    if main_proc is not None and nsteps:
+        per_step_bytes = run.rows(
+            """SELECT step, sum(try_cast(json_extract(attrs, '$.bytes') AS BIGINT)) FROM spans
+               WHERE kind = 'comm' AND name <> 'ddp_bucket' AND host = ? AND pid = ? AND step >= 0
+               GROUP BY step""",
+            [main_proc.key.host, main_proc.key.pid],
+        )
+        step_bytes = {int(s): int(b or 0) for s, b in per_step_bytes}
+        section["bytes_per_step"] = int(_median([float(step_bytes.get(s, 0)) for s in main_proc.steps]))
+        dur = sum(e - s for s, e in main_proc.steps.values())
+        total = sum(main_proc.total.values())
+        exposed = sum(main_proc.exposed.values())
+        section["exposed_fraction"] = round(exposed / dur, 6) if dur > 0 else 0.0
+        section["total_s_per_step"] = round(total / nsteps / NS, 6)
+        section["exposed_s_per_step"] = round(exposed / nsteps / NS, 6)
+        section["overlapped_s_per_step"] = round(max(0, total - exposed) / nsteps / NS, 6)
+        ws = run.rows(
+            "SELECT max(world_size) FROM processes WHERE host = ? AND pid = ?",
+            [main_proc.key.host, main_proc.key.pid],
+        )[0][0]
+        section["world_size"] = int(ws or 0)
+        buckets, per_layer = _buckets(run, main_proc.key)
+        section["buckets"], section["per_layer"] = buckets, per_layer
+        f = _comm_bound(section, main_proc)
+        if f is not None:
+            findings.append(f)
+    straggler, waits = _straggler(procs)
+    if straggler is not None:
+        findings.append(straggler)
+    for p in sorted(procs, key=lambda q: (q.key.rank, q.key.pid)):
+        n = max(1, len(p.steps))
+        section["per_rank"].append(
+            {
+                "rank": p.key.rank,
+                "host": p.key.host,
+                "pid": p.key.pid,
+                "steps": p.stats.count,
+                "step_median_s": round(p.stats.median_s, 6),
+                "step_p90_s": round(p.stats.p90_s, 6),
+                "phases": {k: round(v.median_s, 6) for k, v in p.stats.phases.items()},
+                "comm_s": round(_median([t / NS for t in p.total.values()]), 6),
+                "exposed_s": round(sum(p.exposed.values()) / n / NS, 6),
+                "wait_s": round(waits.get(p.key.rank, 0.0), 6),
+            }
+        )
+    return section, findings
+
+
+def _comm_bound(section: dict[str, Any], main: ProcComm) -> Finding | None:
+    frac = float(section["exposed_fraction"])
+    if frac < COMM_BOUND_MEDIUM:
+        return None
+    nb = len(section["buckets"])
+    mb = section["bytes_per_step"] / 2**20
+    return Finding(
+        id="communication_bound",
+        severity="high" if frac >= COMM_BOUND_HIGH else "medium",
+        title=f"communication-bound: {100 * frac:.0f}% of each step waits for communication",
+        evidence={
+            "exposed_fraction": frac,
+            "exposed_s_per_step": section["exposed_s_per_step"],
+            "overlapped_s_per_step": section["overlapped_s_per_step"],
+            "total_s_per_step": section["total_s_per_step"],
+            "bytes_per_step": section["bytes_per_step"],
+            "step_median_s": round(main.stats.median_s, 6),
+            "world_size": section["world_size"],
+            "ddp_buckets": nb,
+        },
+        recommendation=(
+            f"cut or hide the {mb:.1f} MiB exchanged per step: let DDP overlap more (bucket_cap_mb smaller "
+            "so the first buckets start earlier, or larger to cut per-call latency; no synchronous "
+            "collectives such as loss all_reduce/.item() every step), compress gradients (DDP comm hooks "
+            "fp16_compress_hook/bf16 or PowerSGD), use a larger batch per rank so compute hides the "
+            "same traffic, or a faster network (see `holoprof whatif RUN` for the bandwidth it needs)"
+        ),
+        estimated_gain=round(frac, 4),
+        threshold={
+            "medium": COMM_BOUND_MEDIUM,
+            "high": COMM_BOUND_HIGH,
+            "measure": "exposed communication / step time",
+        },
+    )

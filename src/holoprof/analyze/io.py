@@ -1,0 +1,612 @@
+"""The ``io`` section: Darshan-style per-file counters summed over a run, and the I/O findings.
+
+Pure functions of a loaded run. The ``io_files`` rows are cumulative snapshots: the last one per
+(host, pid, module, path) is the process's total for that file (``arg_max(counters, ts_ns)``).
+Counters are read with DuckDB's ``json_extract`` under their Darshan names (``POSIX_*``, ``STDIO_*``);
+both modules are summed (Darshan does not count a ``fread`` again under POSIX).
+
+The counters are kept per process, not per phase: "by phase" is therefore "by process role" (the
+main loop, DataLoader workers, ranks), which is what the section reports.
+
+Findings:
+
+* ``small_file_io`` — many small files (at least :data:`SMALL_FILES_MIN` files read, median size
+  below :data:`SMALL_FILE_BYTES`) or mostly small reads (at least :data:`SMALL_READ_SHARE` of the reads
+  below :data:`SMALL_READ_BYTES`, the Darshan bucket boundary nearest to 64 KiB).
+* ``io_bandwidth`` — the read bandwidth the job achieved while it was reading is below
+  :data:`BANDWIDTH_RATIO` of a reference measured on the same machine: ``holoprof iobench`` results in
+  the run's artifacts when present, else the best bandwidth of a single file of the run; for a
+  training loop, only when it waits for data and I/O time is a real share of that wait.
+* a staging recommendation (which directories to copy to a faster tier, and the expected gain) in
+  the evidence, or as a low-severity ``io_bandwidth`` finding of its own.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from holoprof import model
+from holoprof.analyze.findings import Finding
+from holoprof.store.reader import Run
+
+NS = 1e9
+KiB = 1024
+MiB = 1024 * 1024
+
+SMALL_FILES_MIN = 1000
+SMALL_FILE_BYTES = 256 * KiB
+SMALL_READ_SHARE = 0.5
+#: Reads below this size are "small" (the upper boundary of Darshan's 10K_100K bucket).
+SMALL_READ_BYTES = 100 * KiB
+SMALL_READ_BUCKETS = ("0_100", "100_1K", "1K_10K", "10K_100K")
+#: io_bandwidth fires when achieved / reference is below this.
+BANDWIDTH_RATIO = 0.25
+#: ... and only when the job read at least this much (a few reads say nothing about a device).
+BANDWIDTH_MIN_BYTES = 16 * MiB
+#: ... and, for a training loop, when it waits for data and I/O time is at least this share of the wait
+#: (a loop that is slow for other reasons reads slowly because it asks for little).
+IO_SHARE_OF_WAIT_MIN = 0.25
+#: A file's own bandwidth counts as a reference only when at least this much was read from it.
+REFERENCE_MIN_BYTES = 1 * MiB
+DATA_WAIT_LINK = 0.05
+TOP_FILES = 50
+TOP_DIRS = 10
+
+_SUMS = (
+    ("opens", "OPENS"),
+    ("reads", "READS"),
+    ("writes", "WRITES"),
+    ("seeks", "SEEKS"),
+    ("stats", "STATS"),
+    ("bytes_read", "BYTES_READ"),
+    ("bytes_written", "BYTES_WRITTEN"),
+    ("seq_reads", "SEQ_READS"),
+    ("consec_reads", "CONSEC_READS"),
+    ("max_byte_read", "MAX_BYTE_READ"),
+    ("max_byte_written", "MAX_BYTE_WRITTEN"),
+)
+_FLOATS = (
+    ("read_time_s", "F_READ_TIME"),
+    ("write_time_s", "F_WRITE_TIME"),
+    ("meta_time_s", "F_META_TIME"),
+    ("read_start", "F_READ_START_TIMESTAMP"),
+    ("read_end", "F_READ_END_TIMESTAMP"),
+)
+
+
+def _num(name: str, cast: str) -> str:
+    # Darshan writes -1 for "unknown" in shared records: never let it subtract from a sum.
+    return (
+        f"greatest(coalesce(TRY_CAST(json_extract_string(c, '$.POSIX_{name}') AS {cast}), "
+        f"TRY_CAST(json_extract_string(c, '$.STDIO_{name}') AS {cast}), 0), 0)"
+    )
+
+
+def _last_sql() -> str:
+    cols = [f"{_num(k, 'BIGINT')} AS {a}" for a, k in _SUMS]
+    cols += [f"{_num(k, 'DOUBLE')} AS {a}" for a, k in _FLOATS]
+    cols += [
+        f"{_num('SIZE_READ_' + b, 'BIGINT')} AS sr_{i}"
+        for i, (b, _, _) in enumerate(model.DARSHAN_SIZE_BUCKETS)
+    ]
+    return f"""
+    WITH last AS (
+        SELECT host, pid, module, path, any_value(layer) AS layer, arg_max(counters, ts_ns) AS c,
+               max(ts_ns) AS ts
+        FROM io_files GROUP BY host, pid, module, path
+    )
+    SELECT host, pid, module, path, layer, {", ".join(cols)} FROM last
+    """
+
+
+@dataclass
+class FileRow:
+    host: str
+    pid: int
+    module: str
+    path: str
+    layer: str
+    v: dict[str, float]
+    size_read: list[int]
+
+
+def file_rows(run: Run) -> list[FileRow]:
+    """The last snapshot of every (process, module, file), with the counters the analyses use."""
+    out = []
+    names = [a for a, _ in _SUMS] + [a for a, _ in _FLOATS]
+    nb = len(model.DARSHAN_SIZE_BUCKETS)
+    for r in run.rows(_last_sql()):
+        host, pid, module, path, layer = r[:5]
+        vals = r[5 : 5 + len(names)]
+        buckets = r[5 + len(names) : 5 + len(names) + nb]
+        out.append(
+            FileRow(
+                str(host),
+                int(pid),
+                str(module),
+                str(path),
+                str(layer),
+                {n: float(x or 0) for n, x in zip(names, vals, strict=True)},
+                [int(x or 0) for x in buckets],
+            )
+        )
+    return out
+
+
+def dump_rows(run: Run, known: set[tuple[str, int]]) -> list[FileRow]:
+    """Counters that the native library dumped at exit for processes without an agent.
+
+    A process whose counters are already in ``io_files`` is skipped (never counted twice).
+    """
+    try:
+        from holoprof.collect import io_native
+    except Exception:
+        return []
+    keys = [a for a, _ in _SUMS] + [a for a, _ in _FLOATS]
+    out = []
+    for path in io_native.dump_files(run.path):
+        try:
+            rows = io_native.read_dump(path)
+        except (OSError, ValueError):
+            continue
+        for r in rows:
+            host, pid = str(r["host"]), int(r["pid"])
+            if (host, pid) in known:
+                break
+            c, mod = r["counters"], str(r["module"])
+
+            def get(name: str, c: dict[str, Any] = c, mod: str = mod) -> float:
+                v = c.get(f"{mod}_{name}", 0) or 0
+                return max(0.0, float(v))
+
+            v = {a: get(k) for a, k in list(_SUMS) + list(_FLOATS)}
+            sizes = [int(get(f"SIZE_READ_{b}")) for b, _, _ in model.DARSHAN_SIZE_BUCKETS]
+            out.append(FileRow(host, pid, mod, str(r["path"]), "native", {k: v[k] for k in keys}, sizes))
+    return out
+
+
+def _touched(f: FileRow) -> bool:
+    v = f.v
+    return bool(v["opens"] or v["reads"] or v["writes"] or v["bytes_read"] or v["bytes_written"])
+
+
+def _roles(run: Run) -> dict[tuple[str, int], str]:
+    try:
+        return {
+            (str(h), int(p)): str(r or "child")
+            for h, p, r in run.rows("SELECT host, pid, role FROM processes")
+        }
+    except Exception:
+        return {}
+
+
+def _median(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    n = len(s)
+    return float(s[n // 2]) if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _size_bucket(n: float) -> str:
+    for name, lo, hi in model.DARSHAN_SIZE_BUCKETS:
+        if lo <= n < hi:
+            return name
+    return model.DARSHAN_SIZE_BUCKETS[-1][0]
+
+
+def _iobench_reference(run: Run) -> tuple[float, str] | None:
+    """The best read bandwidth in ``holoprof iobench --json`` results saved in the run's artifacts
+    (``artifacts/iobench*.json``: any ``*bandwidth_bytes_per_s`` value, writes excepted)."""
+    best: tuple[float, str] | None = None
+    for path in glob.glob(os.path.join(run.path, model.ARTIFACTS_DIR, "iobench*.json")):
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+
+        def walk(x: Any, path: str = path) -> None:
+            nonlocal best
+            if isinstance(x, dict):
+                for k, v in x.items():
+                    if (
+                        isinstance(v, (int, float))
+                        and not isinstance(v, bool)
+                        and str(k).endswith("bandwidth_bytes_per_s")
+                        and "write" not in str(k)
+                        and (best is None or v > best[0])
+                    ):
+                        best = (float(v), f"holoprof iobench ({os.path.basename(path)}: {k})")
+                    else:
+                        walk(v, path)
+            elif isinstance(x, list):
+                for y in x:
+                    walk(y, path)
+
+        walk(doc)
+    return best
+
+
+def _time_series(run: Run, t0_ns: int) -> list[list[float]]:
+    """Read bandwidth over time: bytes read between consecutive snapshots, per second of the run."""
+    sql = f"""
+    WITH s AS (
+        SELECT host, pid, module, path, ts_ns, {_num("BYTES_READ", "BIGINT").replace("(c,", "(counters,")} AS b
+        FROM io_files
+    ), d AS (
+        SELECT ts_ns, b - coalesce(lag(b) OVER (PARTITION BY host, pid, module, path ORDER BY ts_ns), 0) AS db
+        FROM s
+    )
+    SELECT (ts_ns - $t0) // 1000000000 AS sec, sum(greatest(db, 0)) FROM d GROUP BY sec ORDER BY sec
+    """
+    rows = run.con.execute(sql, {"t0": t0_ns}).fetchall()
+    out = []
+    prev: int | None = None
+    for sec, b in rows:
+        if sec is None:
+            continue
+        s = int(sec)
+        width = 1 if prev is None else max(1, s - prev)
+        out.append([float(s), round(float(b or 0) / width, 1)])
+        prev = s
+    return out
+
+
+def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
+    rows = file_rows(run)
+    rows += dump_rows(run, {(f.host, f.pid) for f in rows})
+    rows = [f for f in rows if _touched(f) or f.v["stats"]]
+    if not any(_touched(f) for f in rows):  # stat calls alone are not I/O worth a section
+        return {}, []
+    roles = _roles(run)
+    tot = {k: sum(f.v[k] for f in rows) for k in ("bytes_read", "bytes_written", "reads", "writes", "opens")}
+    read_t = sum(f.v["read_time_s"] for f in rows)
+    write_t = sum(f.v["write_time_s"] for f in rows)
+    meta_t = sum(f.v["meta_time_s"] for f in rows)
+    hist = {name: 0 for name, _, _ in model.DARSHAN_SIZE_BUCKETS}
+    for f in rows:
+        for (name, _, _), n in zip(model.DARSHAN_SIZE_BUCKETS, f.size_read, strict=True):
+            hist[name] += n
+
+    # per path, over processes
+    per: dict[str, dict[str, float]] = {}
+    for f in rows:
+        d = per.setdefault(
+            f.path,
+            {
+                "bytes_read": 0.0,
+                "bytes_written": 0.0,
+                "reads": 0.0,
+                "writes": 0.0,
+                "opens": 0.0,
+                "seq_reads": 0.0,
+                "read_time_s": 0.0,
+                "meta_time_s": 0.0,
+                "extent": 0.0,
+                "processes": 0.0,
+            },
+        )
+        for k in (
+            "bytes_read",
+            "bytes_written",
+            "reads",
+            "writes",
+            "opens",
+            "seq_reads",
+            "read_time_s",
+            "meta_time_s",
+        ):
+            d[k] += f.v[k]
+        d["processes"] += 1
+        ext = max(f.v["max_byte_read"], f.v["max_byte_written"]) + 1 if _touched(f) else 0
+        d["extent"] = max(d["extent"], ext)
+    touched = {p: d for p, d in per.items() if d["opens"] or d["reads"] or d["writes"]}
+    ranked = sorted(touched.items(), key=lambda kv: (-(kv[1]["bytes_read"] + kv[1]["bytes_written"]), kv[0]))
+    files_detail = [
+        {
+            "path": p,
+            "bytes_read": int(d["bytes_read"]),
+            "bytes_written": int(d["bytes_written"]),
+            "reads": int(d["reads"]),
+            "writes": int(d["writes"]),
+            "opens": int(d["opens"]),
+            "seq_read_fraction": round(d["seq_reads"] / d["reads"], 4) if d["reads"] else 0.0,
+            "read_time_s": round(d["read_time_s"], 6),
+            "processes": int(d["processes"]),
+        }
+        for p, d in ranked[:TOP_FILES]
+    ]
+    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0}
+    sizes = [d["extent"] for d in read_files.values()]
+    size_hist = {name: 0 for name, _, _ in model.DARSHAN_SIZE_BUCKETS}
+    for s in sizes:
+        size_hist[_size_bucket(s)] += 1
+
+    # time window and bandwidths
+    starts = [f.v["read_start"] for f in rows if f.v["read_start"] > 0]
+    ends = [f.v["read_end"] for f in rows if f.v["read_end"] > 0]
+    window_s = (max(ends) - min(starts)) if starts and ends and max(ends) > min(starts) else 0.0
+    m = run.manifest
+    start_ns = int(m.get("start_ns") or 0)
+    end_ns = int(m.get("end_ns") or 0)
+    if not start_ns:
+        start_ns = int(run.rows("SELECT coalesce(min(ts_ns), 0) FROM io_files")[0][0] or 0)
+    if not end_ns:
+        end_ns = int(run.rows("SELECT coalesce(max(ts_ns), 0) FROM io_files")[0][0] or 0)
+    wall_s = max(0.0, (end_ns - start_ns) / NS)
+    bw_read = tot["bytes_read"] / read_t if read_t > 0 else 0.0
+    bw_window = tot["bytes_read"] / window_s if window_s > 0 else 0.0
+    bw_wall = tot["bytes_read"] / wall_s if wall_s > 0 else 0.0
+
+    # by role (counters are per process: "by phase" is per role)
+    by_role: dict[str, dict[str, float]] = {}
+    procs: dict[str, set[tuple[str, int]]] = {}
+    for f in rows:
+        # no processes row: a process without an agent (its native dump), or Darshan's shared records
+        role = roles.get((f.host, f.pid), "untraced" if f.pid >= 0 else "shared")
+        r = by_role.setdefault(
+            role,
+            {
+                "bytes_read": 0.0,
+                "bytes_written": 0.0,
+                "reads": 0.0,
+                "writes": 0.0,
+                "read_time_s": 0.0,
+                "meta_time_s": 0.0,
+            },
+        )
+        for k in r:
+            r[k] += f.v[k]
+        procs.setdefault(role, set()).add((f.host, f.pid))
+    by_role_doc = {
+        role: {
+            **{k: (round(v, 6) if k.endswith("_s") else int(v)) for k, v in r.items()},
+            "processes": len(procs[role]),
+        }
+        for role, r in sorted(by_role.items(), key=lambda kv: -kv[1]["bytes_read"])
+    }
+
+    # reference bandwidth: iobench results, else the best single file of this run
+    ref = _iobench_reference(run)
+    best_file: tuple[float, str] | None = None
+    for p, d in read_files.items():
+        if d["bytes_read"] >= REFERENCE_MIN_BYTES and d["read_time_s"] > 0:
+            bw = d["bytes_read"] / d["read_time_s"]
+            if best_file is None or bw > best_file[0]:
+                best_file = (bw, p)
+    if ref is None and best_file is not None:
+        ref = (best_file[0], f"best single-file read bandwidth in this run ({best_file[1]})")
+
+    staging = _staging(read_files, ref)
+    io_time = read_t + write_t + meta_t
+    st = ctx.get("steps")
+    data_wait: dict[str, Any] = {}
+    if st is not None and st.count:
+        ph = st.phases["data_wait"]
+        data_wait = {
+            "fraction": round(ph.fraction, 4),
+            "total_s": round(ph.total_s, 6),
+            "io_read_and_meta_time_s": round(read_t + meta_t, 6),
+            "io_time_vs_data_wait": round((read_t + meta_t) / ph.total_s, 4) if ph.total_s > 0 else 0.0,
+        }
+    small_reads = sum(hist[b] for b in SMALL_READ_BUCKETS)
+    section: dict[str, Any] = {
+        "layers": sorted({f.layer for f in rows}),
+        "bytes_read": int(tot["bytes_read"]),
+        "bytes_written": int(tot["bytes_written"]),
+        "files": len(touched),
+        "files_read": len(read_files),
+        "reads": int(tot["reads"]),
+        "writes": int(tot["writes"]),
+        "opens": int(tot["opens"]),
+        "read_time_s": round(read_t, 6),
+        "write_time_s": round(write_t, 6),
+        "meta_time_s": round(meta_t, 6),
+        "bandwidth_read_bytes_per_s": round(bw_read, 1),
+        "bandwidth_read_window_bytes_per_s": round(bw_window, 1),
+        "bandwidth_read_wall_bytes_per_s": round(bw_wall, 1),
+        "read_window_s": round(window_s, 6),
+        "read_size_histogram": hist,
+        "small_read_fraction": round(small_reads / tot["reads"], 4) if tot["reads"] else 0.0,
+        "file_size_histogram": size_hist,
+        "file_size_median_bytes": int(_median(sizes)),
+        "seq_read_fraction": round(sum(d["seq_reads"] for d in touched.values()) / tot["reads"], 4)
+        if tot["reads"]
+        else 0.0,
+        "meta_time_fraction": round(meta_t / io_time, 4) if io_time > 0 else 0.0,
+        "bandwidth_timeline": _time_series(run, start_ns) if start_ns else [],
+        "by_role": by_role_doc,
+        "by_phase_note": "I/O counters are kept per process, not per phase: see by_role (main loop, "
+        "dataloader_worker, rank)",
+        "reference_bandwidth": {"bytes_per_s": round(ref[0], 1), "source": ref[1]} if ref else {},
+        "data_wait": data_wait,
+        "staging": staging,
+        "files_detail": files_detail,
+    }
+    findings = [f for f in (_small_file_io(section, st), _io_bandwidth(section, st)) if f is not None]
+    if not findings:
+        staging_finding = _staging_finding(section)
+        if staging_finding is not None:
+            findings.append(staging_finding)
+    return section, findings
+
+
+def _staging(read_files: dict[str, dict[str, float]], ref: tuple[float, str] | None) -> list[dict[str, Any]]:
+    """Directories to copy to a faster tier, by the time their reads took, with the expected gain."""
+    dirs: dict[str, dict[str, float]] = {}
+    for p, d in read_files.items():
+        g = dirs.setdefault(os.path.dirname(p) or "/", {"files": 0, "bytes": 0.0, "time_s": 0.0, "size": 0.0})
+        g["files"] += 1
+        g["bytes"] += d["bytes_read"]
+        g["time_s"] += d["read_time_s"] + d["meta_time_s"]
+        g["size"] += d["extent"]
+    out = []
+    for path, g in sorted(dirs.items(), key=lambda kv: -kv[1]["time_s"])[:TOP_DIRS]:
+        item: dict[str, Any] = {
+            "directory": path,
+            "files": int(g["files"]),
+            "bytes_read": int(g["bytes"]),
+            "size_bytes": int(g["size"]),
+            "read_and_meta_time_s": round(g["time_s"], 6),
+        }
+        if ref is not None and ref[0] > 0:
+            at_ref = g["bytes"] / ref[0]
+            item["time_at_reference_s"] = round(at_ref, 6)
+            item["expected_saving_s"] = round(max(0.0, g["time_s"] - at_ref), 6)
+        out.append(item)
+    return out
+
+
+def _data_wait_fraction(st: Any) -> float:
+    if st is None or not getattr(st, "count", 0):
+        return 0.0
+    return float(st.phases["data_wait"].fraction)
+
+
+def _gain(section: dict[str, Any], st: Any) -> float:
+    """Upper bound on the share of step time the fix can save: the waiting that I/O time explains."""
+    dw = _data_wait_fraction(st)
+    share = float(section["data_wait"].get("io_time_vs_data_wait", 0.0)) if section["data_wait"] else 0.0
+    return round(dw * min(1.0, share), 4)
+
+
+def _severity(st: Any, io_explains: float) -> str:
+    dw = _data_wait_fraction(st)
+    if dw >= 0.20 and io_explains >= 0.5:
+        return "high"
+    if dw >= DATA_WAIT_LINK:
+        return "medium"
+    return "low"
+
+
+def _small_file_io(section: dict[str, Any], st: Any) -> Finding | None:
+    n = section["files_read"]
+    median = section["file_size_median_bytes"]
+    small_share = section["small_read_fraction"]
+    many_small = n >= SMALL_FILES_MIN and median < SMALL_FILE_BYTES
+    small_reads = section["reads"] > 0 and small_share >= SMALL_READ_SHARE
+    if not (many_small or small_reads):
+        return None
+    evidence: dict[str, Any] = {
+        "files_read": n,
+        "file_size_median_bytes": median,
+        "reads": section["reads"],
+        "small_read_fraction": small_share,
+        "read_time_s": section["read_time_s"],
+        "meta_time_s": section["meta_time_s"],
+        "meta_time_fraction": section["meta_time_fraction"],
+    }
+    if section["data_wait"]:
+        evidence["data_wait"] = section["data_wait"]
+    if section["staging"]:
+        evidence["staging"] = section["staging"][:3]
+    io_explains = (
+        float(section["data_wait"].get("io_time_vs_data_wait", 0.0)) if section["data_wait"] else 0.0
+    )
+    why = (
+        f"{n} files read with a median size of {median / KiB:.0f} KiB"
+        if many_small
+        else f"{100 * small_share:.0f}% of the reads are smaller than {SMALL_READ_BYTES // KiB} KiB"
+    )
+    link = ""
+    if section["data_wait"] and _data_wait_fraction(st) >= DATA_WAIT_LINK:
+        link = (
+            f" The training loop waits for data {100 * _data_wait_fraction(st):.0f}% of each step, and I/O "
+            f"read+open time is {100 * io_explains:.0f}% of that waiting."
+        )
+    return Finding(
+        id="small_file_io",
+        severity=_severity(st, io_explains),
+        title=f"small-file I/O: {why}; {section['read_time_s'] + section['meta_time_s']:.2f} s in reads and metadata",
+        evidence=evidence,
+        recommendation=(
+            "pack the samples into a few large shards (tar / WebDataset, TFRecord, one .npy per shard) and "
+            "read them sequentially in blocks of 1 MiB or more; until then use more DataLoader workers "
+            "(num_workers) so that opens and small reads overlap, and stage the dataset on a fast tier "
+            "(/dev/shm, local NVMe) — see the staging evidence." + link
+        ),
+        estimated_gain=_gain(section, st),
+        threshold={
+            "files_min": SMALL_FILES_MIN,
+            "median_file_bytes_below": SMALL_FILE_BYTES,
+            "small_read_share": SMALL_READ_SHARE,
+            "small_read_bytes_below": SMALL_READ_BYTES,
+        },
+    )
+
+
+def _io_bandwidth(section: dict[str, Any], st: Any) -> Finding | None:
+    ref = section["reference_bandwidth"]
+    achieved = section["bandwidth_read_window_bytes_per_s"]
+    if not ref or section["bytes_read"] < BANDWIDTH_MIN_BYTES or achieved <= 0:
+        return None
+    ratio = achieved / ref["bytes_per_s"]
+    if ratio >= BANDWIDTH_RATIO:
+        return None
+    io_explains = (
+        float(section["data_wait"].get("io_time_vs_data_wait", 0.0)) if section["data_wait"] else 0.0
+    )
+    if section["data_wait"] and (
+        _data_wait_fraction(st) < DATA_WAIT_LINK or io_explains < IO_SHARE_OF_WAIT_MIN
+    ):
+        return None  # the loop does not wait for I/O: reading slowly is not what limits it
+    evidence: dict[str, Any] = {
+        "achieved_read_bytes_per_s": achieved,
+        "reference_read_bytes_per_s": ref["bytes_per_s"],
+        "reference": ref["source"],
+        "ratio": round(ratio, 4),
+        "bytes_read": section["bytes_read"],
+        "read_window_s": section["read_window_s"],
+    }
+    if section["data_wait"]:
+        evidence["data_wait"] = section["data_wait"]
+    if section["staging"]:
+        evidence["staging"] = section["staging"][:3]
+    return Finding(
+        id="io_bandwidth",
+        severity=_severity(st, io_explains),
+        title=(
+            f"read bandwidth: the job read at {achieved / MiB:.1f} MiB/s, {100 * ratio:.0f}% of the "
+            f"{ref['bytes_per_s'] / MiB:.0f} MiB/s measured on this machine"
+        ),
+        evidence=evidence,
+        recommendation=(
+            "read with more parallelism (more DataLoader workers, several files in flight), in larger "
+            "sequential blocks, and stage the hottest directories on a faster tier (/dev/shm, local NVMe) "
+            "— see the staging evidence; measure the device with `holoprof iobench PATH`"
+        ),
+        estimated_gain=_gain(section, st),
+        threshold={
+            "ratio_below": BANDWIDTH_RATIO,
+            "min_bytes_read": BANDWIDTH_MIN_BYTES,
+            "data_wait_fraction_min": DATA_WAIT_LINK,
+            "io_share_of_data_wait_min": IO_SHARE_OF_WAIT_MIN,
+        },
+    )
+
+
+def _staging_finding(section: dict[str, Any]) -> Finding | None:
+    """Low-severity advice: the directories whose reads would gain most from a faster tier."""
+    items = [s for s in section["staging"] if s.get("expected_saving_s", 0) > 0]
+    total = section["read_time_s"] + section["meta_time_s"]
+    saving = sum(s["expected_saving_s"] for s in items[:3])
+    if not items or total <= 0 or saving < 0.5 * total or saving < 1.0:
+        return None
+    return Finding(
+        id="io_bandwidth",
+        severity="low",
+        title=f"staging: copying {len(items[:3])} directories to a faster tier would save about {saving:.1f} s of reads",
+        evidence={
+            "staging": items[:3],
+            "reference": section["reference_bandwidth"].get("source"),
+            "read_and_meta_time_s": round(total, 6),
+        },
+        recommendation="copy these directories to /dev/shm or local NVMe before training and read them there",
+        estimated_gain=0.0,
+        threshold={"saving_share_min": 0.5, "saving_s_min": 1.0},
+    )

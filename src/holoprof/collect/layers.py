@@ -1,0 +1,124 @@
+"""When each parameter's gradient is produced during backward, on a few sampled steps.
+
+The input of ``holoprof whatif``: per-parameter gradient bytes and the time at which backward
+produced each gradient give the per-layer backward compute and the order in which DDP would fill
+its buckets.
+
+Cost: nothing outside the sampled steps (by default steps 2, 3 and 4, i.e. the 3rd to 5th, after
+warm-up). After the optimizer step that precedes a sampled step, a global forward pre-hook is
+armed; the first training forward of that step (the outermost module: DDP, or the model) removes
+it and puts a gradient hook on each of that module's parameters. Each hook appends one
+``op`` span ``grad_ready`` (attrs ``{param, bytes}``) when the gradient is computed. The hooks are
+removed at the next optimizer step. Option ``grad_sample_steps`` (a list of step indices) changes
+the sampled steps; an empty list switches sampling off.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from holoprof.agent.core import Agent, Collector, now_ns
+
+DEFAULT_SAMPLE_STEPS = (2, 3, 4)
+_WRAPPERS = ("DistributedDataParallel", "DataParallel")
+
+
+class LayerSampler:
+    def __init__(self, agent: Agent, owner: Collector) -> None:
+        self.agent = agent
+        self.owner = owner
+        raw = agent.options.get("grad_sample_steps", DEFAULT_SAMPLE_STEPS)
+        self.sample = frozenset(int(s) for s in raw)
+        self.last = max(self.sample, default=-1)
+        self._torch: ModuleType | None = None
+        self._opt_handle: Any = None
+        self._pre_handle: Any = None
+        self._param_handles: list[Any] = []
+        self.done = not self.sample
+
+    def attach(self, torch: ModuleType) -> None:
+        if self.done:
+            return
+        import torch.optim.optimizer as optim_mod
+
+        self._torch = torch
+        self._opt_handle = optim_mod.register_optimizer_step_post_hook(self._after_optimizer)
+        if 0 in self.sample:
+            self._arm()
+
+    def detach(self) -> None:
+        self.done = True
+        self._clear_params()
+        for h in (self._pre_handle, self._opt_handle):
+            if h is not None:
+                try:
+                    h.remove()
+                except Exception:
+                    pass
+        self._pre_handle = self._opt_handle = None
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def _after_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.done or not self.owner.enabled:
+            return
+        try:
+            self._clear_params()  # the sampled backward (if any) is over
+            nxt = self.agent.steps.index + 1
+            if nxt in self.sample:
+                self._arm()
+            elif nxt > self.last:
+                self.done = True  # the optimizer hook stays (removing it here would break its loop)
+                self._disarm()
+        except Exception as exc:
+            self.agent.fail(self.owner, exc)
+
+    def _arm(self) -> None:
+        torch = self._torch
+        if torch is None or self._pre_handle is not None:
+            return
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self._pre_handle = register_module_forward_pre_hook(self._on_forward)
+
+    def _disarm(self) -> None:
+        h, self._pre_handle = self._pre_handle, None
+        if h is not None:
+            h.remove()
+
+    def _clear_params(self) -> None:
+        hs, self._param_handles = self._param_handles, []
+        for h in hs:
+            try:
+                h.remove()
+            except Exception:
+                pass
+
+    def _on_forward(self, module: Any, args: Any) -> None:
+        torch = self._torch
+        if torch is None or not torch.is_grad_enabled() or not self.owner.enabled:
+            return None
+        try:
+            self._disarm()  # only the outermost module of this step's training forward
+            self._clear_params()
+            strip = type(module).__name__ in _WRAPPERS
+            agent = self.agent
+            steps = agent.steps
+            span = agent.span
+            for name, p in module.named_parameters():
+                if not p.requires_grad:
+                    continue
+                pname = name[len("module.") :] if strip and name.startswith("module.") else name
+                attrs = {"param": pname, "bytes": int(p.numel()) * int(p.element_size())}
+
+                def _ready(grad: Any, attrs: dict[str, Any] = attrs) -> None:
+                    try:
+                        t = now_ns()
+                        span("op", "grad_ready", t, t, steps.index, attrs)
+                    except Exception:
+                        pass
+
+                self._param_handles.append(p.register_hook(_ready))
+        except Exception as exc:
+            self.agent.fail(self.owner, exc)
+        return None

@@ -1,0 +1,282 @@
+"""Export a run as a Chrome trace (JSON trace event format): opens in Perfetto and chrome://tracing.
+
+Tracks: one process per traced or sampled process (``process_name`` and ``process_labels`` metadata:
+command, role, rank), one thread per thread that recorded spans (``thread_name``). Spans become
+complete events (``"ph": "X"``, category = span kind), resource samples counter events (``"C"``: the
+job-wide ones on the launcher's track, ``proc.*`` ones on the process they measure), and per-operation
+I/O records (``io_ops``, when traced) complete events on an ``I/O`` thread of their process.
+Timestamps are microseconds since the run start.
+
+The file is written event by event while the spans and samples are read in batches (DuckDB, ordered
+by time), so memory stays flat however long the run is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from holoprof.store.reader import Run
+
+BATCH = 20_000
+#: The thread id of the synthetic I/O track of each process.
+IO_TID = 2**31 - 2
+#: Pids of processes on other hosts are moved by this much per host so that tracks never collide.
+HOST_STRIDE = 1 << 22
+
+
+@dataclass
+class TraceStats:
+    events: int = 0
+    spans: int = 0
+    counters: int = 0
+    io_ops: int = 0
+    processes: int = 0
+    threads: int = 0
+
+
+def _window_ns(run: Run, t0: int, start_s: float | None, end_s: float | None) -> tuple[int, int]:
+    lo = t0 + int(start_s * 1e9) if start_s is not None else -(2**62)
+    hi = t0 + int(end_s * 1e9) if end_s is not None else 2**62
+    return lo, hi
+
+
+def run_start_ns(run: Run) -> int:
+    """The run start (manifest), or the earliest record when the manifest has none."""
+    t0 = run.manifest.get("start_ns")
+    if t0:
+        return int(t0)
+    row = (
+        run.rows("SELECT min(start_ns) FROM spans")[0][0] or run.rows("SELECT min(ts_ns) FROM samples")[0][0]
+    )
+    return int(row or 0)
+
+
+class _Pids:
+    def __init__(self) -> None:
+        self.hosts: dict[str, int] = {}
+
+    def __call__(self, host: str, pid: int) -> int:
+        idx = self.hosts.setdefault(host, len(self.hosts))
+        return int(pid) + idx * HOST_STRIDE
+
+
+def _batches(run: Run, sql: str, params: list[Any]) -> Iterator[list[tuple[Any, ...]]]:
+    cur = run.con.cursor()
+    try:
+        cur.execute(sql, params)
+        while True:
+            rows = cur.fetchmany(BATCH)
+            if not rows:
+                return
+            yield rows
+    finally:
+        cur.close()
+
+
+_JSTR: dict[str, str] = {}
+
+
+def _jstr(x: object) -> str:
+    """A JSON string literal, cached (span names and kinds repeat)."""
+    k = str(x)
+    v = _JSTR.get(k)
+    if v is None:
+        v = json.dumps(k)
+        if len(_JSTR) < 10_000:
+            _JSTR[k] = v
+    return v
+
+
+def _us(ns: int, t0: int) -> float:
+    return round((ns - t0) / 1000.0, 3)
+
+
+def write_chrome_trace(
+    run: Run, out: IO[str], start_s: float | None = None, end_s: float | None = None
+) -> TraceStats:
+    """Write ``run`` (optionally the window [start_s, end_s] seconds from its start) to ``out``."""
+    t0 = run_start_ns(run)
+    lo, hi = _window_ns(run, t0, start_s, end_s)
+    pid_of = _Pids()
+    stats = TraceStats()
+    first = True
+
+    def emit(ev: dict[str, Any]) -> None:
+        nonlocal first
+        out.write(("" if first else ",\n") + json.dumps(ev, separators=(",", ":"), default=str))
+        first = False
+        stats.events += 1
+
+    out.write('{"displayTimeUnit":"ms","otherData":')
+    out.write(
+        json.dumps(
+            {
+                "generator": "holoprof",
+                "run": run.path,
+                "command": run.manifest.get("command"),
+                "start_ns": t0,
+                "window_s": [start_s, end_s],
+            },
+            default=str,
+        )
+    )
+    out.write(',"traceEvents":[\n')
+
+    # processes ------------------------------------------------------------------------------------
+    procs = run.rows("SELECT host, pid, ppid, role, rank, argv, info FROM processes ORDER BY start_ns, pid")
+    known: set[int] = set()
+    launcher_pid: int | None = None
+    for host, pid, _ppid, role, rank, argv, info in procs:
+        p = pid_of(str(host), int(pid))
+        known.add(p)
+        try:
+            argl = json.loads(argv) if argv else []
+        except ValueError:
+            argl = []
+        if not isinstance(argl, list):
+            argl = []
+        cmd = " ".join(os.path.basename(str(a)) if i == 0 else str(a) for i, a in enumerate(argl))[:200]
+        if role == "launcher":
+            launcher_pid = p
+        label = f"{cmd or 'pid ' + str(pid)} (pid {pid})"
+        emit({"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": label}})
+        labels = [f"role={role}"]
+        if rank is not None and int(rank) >= 0:
+            labels.append(f"rank={rank}")
+        if len(pid_of.hosts) > 1 or host:
+            labels.append(f"host={host}")
+        if info and '"source": "sampler"' in info:
+            labels.append("sampled")
+        emit({"name": "process_labels", "ph": "M", "pid": p, "tid": 0, "args": {"labels": ", ".join(labels)}})
+        sort = -1 if role == "launcher" else (0 if role == "main" else 1)
+        emit({"name": "process_sort_index", "ph": "M", "pid": p, "tid": 0, "args": {"sort_index": sort}})
+        stats.processes += 1
+
+    # threads --------------------------------------------------------------------------------------
+    threads = run.rows(
+        """SELECT host, pid, tid, count(*) FILTER (WHERE kind = 'step') AS steps, count(*) AS n
+           FROM spans WHERE end_ns >= ? AND start_ns <= ? GROUP BY host, pid, tid ORDER BY host, pid, tid""",
+        [lo, hi],
+    )
+    loop_tid: dict[int, int] = {}
+    for host, pid, tid, steps, _n in threads:
+        p = pid_of(str(host), int(pid))
+        if steps and (p not in loop_tid):
+            loop_tid[p] = int(tid)
+    for host, pid, tid, steps, _n in threads:
+        p = pid_of(str(host), int(pid))
+        if p not in known:
+            known.add(p)
+            emit({"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": f"pid {pid}"}})
+            stats.processes += 1
+        name = "training loop" if steps and loop_tid.get(p) == int(tid) else f"thread {tid}"
+        emit({"name": "thread_name", "ph": "M", "pid": p, "tid": int(tid), "args": {"name": name}})
+        emit(
+            {
+                "name": "thread_sort_index",
+                "ph": "M",
+                "pid": p,
+                "tid": int(tid),
+                "args": {"sort_index": 0 if steps else 1},
+            }
+        )
+        stats.threads += 1
+
+    # spans ----------------------------------------------------------------------------------------
+    for rows in _batches(
+        run,
+        """SELECT host, pid, tid, kind, name, start_ns, end_ns, step, attrs, span_id, parent_id FROM spans
+           WHERE end_ns >= ? AND start_ns <= ? ORDER BY start_ns, end_ns DESC""",
+        [lo, hi],
+    ):
+        parts: list[str] = []
+        for host, pid, tid, kind, name, s, e, step, attrs, sid, parent in rows:
+            # Formatted directly (json.dumps of a whole dict per event is the bottleneck on big runs);
+            # span attributes are already a JSON object written by the agent: spliced in as they are.
+            extra = f',"step":{int(step)}' if step is not None and int(step) >= 0 else ""
+            if parent:
+                extra += f',"parent_id":{int(parent)}'
+            body = f'"span_id":{int(sid)}{extra}'
+            if attrs:
+                a = str(attrs).strip()
+                if a.startswith("{") and a.endswith("}") and len(a) > 2:
+                    body = a[1:-1] + "," + body
+                elif a != "{}":
+                    body = f'"attrs":{json.dumps(a)},' + body
+            parts.append(
+                f'{{"name":{_jstr(name)},"cat":{_jstr(kind)},"ph":"X","ts":{_us(int(s), t0)},'
+                f'"dur":{round(max(0, int(e) - int(s)) / 1000.0, 3)},"pid":{pid_of(str(host), int(pid))},'
+                f'"tid":{int(tid)},"args":{{{body}}}}}'
+            )
+        if parts:
+            out.write(("" if first else ",\n") + ",\n".join(parts))
+            first = False
+            stats.events += len(parts)
+            stats.spans += len(parts)
+
+    # counters -------------------------------------------------------------------------------------
+    for rows in _batches(
+        run,
+        """SELECT host, pid, target_pid, name, ts_ns, value FROM samples
+           WHERE ts_ns BETWEEN ? AND ? ORDER BY ts_ns""",
+        [lo, hi],
+    ):
+        for host, pid, target, name, ts, value in rows:
+            if target is not None and int(target) >= 0:
+                p = pid_of(str(host), int(target))
+            else:
+                p = launcher_pid if launcher_pid is not None else pid_of(str(host), int(pid))
+            emit(
+                {
+                    "name": str(name),
+                    "ph": "C",
+                    "ts": _us(int(ts), t0),
+                    "pid": p,
+                    "tid": 0,
+                    "args": {"value": float(value) if value is not None else 0.0},
+                }
+            )
+            stats.counters += 1
+
+    # per-operation I/O ----------------------------------------------------------------------------
+    io_named: set[int] = set()
+    for rows in _batches(
+        run,
+        """SELECT host, pid, module, path, op, "offset", size_bytes, start_ns, end_ns FROM io_ops
+           WHERE end_ns >= ? AND start_ns <= ? ORDER BY start_ns""",
+        [lo, hi],
+    ):
+        for host, pid, module, path, op, offset, size, s, e in rows:
+            p = pid_of(str(host), int(pid))
+            if p not in io_named:
+                io_named.add(p)
+                emit({"name": "thread_name", "ph": "M", "pid": p, "tid": IO_TID, "args": {"name": "I/O"}})
+                emit(
+                    {
+                        "name": "thread_sort_index",
+                        "ph": "M",
+                        "pid": p,
+                        "tid": IO_TID,
+                        "args": {"sort_index": 2},
+                    }
+                )
+                stats.threads += 1
+            emit(
+                {
+                    "name": f"{op} {os.path.basename(str(path or ''))}",
+                    "cat": "io",
+                    "ph": "X",
+                    "ts": _us(int(s), t0),
+                    "dur": round(max(0, int(e) - int(s)) / 1000.0, 3),
+                    "pid": p,
+                    "tid": IO_TID,
+                    "args": {"path": path, "op": op, "module": module, "offset": offset, "size_bytes": size},
+                }
+            )
+            stats.io_ops += 1
+    out.write("\n]}\n")
+    return stats

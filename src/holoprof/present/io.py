@@ -1,0 +1,119 @@
+"""The I/O section in the terminal: totals, bandwidth, the read-size histogram, top files, staging.
+
+Renders the ``io`` section of a ``holoprof.report/1`` document; computes nothing but widths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from holoprof.present.terminal import fmt_bytes, fmt_s
+
+BAR_WIDTH = 30
+TOP_FILES = 10
+
+
+def _rate(b: float) -> str:
+    return f"{fmt_bytes(b)}/s" if b > 0 else "-"
+
+
+def _short_path(p: str, width: int = 60) -> str:
+    return p if len(p) <= width else "…" + p[-(width - 1) :]
+
+
+def io_group(doc: dict[str, Any]) -> Group | None:
+    """The I/O section as a rich renderable, or None when the run has no I/O."""
+    io = doc.get("io") or {}
+    if not io:
+        return None
+    parts: list[Any] = []
+    layers = ", ".join(io.get("layers", [])) or "?"
+    parts.append(
+        Text(
+            f"{fmt_bytes(io['bytes_read'])} read in {io['reads']} reads, {fmt_bytes(io['bytes_written'])} written "
+            f"in {io['writes']} writes, {io['files']} files ({layers} layer)"
+        )
+    )
+    parts.append(
+        Text(
+            f"read bandwidth {_rate(io['bandwidth_read_bytes_per_s'])} while in read calls, "
+            f"{_rate(io.get('bandwidth_read_window_bytes_per_s', 0))} while reading, "
+            f"{_rate(io.get('bandwidth_read_wall_bytes_per_s', 0))} over the run; "
+            f"metadata {100 * io.get('meta_time_fraction', 0):.0f}% of I/O time, "
+            f"sequential reads {100 * io.get('seq_read_fraction', 0):.0f}%"
+        )
+    )
+    ref = io.get("reference_bandwidth") or {}
+    if ref:
+        parts.append(Text(f"reference: {_rate(ref['bytes_per_s'])} ({ref['source']})", style="grey62"))
+
+    hist = io.get("read_size_histogram") or {}
+    total = sum(hist.values())
+    if total:
+        h = Table(box=None, show_header=False, pad_edge=False)
+        h.add_column("size", style="grey62")
+        h.add_column("bar")
+        h.add_column("reads", justify="right")
+        for name, n in hist.items():
+            share = n / total
+            h.add_row(name, Text("█" * round(share * BAR_WIDTH), style="blue"), f"{n} ({100 * share:.0f}%)")
+        parts += [Text(""), Text("read sizes", style="bold"), h]
+
+    files = io.get("files_detail") or []
+    if files:
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for col, just in (
+            ("file", "left"),
+            ("read", "right"),
+            ("written", "right"),
+            ("reads", "right"),
+            ("opens", "right"),
+            ("seq", "right"),
+            ("read time", "right"),
+        ):
+            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        for f in files[:TOP_FILES]:
+            t.add_row(
+                _short_path(f["path"]),
+                fmt_bytes(f["bytes_read"]),
+                fmt_bytes(f["bytes_written"]),
+                str(f["reads"]),
+                str(f["opens"]),
+                f"{100 * f['seq_read_fraction']:.0f}%",
+                fmt_s(f["read_time_s"]),
+            )
+        more = len(files) - TOP_FILES
+        parts += [Text(""), Text("top files", style="bold"), t]
+        if more > 0:
+            parts.append(
+                Text(f"... {more} more in the JSON report (holoprof report RUN --json)", style="grey62")
+            )
+
+    staging = [s for s in io.get("staging") or [] if s.get("expected_saving_s", 0) > 0]
+    if staging:
+        parts += [Text(""), Text("stage on a faster tier", style="bold")]
+        for s in staging[:3]:
+            parts.append(
+                Text(
+                    f"{_short_path(s['directory'])}: {s['files']} files, {fmt_bytes(s['bytes_read'])}, "
+                    f"saves about {fmt_s(s['expected_saving_s'])}"
+                )
+            )
+    roles = io.get("by_role") or {}
+    if len(roles) > 1:
+        line = ", ".join(f"{r} {fmt_bytes(v['bytes_read'])}" for r, v in roles.items())
+        parts += [Text(""), Text(f"read by role: {line}", style="grey62")]
+    return Group(*parts)
+
+
+def render_io(doc: dict[str, Any], console: Console) -> None:
+    """Print the I/O section (nothing when the run has no I/O)."""
+    g = io_group(doc)
+    if g is not None:
+        console.print(Text("I/O", style="bold underline"))
+        console.print(g)

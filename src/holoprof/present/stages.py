@@ -1,0 +1,132 @@
+"""The workflow in the terminal: the stage tree with share bars, the critical path marked.
+
+Renders the ``stages`` section of a ``holoprof.report/1`` document; computes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from holoprof.present.terminal import fmt_bytes, fmt_s
+
+KIND_COLORS = {
+    "train": "green",
+    "evaluate": "bright_white",
+    "checkpoint": "cyan",
+    "prepare": "yellow",
+    "other": "grey62",
+}
+CRITICAL_MARK = "◆"
+BAR_WIDTH = 10
+
+
+def _bar(share: float, critical: bool) -> Text:
+    n = share * BAR_WIDTH
+    full = int(n)
+    half = n - full >= 0.5
+    t = Text("█" * full + ("▌" if half else ""), style="red" if critical else "blue")
+    t.append(" " * max(0, BAR_WIDTH - full - (1 if half else 0)))
+    t.append(f" {100 * share:5.1f}%", style="bold" if critical else "")
+    return t
+
+
+def _secs(s: float) -> str:
+    if s >= 100:
+        return f"{s:.0f} s"
+    if s >= 0.1 or s == 0:
+        return f"{s:.2f} s"
+    return fmt_s(s)
+
+
+def _io(st: dict[str, Any]) -> str:
+    total = float(st.get("read_bytes") or 0) + float(st.get("write_bytes") or 0)
+    return fmt_bytes(total) if total else ""
+
+
+def _prefixes(stages: list[dict[str, Any]]) -> list[str]:
+    """Tree guides (├─ └─ │) from each stage's depth and its position among its siblings."""
+    out: list[str] = []
+    n = len(stages)
+    for i, st in enumerate(stages):
+        depth = int(st.get("depth", 0))
+        if depth == 0:
+            out.append("")
+            continue
+        parts = []
+        for level in range(1, depth + 1):
+            # is there a later stage at this level before the tree climbs above it?
+            more = False
+            for j in range(i + 1, n):
+                d = int(stages[j].get("depth", 0))
+                if d < level:
+                    break
+                if d == level:
+                    more = True
+                    break
+            if level == depth:
+                parts.append("├─ " if more else "└─ ")
+            else:
+                parts.append("│  " if more else "   ")
+        out.append("".join(parts))
+    return out
+
+
+def stages_table(doc: dict[str, Any]) -> Table | None:
+    stages = doc.get("stages") or []
+    if not stages:
+        return None
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    t.add_column("stage", no_wrap=True, overflow="ellipsis", max_width=32)
+    t.add_column("kind", no_wrap=True)
+    for col in ("start", "wall"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("share", no_wrap=True, min_width=BAR_WIDTH + 7)
+    for col in ("steps", "CPU", "max RSS", "I/O"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for prefix, st in zip(_prefixes(stages), stages, strict=True):
+        crit = bool(st.get("critical"))
+        name = Text(prefix, style="dim")
+        name.append(f"{CRITICAL_MARK} " if crit else "  ", style="bold red")
+        name.append(str(st["name"]), style="bold" if crit else "")
+        kind = str(st.get("kind", "other"))
+        t.add_row(
+            name,
+            Text(kind, style=KIND_COLORS.get(kind, "white")),
+            _secs(float(st.get("start_s", 0.0))),
+            _secs(float(st.get("wall_s", 0.0))),
+            _bar(float(st.get("share", 0.0)), crit),
+            str(st.get("steps", 0) or ""),
+            _secs(float(st["cpu_s"])) if st.get("cpu_s") else "",
+            fmt_bytes(float(st["max_rss_bytes"])) if st.get("max_rss_bytes") else "",
+            _io(st),
+        )
+    return t
+
+
+def stages_group(doc: dict[str, Any]) -> Group | None:
+    """The stage tree and a one-line legend, or None when the run has fewer than two stages (a
+    single process is the whole report already)."""
+    if len(doc.get("stages") or []) < 2:
+        return None
+    table = stages_table(doc)
+    if table is None:
+        return None
+    path = [s["name"] for s in doc["stages"] if s.get("critical") and s.get("depth", 0) > 0]
+    legend = Text(f"{CRITICAL_MARK} critical path", style="red")
+    if path:
+        legend.append(": " + " → ".join(str(p) for p in path), style="dim")
+    return Group(table, legend)
+
+
+def render_stages(doc: dict[str, Any], console: Console) -> None:
+    """Print the workflow's stage tree (nothing when the run has fewer than two stages)."""
+    group = stages_group(doc)
+    if group is None:
+        return
+    console.print(Text("Workflow stages", style="bold underline"))
+    console.print(group)

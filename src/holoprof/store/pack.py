@@ -1,0 +1,179 @@
+"""Packs: a whole run as one portable file (``holoprof pack RUN -o FILE.holoprof``).
+
+A pack is a tar archive of the run directory, made after leftover raw chunks are converted and a
+finished run is compacted (one Parquet file per table per process). Every command that takes a run
+(report, export, diff) accepts a pack in its place: :func:`open_run` unpacks it into a private
+temporary directory (mode 0700, removed when the program exits) and returns the run directory.
+
+Unpacking trusts nothing in the archive: only regular files and directories are extracted; absolute
+names, names with ``..`` components, links and device files are refused with a HoloprofError.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+
+from holoprof import model
+from holoprof.errors import HoloprofError
+
+PACK_SUFFIX = ".holoprof"
+_TEMP_DIRS: list[str] = []
+
+
+def _cleanup() -> None:
+    while _TEMP_DIRS:
+        shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
+
+
+atexit.register(_cleanup)
+
+
+# --- packing -------------------------------------------------------------------------------------------
+def pack_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> str:
+    """Write ``run_dir`` as one pack file ``out``; returns the path written."""
+    from holoprof.store import rundir
+    from holoprof.store.compact import compact_run
+    from holoprof.store.layout import find_chunks
+
+    src = os.path.abspath(os.fspath(run_dir))
+    if os.path.isfile(src):
+        raise HoloprofError(f"{src} is a file (already a pack?); pass a run directory to `holoprof pack`")
+    manifest = rundir.read_manifest(src)
+    find_chunks(src)  # converts raw chunks left behind by a killed process
+    if manifest.get("status") in ("finished", "crashed"):
+        try:
+            compact_run(src)
+        except Exception as exc:  # compaction only saves space; pack the chunks as they are
+            sys.stderr.write(f"holoprof: could not compact {src} ({exc}); packing it as it is\n")
+    dest = os.path.abspath(os.fspath(out))
+    if os.path.commonpath([dest, src]) == src:
+        raise HoloprofError(f"{dest} is inside the run directory; write the pack somewhere else (-o FILE)")
+    arcroot = os.path.basename(src.rstrip(os.sep)) or "run"
+    tmp = dest + ".tmp"
+    try:
+        with tarfile.open(tmp, "w") as tar:
+            for dirpath, dirnames, filenames in os.walk(src):
+                dirnames.sort()
+                rel = os.path.relpath(dirpath, src)
+                arcdir = arcroot if rel == "." else os.path.join(arcroot, rel)
+                tar.add(dirpath, arcname=arcdir, recursive=False)
+                for name in sorted(filenames):
+                    path = os.path.join(dirpath, name)
+                    if os.path.islink(path) or not os.path.isfile(path) or ".tmp" in name:
+                        continue
+                    tar.add(path, arcname=os.path.join(arcdir, name), recursive=False)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise HoloprofError(f"cannot write {dest} ({exc.strerror or exc}); choose a writable path with -o")
+    return dest
+
+
+# --- unpacking -----------------------------------------------------------------------------------------
+def _check_member(m: tarfile.TarInfo, pack: str) -> None:
+    name = m.name
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        raise HoloprofError(f"{pack} holds an absolute path ({name!r}); refusing to unpack it")
+    if ".." in parts:
+        raise HoloprofError(
+            f"{pack} holds a path that leaves its directory ({name!r}); refusing to unpack it"
+        )
+    if m.issym() or m.islnk():
+        raise HoloprofError(f"{pack} holds a link ({name!r}); refusing to unpack it")
+    if not (m.isfile() or m.isdir()):
+        raise HoloprofError(f"{pack} holds a special file ({name!r}); refusing to unpack it")
+
+
+def _root(name: str) -> str:
+    parts = [x for x in name.replace("\\", "/").split("/") if x not in ("", ".")]
+    return parts[0] if parts else ""
+
+
+def is_pack(path: str | os.PathLike[str]) -> bool:
+    p = os.fspath(path)
+    return os.path.isfile(p) and tarfile.is_tarfile(p)
+
+
+def unpack(pack: str | os.PathLike[str], dest: str) -> str:
+    """Extract ``pack`` into the directory ``dest`` (checked member by member); returns the run dir."""
+    p = os.fspath(pack)
+    try:
+        with tarfile.open(p, "r:*") as tar:
+            members = tar.getmembers()
+            for m in members:
+                _check_member(m, p)
+            roots = {_root(m.name) for m in members} - {""}
+            for m in members:
+                target = os.path.realpath(os.path.join(dest, m.name))
+                if os.path.commonpath([target, os.path.realpath(dest)]) != os.path.realpath(dest):
+                    raise HoloprofError(
+                        f"{p} holds a path that leaves its directory ({m.name!r}); refusing it"
+                    )
+                m.mode = (m.mode & 0o700) | (0o700 if m.isdir() else 0o600)
+                if hasattr(tarfile, "data_filter"):
+                    tar.extract(m, dest, set_attrs=True, filter="data")
+                else:  # pragma: no cover - Python without extraction filters; members checked above
+                    tar.extract(m, dest, set_attrs=True)
+    except tarfile.TarError as exc:
+        raise HoloprofError(f"{p} is not a readable holoprof pack ({exc}); make one with `holoprof pack RUN`")
+    except OSError as exc:
+        raise HoloprofError(f"cannot unpack {p} ({exc.strerror or exc}); check the free space in {dest}")
+    for root in sorted(roots):
+        cand = os.path.join(dest, root)
+        if os.path.isfile(os.path.join(cand, model.MANIFEST)):
+            return cand
+    if os.path.isfile(os.path.join(dest, model.MANIFEST)):
+        return dest
+    raise HoloprofError(
+        f"{p} holds no holoprof run (no {model.MANIFEST}); make packs with `holoprof pack RUN`"
+    )
+
+
+def open_run(path: str | os.PathLike[str]) -> str:
+    """A run directory for ``path``: the directory itself, or a pack unpacked into a private
+    temporary directory (0700, removed at exit)."""
+    p = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(p):
+        return p
+    if not tarfile.is_tarfile(p):
+        raise HoloprofError(
+            f"{p} is a file but not a holoprof pack; pass a run directory or a .holoprof file made by "
+            "`holoprof pack RUN`"
+        )
+    dest = tempfile.mkdtemp(prefix="holoprof-pack-")
+    os.chmod(dest, 0o700)
+    _TEMP_DIRS.append(dest)
+    try:
+        return unpack(p, dest)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        if dest in _TEMP_DIRS:
+            _TEMP_DIRS.remove(dest)
+        raise
+
+
+# --- the command -----------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="a run directory")
+    parser.add_argument(
+        "-o", "--out", help=f"the pack to write (default: the run's name + {PACK_SUFFIX}, here)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    src = os.path.abspath(args.run)
+    out = args.out or (os.path.basename(src.rstrip(os.sep)) + PACK_SUFFIX)
+    path = pack_run(src, out)
+    size = os.path.getsize(path)
+    sys.stderr.write(f"holoprof: packed {src} into {path} ({size / 1e6:.1f} MB)\n")
+    return 0

@@ -1,0 +1,205 @@
+"""Shared helpers: run the real `holoprof` command on real scripts and read what it wrote.
+
+Traced runs are expensive (each imports torch in fresh processes), so the runs that many tests look
+at are made once per session (``standard_run``, ``small_run``) and tests copy them before changing
+anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+HOLOPROF = [sys.executable, "-m", "holoprof.cli"]
+
+#: The standard script's shape: ``train.py --epochs 2 --batches 8`` (its defaults).
+STANDARD_EPOCHS = 2
+STANDARD_BATCHES = 8
+
+
+def script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a job: this one without any holoprof state, one torch thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOLOPROF_")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["MKL_NUM_THREADS"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_holoprof(
+    *args: str,
+    cwd: str | os.PathLike[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``holoprof ARGS...`` (the real command line) and capture its output."""
+    return subprocess.run(
+        [*HOLOPROF, *args],
+        cwd=cwd,
+        env=job_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def run_python(
+    *args: str,
+    cwd: str | os.PathLike[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS...`` untraced, for comparisons with a traced run."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=job_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def start_holoprof(
+    *args: str,
+    cwd: str | os.PathLike[str],
+    env: dict[str, str] | None = None,
+    **popen: Any,
+) -> subprocess.Popen[bytes]:
+    """Start ``holoprof ARGS...`` in the background (stdout and stderr piped unless given)."""
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    popen.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.Popen([*HOLOPROF, *args], cwd=cwd, env=job_env(env), **popen)
+
+
+def read_until(fd: int, text: str | None, timeout: float = 60) -> str:
+    """Read from ``fd`` until ``text`` has appeared (or, with None, until end of file)."""
+    buf = b""
+    want = text.encode() if text is not None else None
+    deadline = time.monotonic() + timeout
+    while want is None or want not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out after {timeout} s waiting for {text!r}; got {buf!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # a pseudo-terminal whose other side closed (EIO)
+            chunk = b""
+        if not chunk:
+            if want is None:
+                break
+            raise AssertionError(f"output ended before {text!r} appeared: {buf!r}")
+        buf += chunk
+    return buf.decode(errors="replace")
+
+
+def report_json(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``holoprof report RUN --json``, parsed; fails the test if the command fails."""
+    proc = run_holoprof("report", str(run_dir), "--json", cwd=os.path.dirname(os.fspath(run_dir)))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def processes_by_role(doc: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    return [p for p in doc["processes"] if p["role"] == role]
+
+
+def main_process(doc: dict[str, Any]) -> dict[str, Any]:
+    mains = processes_by_role(doc, "main")
+    assert len(mains) == 1, doc["processes"]
+    return mains[0]
+
+
+def copy_run(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> str:
+    shutil.copytree(src, dest)
+    return os.fspath(dest)
+
+
+@dataclass
+class TracedRun:
+    """One finished ``holoprof run``: the process result, the run directory and its JSON report."""
+
+    proc: subprocess.CompletedProcess[str]
+    run_dir: str
+    report: dict[str, Any]
+
+
+def traced(
+    tmp: Path,
+    *command: str,
+    options: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> TracedRun:
+    """``holoprof run --out TMP/run --no-report OPTIONS -- COMMAND`` in TMP, and its report."""
+    run_dir = str(tmp / "run")
+    proc = run_holoprof(
+        "run", "--out", run_dir, "--no-report", *options, "--", *command, cwd=tmp, env=env, timeout=timeout
+    )
+    assert os.path.isfile(os.path.join(run_dir, "manifest.json")), proc.stderr
+    return TracedRun(proc, run_dir, report_json(run_dir))
+
+
+@pytest.fixture(scope="session")
+def standard_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    """The standard training script (SGD, eval and checkpoint per epoch), traced once."""
+    tmp = tmp_path_factory.mktemp("standard")
+    run = traced(tmp, script("train.py"), options=("--sample-interval", "0.2"))
+    assert run.proc.returncode == 0, run.proc.stderr
+    return run
+
+
+@pytest.fixture(scope="session")
+def standard_untraced(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """The same script, same seed, not traced: its output is the reference for 'tracing changes nothing'."""
+    tmp = tmp_path_factory.mktemp("untraced")
+    proc = run_python(script("train.py"), cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    """A quick run with no framework (20 marked steps) flushed often, so it has many chunks."""
+    tmp = tmp_path_factory.mktemp("small")
+    run = traced(tmp, script("manual_steps.py"), "20", "--phases", options=("--flush-interval", "0.05"))
+    assert run.proc.returncode == 0, run.proc.stderr
+    return run

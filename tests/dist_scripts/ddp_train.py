@@ -1,0 +1,97 @@
+"""A DDP job on gloo for the communication tests, launched by torchrun or ``spawn PORT WORLD``.
+
+Options (environment): ``DDP_STEPS`` (default 6), ``DDP_SLOW_RANK`` / ``DDP_SLOW_S`` (that rank sleeps
+before each step: a straggler), ``DDP_DIE_RANK`` / ``DDP_DIE_STEP`` (that rank leaves with
+``os._exit(3)`` after that many steps; the process group has a short timeout so the others fail too),
+``DDP_USER_HOOK=1`` (register a comm hook of the job's own), ``DDP_SYNC_ALLREDUCE=1`` (an extra
+synchronous all_reduce of the loss per step, outside any phase: exposed communication),
+``DDP_COLLECTIVES=1`` (after training: broadcast, all_gather, async all_reduce, isend/irecv, barrier).
+"""
+
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def build() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def train(rank: int, world: int) -> None:
+    timeout = datetime.timedelta(seconds=float(os.environ.get("DDP_TIMEOUT_S", "60")))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    steps = int(os.environ.get("DDP_STEPS", "6"))
+    slow = int(os.environ.get("DDP_SLOW_RANK", "-1"))
+    slow_s = float(os.environ.get("DDP_SLOW_S", "0.05"))
+    die = int(os.environ.get("DDP_DIE_RANK", "-1"))
+    die_step = int(os.environ.get("DDP_DIE_STEP", "3"))
+    torch.manual_seed(0)
+    model = DistributedDataParallel(build())
+    calls = []
+    if os.environ.get("DDP_USER_HOOK") == "1":
+
+        def my_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            calls.append(bucket.index())
+            buf = bucket.buffer().div_(world)
+            fut = dist.all_reduce(buf, async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0])
+
+        model.register_comm_hook(None, my_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    loss = torch.zeros(())
+    for i in range(steps):
+        if rank == die and i == die_step:
+            print(f"rank {rank} dies at step {i}", flush=True)
+            os._exit(3)
+        if rank == slow:
+            time.sleep(slow_s)
+        x = torch.randn(16, 32, generator=g)
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        if os.environ.get("DDP_SYNC_ALLREDUCE") == "1":
+            dist.all_reduce(loss.detach().clone())
+    if os.environ.get("DDP_COLLECTIVES") == "1":
+        collectives(rank, world)
+    if calls:
+        print(f"rank {rank} user hook calls {len(calls)}", flush=True)
+    print(f"rank {rank} final loss {loss.item():.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+def collectives(rank: int, world: int) -> None:
+    """One call of several collectives: sizes are known (float32: 4 bytes per element)."""
+    t = torch.ones(100)
+    dist.broadcast(t, src=0)
+    out = [torch.zeros(100) for _ in range(world)]
+    dist.all_gather(out, t)
+    work = dist.all_reduce(torch.ones(1000), async_op=True)
+    work.wait()
+    if rank in (0, 1):
+        buf = torch.zeros(50)
+        w = dist.isend(torch.ones(50), dst=1) if rank == 0 else dist.irecv(buf, src=0)
+        w.wait()
+    dist.barrier()
+
+
+def spawned(rank: int, world: int, port: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = port
+    train(rank, world)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[1] == "spawn":
+        import torch.multiprocessing as mp
+
+        mp.spawn(spawned, args=(int(sys.argv[3]), sys.argv[2]), nprocs=int(sys.argv[3]), join=True)
+    else:
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

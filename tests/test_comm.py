@@ -1,0 +1,209 @@
+"""Distributed jobs: collectives, DDP buckets, exposed communication, stragglers, a rank that dies."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import holoprof
+from conftest import TracedRun, free_port, run_holoprof, run_python, traced
+
+DIST = Path(__file__).resolve().parent / "dist_scripts"
+DDP_SCRIPT = str(DIST / "ddp_train.py")
+STEPS = 6
+# ddp_train.build(): Linear(32, 64), Linear(64, 64), Linear(64, 4) in float32
+PARAMS = 32 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4
+GRAD_BYTES = 4 * PARAMS
+
+
+def torchrun(tmp: Path, env: dict[str, str], nproc: int = 2) -> TracedRun:
+    return traced(
+        tmp, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-port", str(free_port()), DDP_SCRIPT, env=env, timeout=180,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    """2 ranks (torchrun), DDP, plus a synchronous loss all_reduce per step outside any phase."""
+    run = torchrun(tmp_path_factory.mktemp("ddp"), {"DDP_SYNC_ALLREDUCE": "1", "DDP_STEPS": str(STEPS)})
+    assert run.proc.returncode == 0, run.proc.stderr
+    return run
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    """3 ranks (mp.spawn); rank 1 sleeps 80 ms per step; the job registers its own comm hook."""
+    tmp = tmp_path_factory.mktemp("straggler")
+    env = {
+        "DDP_SLOW_RANK": "1",
+        "DDP_SLOW_S": "0.08",
+        "DDP_USER_HOOK": "1",
+        "DDP_COLLECTIVES": "1",
+        "DDP_STEPS": str(STEPS),
+    }
+    run = traced(tmp, DDP_SCRIPT, "spawn", str(free_port()), "3", env=env, timeout=180)
+    assert run.proc.returncode == 0, run.proc.stderr
+    return run
+
+
+def test_every_rank_is_present_with_its_communication(ddp_run: TracedRun) -> None:
+    comm = ddp_run.report["communication"]
+    assert sorted(r["rank"] for r in comm["per_rank"]) == [0, 1]
+    for r in comm["per_rank"]:
+        assert r["steps"] == STEPS and r["step_median_s"] > 0 and r["comm_s"] > 0
+    assert comm["world_size"] == 2
+    rows = holoprof.load(ddp_run.run_dir).rows(
+        "SELECT DISTINCT rank FROM spans WHERE kind = 'comm' ORDER BY rank"
+    )
+    assert [r[0] for r in rows] == [0, 1], "every rank wrote comm spans, with its rank"
+
+
+def test_ddp_allreduce_bytes_per_step_equal_gradient_bytes(ddp_run: TracedRun) -> None:
+    run = holoprof.load(ddp_run.run_dir)
+    for rank in (0, 1):
+        per_step = run.rows(
+            """SELECT step, sum(CAST(json_extract(attrs, '$.bytes') AS BIGINT)) FROM spans
+               WHERE kind = 'comm' AND name = 'all_reduce' AND rank = ?
+                 AND json_extract(attrs, '$.async') = 'true' GROUP BY step ORDER BY step""",
+            [rank],
+        )
+        assert [s for s, _ in per_step] == list(range(STEPS))
+        assert {b for _, b in per_step} == {GRAD_BYTES}, per_step
+        buckets = run.rows(
+            """SELECT step, sum(CAST(json_extract(attrs, '$.bytes') AS BIGINT)) FROM spans
+               WHERE kind = 'comm' AND name = 'ddp_bucket' AND rank = ? GROUP BY step""",
+            [rank],
+        )
+        assert {b for _, b in buckets} == {GRAD_BYTES}
+    comm = ddp_run.report["communication"]
+    ops = {c["op"]: c for c in comm["collectives"]}
+    # the DDP gradients plus the 4-byte loss all_reduce of each step
+    assert ops["all_reduce"]["bytes_per_step"] == GRAD_BYTES + 4
+    assert comm["bytes_per_step"] == GRAD_BYTES + 4
+    assert ops["all_reduce"]["count"] == 2 * 2 * STEPS  # 2 ranks x (1 bucket + 1 loss) per step
+
+
+def test_buckets_name_their_layers_and_per_layer_bytes_add_up(ddp_run: TracedRun) -> None:
+    comm = ddp_run.report["communication"]
+    assert [b["index"] for b in comm["buckets"]] == [0]
+    b = comm["buckets"][0]
+    assert b["bytes"] == GRAD_BYTES and b["params"] == 6
+    assert sorted(b["layers"]) == ["0", "2", "4"]
+    assert b["allreduce_s"] > 0 and b["ready_s"] > 0
+    assert sum(layer["grad_bytes"] for layer in comm["per_layer"]) == GRAD_BYTES
+    assert comm["per_layer"][0]["name"] == "2", "the largest layer first"
+
+
+def test_synchronous_collective_outside_phases_is_exposed_communication(ddp_run: TracedRun) -> None:
+    doc = ddp_run.report
+    assert doc["phases"]["communication"]["total_s"] > 0
+    run = holoprof.load(ddp_run.run_dir)
+    # no communication phase inside backward: DDP's allreduce there is a comm span only
+    inside = run.rows(
+        """SELECT count(*) FROM spans c JOIN spans b ON c.pid = b.pid AND c.tid = b.tid
+           WHERE c.kind = 'phase' AND c.name = 'communication' AND b.kind = 'phase'
+             AND b.name = 'backward' AND c.start_ns >= b.start_ns AND c.end_ns <= b.end_ns"""
+    )[0][0]
+    assert inside == 0
+    comm = doc["communication"]
+    assert comm["exposed_s_per_step"] > 0
+    assert 0 < comm["exposed_fraction"] < 1
+    assert comm["total_s_per_step"] >= comm["exposed_s_per_step"]
+
+
+def test_slow_rank_is_named_the_straggler(straggler_run: TracedRun) -> None:
+    doc = straggler_run.report
+    assert doc["run"]["ranks"] == 3
+    found = [f for f in doc["findings"] if f["id"] == "straggler"]
+    assert len(found) == 1, doc["findings"]
+    f = found[0]
+    assert f["evidence"]["rank"] == 1
+    assert "rank 1" in f["title"]
+    # the others wait for it about as long as it sleeps
+    assert 0.04 < f["evidence"]["cost_per_step_s"] < 0.3, f["evidence"]
+    waits = {r["rank"]: r["wait_s"] for r in doc["communication"]["per_rank"]}
+    assert waits[1] < waits[0] and waits[1] < waits[2], waits
+
+
+def test_user_comm_hook_runs_and_buckets_are_still_recorded(straggler_run: TracedRun) -> None:
+    out = straggler_run.proc.stdout
+    for rank in range(3):
+        assert f"rank {rank} user hook calls {STEPS}" in out, out
+    run = holoprof.load(straggler_run.run_dir)
+    rows = run.rows(
+        "SELECT DISTINCT json_extract_string(attrs, '$.hook') FROM spans WHERE name = 'ddp_bucket'"
+    )
+    assert [r[0] for r in rows] == ["train.<locals>.my_hook"]
+
+
+def test_collectives_bytes_and_async_completion(straggler_run: TracedRun) -> None:
+    run = holoprof.load(straggler_run.run_dir)
+    rows = run.rows(
+        """SELECT name, attrs, end_ns - start_ns FROM spans WHERE kind = 'comm' AND rank = 0
+           AND name IN ('broadcast', 'all_gather', 'isend', 'barrier', 'all_reduce')"""
+    )
+    by_name: dict[str, list[dict]] = {}
+    for name, attrs, dur in rows:
+        a = json.loads(attrs)
+        a["dur"] = dur
+        by_name.setdefault(name, []).append(a)
+    assert by_name["broadcast"][0]["bytes"] == 400 and by_name["broadcast"][0]["async"] is False
+    assert by_name["all_gather"][0]["bytes"] == 400
+    assert by_name["all_gather"][0]["group_size"] == 3 and by_name["all_gather"][0]["backend"] == "gloo"
+    assert by_name["barrier"][0]["bytes"] == 0
+    isend = by_name["isend"][0]
+    assert isend["bytes"] == 200 and isend["async"] is True and isend["dur"] >= 0
+    big = [a for a in by_name["all_reduce"] if a["bytes"] == 4000]
+    assert len(big) == 1 and big[0]["async"] is True
+
+
+def test_rank_that_dies_is_named_and_the_others_data_kept(tmp_path: Path) -> None:
+    env = {"DDP_DIE_RANK": "1", "DDP_DIE_STEP": "3", "DDP_TIMEOUT_S": "5", "DDP_STEPS": "8"}
+    run = torchrun(tmp_path, env)
+    assert run.proc.returncode != 0
+    comm = run.report["communication"]
+    first = comm["first_failure"]
+    assert first["rank"] == 1 and first["exit_code"] == 3, comm["failed_ranks"]
+    assert "rank 1 died first (exit code 3)" in first["message"]
+    assert first["steps"] == 3
+    by_rank = {p["rank"]: p for p in run.report["processes"] if p["role"] == "rank"}
+    assert by_rank[0]["steps"] >= 3, "rank 0's steps before the failure are kept"
+    assert by_rank[1]["exit_code"] == 3
+
+
+def test_ddp_results_are_unchanged_by_tracing(ddp_run: TracedRun, tmp_path: Path) -> None:
+    """The recording comm hook sums then divides, exactly as DDP does without a hook."""
+    proc = run_python(
+        "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), DDP_SCRIPT,
+        cwd=tmp_path, env={"DDP_SYNC_ALLREDUCE": "1", "DDP_STEPS": str(STEPS)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(f"rank {rank} final loss"))
+        assert line in ddp_run.proc.stdout
+
+
+def test_failing_comm_collector_leaves_the_job_unchanged(ddp_run: TracedRun, tmp_path: Path) -> None:
+    env = {"DDP_SYNC_ALLREDUCE": "1", "DDP_STEPS": str(STEPS), "HOLOPROF_FAULT_INJECT": "comm"}
+    run = torchrun(tmp_path, env)
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert "holoprof: the 'comm' collector failed" in run.proc.stderr
+    for rank in (0, 1):
+        line = next(x for x in run.proc.stdout.splitlines() if x.startswith(f"rank {rank} final loss"))
+        assert line in ddp_run.proc.stdout
+    assert run.report["steps"]["count"] == STEPS, "the other collectors go on"
+
+
+def test_whatif_from_a_ddp_run_takes_its_communication_out(ddp_run: TracedRun, tmp_path: Path) -> None:
+    p = run_holoprof(
+        "whatif", ddp_run.run_dir, "--json", "--workers", "2", "--bandwidth", "10Gbit", cwd=tmp_path
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["grad_bytes"] == GRAD_BYTES
+    assert doc["removed_comm_s"] > 0
+    assert doc["step_s"] < ddp_run.report["steps"]["median_s"]

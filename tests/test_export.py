@@ -1,0 +1,156 @@
+"""Exports: the Chrome trace (Perfetto) and TensorBoard event files, read back by their own readers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import holoprof
+from conftest import TracedRun, error_lines, run_holoprof
+from workflows.runs import PIPELINE_STEPS, pipeline
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    return pipeline(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trace(run: TracedRun, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("chrome") / "trace.json"
+    proc = run_holoprof("export", run.run_dir, "--format", "chrome", "-o", str(out), cwd=out.parent)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_chrome_trace_events_are_well_formed(trace: dict[str, Any]) -> None:
+    events = trace["traceEvents"]
+    assert events
+    for ev in events:
+        assert {"name", "ph", "pid", "tid"} <= set(ev), ev
+        assert isinstance(ev["pid"], int) and isinstance(ev["tid"], int)
+        if ev["ph"] == "X":
+            assert isinstance(ev["ts"], (int, float)) and ev["dur"] >= 0 and "cat" in ev, ev
+        elif ev["ph"] == "C":
+            assert isinstance(ev["ts"], (int, float)) and isinstance(ev["args"]["value"], (int, float)), ev
+        else:
+            assert ev["ph"] == "M", ev
+
+
+def test_chrome_trace_has_every_step_span_and_process(run: TracedRun, trace: dict[str, Any]) -> None:
+    events = trace["traceEvents"]
+    loaded = holoprof.load(run.run_dir)
+    n_steps = loaded.rows("SELECT count(*) FROM spans WHERE kind = 'step'")[0][0]
+    steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert len(steps) == n_steps == PIPELINE_STEPS
+    n_spans = loaded.rows("SELECT count(*) FROM spans")[0][0]
+    assert sum(1 for e in events if e["ph"] == "X" and e["cat"] != "io") == n_spans
+    named = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    labels = {
+        e["pid"]: e["args"]["labels"] for e in events if e["ph"] == "M" and e["name"] == "process_labels"
+    }
+    for p in run.report["processes"]:
+        assert p["pid"] in named, p
+        assert f"role={p['role']}" in labels[p["pid"]]
+    traced = [p for p in run.report["processes"] if p["traced"] and p["role"] != "launcher"]
+    assert len(traced) >= 3
+    train = next(p for p in traced if p["steps"])
+    assert "train.py" in named[train["pid"]]
+    threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in steps} <= threads
+    # resource samples: counters on the process they measure
+    cpu = [e for e in events if e["ph"] == "C" and e["name"] == "proc.cpu_s" and e["pid"] == train["pid"]]
+    assert cpu and max(e["args"]["value"] for e in cpu) > 0
+    assert min(e["ts"] for e in steps) > 0, "microseconds since the run start"
+
+
+def test_chrome_trace_has_the_io_operations_on_their_own_track(run: TracedRun, trace: dict[str, Any]) -> None:
+    events = trace["traceEvents"]
+    n_ops = holoprof.load(run.run_dir).rows("SELECT count(*) FROM io_ops")[0][0]
+    assert n_ops > 0, "the pipeline ran with --io-trace"
+    io_tracks = {
+        (e["pid"], e["tid"]) for e in events if e["name"] == "thread_name" and e["args"]["name"] == "I/O"
+    }
+    ops = [e for e in events if e["ph"] == "X" and e["cat"] == "io"]
+    assert len(ops) == n_ops
+    assert {(e["pid"], e["tid"]) for e in ops} <= io_tracks
+    keys = [e for e in ops if e["args"]["path"].endswith("keys.txt") and e["args"]["op"] == "write"]
+    assert keys and all(e["args"]["size_bytes"] > 0 for e in keys), "prepare.py wrote the keys"
+
+
+def test_chrome_trace_window(run: TracedRun, trace: dict[str, Any], tmp_path: Path) -> None:
+    steps = sorted((e for e in trace["traceEvents"] if e.get("cat") == "step"), key=lambda e: e["ts"])
+    lo = steps[10]["ts"] / 1e6
+    hi = steps[19]["ts"] / 1e6 + 1e-4
+    out = tmp_path / "window.json"
+    proc = run_holoprof(
+        "export",
+        run.run_dir,
+        "-f",
+        "chrome",
+        "-o",
+        str(out),
+        "--from",
+        str(lo),
+        "--to",
+        str(hi),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    xs = [e for e in events if e["ph"] == "X"]
+    assert all(e["ts"] + e["dur"] >= lo * 1e6 - 1 and e["ts"] <= hi * 1e6 + 1 for e in xs)
+    assert 10 <= sum(1 for e in xs if e["cat"] == "step") <= 12
+    assert all(lo * 1e6 - 1 <= e["ts"] <= hi * 1e6 + 1 for e in events if e["ph"] == "C")
+
+
+def test_tensorboard_reads_the_exported_scalars(run: TracedRun, tmp_path: Path) -> None:
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="TensorBoard's reader is needed: pip install tensorboard (the dev extra)",
+    )
+    logdir = tmp_path / "tb"
+    proc = run_holoprof("export", run.run_dir, "--format", "tensorboard", "-o", str(logdir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    acc = event_accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"step_time_s", "throughput_steps_per_s", "phase/forward_fraction", "memory/rss_bytes"} <= tags
+    times = acc.Scalars("step_time_s")
+    assert [e.step for e in times] == list(range(PIPELINE_STEPS))
+    assert all(e.value > 0.003 for e in times), "each step sleeps 3 ms"
+    median = sorted(e.value for e in times)[PIPELINE_STEPS // 2]
+    assert median == pytest.approx(run.report["steps"]["median_s"], rel=0.1)
+    fractions = [acc.Scalars(t) for t in tags if t.startswith("phase/")]
+    for i in range(PIPELINE_STEPS):
+        assert sum(f[i].value for f in fractions) == pytest.approx(1.0, abs=1e-4)
+    thr = acc.Scalars("throughput_steps_per_s")
+    assert thr[0].value == pytest.approx(1 / times[0].value, rel=1e-5)
+
+
+def test_export_of_a_missing_run_is_refused(tmp_path: Path) -> None:
+    proc = run_holoprof("export", str(tmp_path / "nope"), "-f", "chrome", "-o", "t.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(error_lines(proc.stderr)) == 1 and "does not exist" in proc.stderr
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_export_to_an_unknown_format_is_refused(run: TracedRun, tmp_path: Path) -> None:
+    proc = run_holoprof("export", run.run_dir, "--format", "svg", "-o", "x", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert (
+        line.startswith("holoprof: error: ") and "svg" in line and "chrome" in line and "tensorboard" in line
+    )
+
+
+def test_tensorboard_export_of_a_run_without_steps_says_so(tmp_path: Path) -> None:
+    proc = run_holoprof("run", "--out", str(tmp_path / "r"), "--no-report", "--", "true", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_holoprof("export", str(tmp_path / "r"), "-f", "tensorboard", "-o", "tb", cwd=tmp_path)
+    assert proc.returncode == 2 and "no training steps" in proc.stderr

@@ -1,0 +1,108 @@
+"""The HTML report: one self-contained file with charts and findings that a real browser renders."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import TracedRun, run_holoprof
+from holoprof.present.html import render_html
+from workflows.runs import pipeline
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    return pipeline(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def report_file(run: TracedRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("html") / "report.html"
+    proc = run_holoprof("report", run.run_dir, "--html", str(out), cwd=out.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "", "--html alone writes the file and prints nothing on stdout"
+    return out
+
+
+def test_one_self_contained_file(report_file: Path) -> None:
+    text = report_file.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    external = (
+        r"""(?:src|href|xlink:href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import"""
+    )
+    assert not re.search(external, text, re.I), "no reference to anything on the network"
+    assert not re.search(r"<(script|link|iframe|img)\b", text), "no external resources, no script"
+    assert len(list(report_file.parent.iterdir())) == 1, "one file"
+    assert report_file.stat().st_size < 500_000
+
+
+def test_charts_findings_and_stages_are_in_it(run: TracedRun, report_file: Path) -> None:
+    text = report_file.read_text(encoding="utf-8")
+    doc = run.report
+    assert text.count("<svg") >= 4, "step time, phases, Gantt, resources"
+    for title in ("step time over steps", "phase breakdown over steps", "stages and processes over time"):
+        assert title in text
+    assert doc["findings"], "the pipeline sleeps outside the phases each step: host overhead"
+    for f in doc["findings"]:
+        assert html.escape(f["title"]) in text
+        assert html.escape(f["recommendation"]) in text
+    assert "host_overhead" in text
+    for s in doc["stages"]:
+        assert html.escape(s["name"]) in text
+    assert "<polyline" in text and "<rect" in text
+    assert doc["io"].get("files_detail"), "the pipeline ran with --io-trace: the I/O section has data"
+    assert "Read sizes (Darshan buckets)" in text and "Top files" in text
+    assert html.escape(doc["io"]["files_detail"][0]["path"]) in text
+    if (doc.get("memory") or {}).get("categories"):
+        assert "Categories at the step with the peak" in text
+    assert f">{doc['steps']['count']}<" in text
+
+
+def test_user_strings_are_escaped(run: TracedRun) -> None:
+    doc = dict(run.report)
+    evil = '<script>alert("x")</script>'
+    doc["run"] = {**doc["run"], "command": ["python", evil], "warnings": [evil], "dir": "/tmp/<b>run"}
+    doc["findings"] = [{**f, "title": evil} for f in doc["findings"]]
+    doc["io"] = {
+        "bytes_read": 10, "bytes_written": 0, "files": 1, "reads": 1, "writes": 0,
+        "read_size_histogram": {"0_100": 1},
+        "files_detail": [{"path": f"/data/{evil}.bin", "bytes_read": 10, "reads": 1}],
+    }  # fmt: skip
+    out = render_html(doc)
+    assert "<script" not in out and "<b>run" not in out
+    assert html.escape(evil) in out
+
+
+def test_long_runs_say_they_are_downsampled(run: TracedRun) -> None:
+    doc = dict(run.report)
+    doc["steps"] = {**doc["steps"], "count": 10_000}
+    out = render_html(doc)
+    assert "downsampled" in out and "of 10000" in out
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason=f"{CHROMIUM} is missing (apt-get install chromium) to render the report",
+)
+def test_renders_in_headless_chromium_without_console_errors(report_file: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+            "--dump-dom", report_file.as_uri(),
+        ],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line or "Refused to" in line]
+    assert console == [], console
+    dom = proc.stdout
+    assert "<svg" in dom and "Findings" in dom and "Workflow: stages and processes" in dom

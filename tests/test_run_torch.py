@@ -1,0 +1,162 @@
+"""`holoprof run` on ordinary, unadapted PyTorch training scripts: steps, epochs, phases, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    STANDARD_BATCHES,
+    STANDARD_EPOCHS,
+    TracedRun,
+    main_process,
+    run_holoprof,
+    script,
+    traced,
+)
+from holoprof import model
+
+PHASES = ("data_wait", "forward", "backward", "optimizer", "communication", "checkpoint", "eval", "other")
+SECTIONS = {
+    "run": dict,
+    "steps": dict,
+    "phases": dict,
+    "findings": list,
+    "io": dict,
+    "memory": dict,
+    "communication": dict,
+    "stages": list,
+}
+
+
+def test_exit_status_is_the_jobs(standard_run: TracedRun, tmp_path: Path) -> None:
+    assert standard_run.proc.returncode == 0
+    proc = run_holoprof(
+        "run", "--out", str(tmp_path / "run"), "--no-report", "--", sys.executable, "-c", "raise SystemExit(7)",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 7, proc.stderr
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["exit_code"] == 7
+    assert manifest["status"] == "crashed"
+
+
+def test_run_directory_is_private(standard_run: TracedRun) -> None:
+    mode = stat.S_IMODE(os.stat(standard_run.run_dir).st_mode)
+    assert mode == 0o700, oct(mode)
+
+
+def test_run_directory_is_announced_first(standard_run: TracedRun) -> None:
+    first = standard_run.proc.stderr.splitlines()[0]
+    assert first.startswith("holoprof:") and standard_run.run_dir in first, first
+
+
+def test_manifest_says_finished(standard_run: TracedRun) -> None:
+    manifest = json.loads((Path(standard_run.run_dir) / "manifest.json").read_text())
+    assert manifest["status"] == "finished"
+    assert manifest["exit_code"] == 0
+    assert manifest["end_ns"] >= manifest["start_ns"] > 0
+    assert standard_run.report["run"]["status"] == "finished"
+
+
+def test_steps_are_optimizer_steps(standard_run: TracedRun) -> None:
+    steps = standard_run.report["steps"]
+    assert steps["count"] == STANDARD_EPOCHS * STANDARD_BATCHES
+    assert steps["epochs"] == STANDARD_EPOCHS
+    assert 0 < steps["median_s"] <= steps["p90_s"]
+    assert steps["per_s"] > 0
+    assert main_process(standard_run.report)["steps"] == steps["count"]
+
+
+def test_phase_fractions_cover_every_phase_and_sum_to_one(standard_run: TracedRun) -> None:
+    phases = standard_run.report["phases"]
+    assert set(phases) >= set(PHASES), "every phase of the design is present"
+    assert set(phases) == set(model.PHASES)
+    assert sum(p["fraction"] for p in phases.values()) == pytest.approx(1.0, abs=1e-6)
+    for name in ("data_wait", "forward", "backward", "optimizer"):
+        assert phases[name]["fraction"] > 0, name
+        assert phases[name]["total_s"] > 0, name
+    assert phases["communication"]["fraction"] == 0, "a single process does not communicate"
+
+
+@pytest.mark.parametrize("phase", ["eval", "checkpoint"])
+def test_eval_and_checkpoint_time_is_found(standard_run: TracedRun, phase: str) -> None:
+    doc = standard_run.report
+    inside = doc["phases"][phase]["total_s"]
+    outside = doc["outside_steps"]["phases"].get(phase, 0.0)
+    assert inside + outside > 0
+    assert outside > 0, "the eval/checkpoint after the last step is listed outside training steps"
+
+
+def test_report_has_every_section(standard_run: TracedRun) -> None:
+    doc = standard_run.report
+    assert doc["schema"] == "holoprof.report/1"
+    for name, kind in SECTIONS.items():
+        assert isinstance(doc.get(name), kind), (name, doc.get(name))
+    assert not doc["communication"].get("collectives"), "no collectives in a single-process job"
+    for key in ("dir", "command", "status", "duration_s", "processes", "ranks"):
+        assert key in doc["run"], key
+    assert doc["run"]["duration_s"] > 0
+    assert doc["run"]["errors"] == [] and doc["run"]["warnings"] == []
+    assert doc["run"]["dropped_events"] == 0
+
+
+def test_resources_of_the_job_are_sampled(standard_run: TracedRun) -> None:
+    summary = standard_run.report["resources"]["summary"]
+    assert summary["job.rss_bytes"]["max"] > 10 * 2**20, "a Python process with torch loaded"
+    assert summary["job.cpu_percent"]["max"] > 0
+    assert summary["job.processes"]["max"] >= 1
+
+
+def test_tracing_does_not_change_the_results(standard_run: TracedRun, standard_untraced) -> None:
+    assert "final loss" in standard_untraced.stdout
+    assert standard_run.proc.stdout == standard_untraced.stdout
+
+
+def test_terminal_report_renders(standard_run: TracedRun) -> None:
+    proc = run_holoprof("report", standard_run.run_dir, cwd=os.path.dirname(standard_run.run_dir))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert str(STANDARD_EPOCHS * STANDARD_BATCHES) in out
+    for name in ("data_wait", "forward", "backward", "optimizer"):
+        assert name in out
+
+
+def test_loop_without_optimizer_counts_backward_passes(tmp_path: Path) -> None:
+    run = traced(
+        tmp_path, script("train.py"), "--optimizer", "none", "--epochs", "1", "--batches", "7", "--no-eval"
+    )
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert "steps 7" in run.proc.stdout
+    assert run.report["steps"]["count"] == 7
+    assert run.report["phases"]["optimizer"]["total_s"] == 0, "there is no optimizer"
+    assert run.report["phases"]["backward"]["fraction"] > 0
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
+    run = traced(tmp_path, script("train.py"), "--accum", "4", "--epochs", "1", "--batches", "3", "--no-eval")
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert "steps 3" in run.proc.stdout
+    assert run.report["steps"]["count"] == 3, "12 micro-batches, 3 optimizer steps"
+
+
+def test_manual_steps_count_each_marked_iteration(tmp_path: Path) -> None:
+    run = traced(tmp_path, script("manual_steps.py"), "6", "--phases")
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert run.report["steps"]["count"] == 6
+    assert run.report["phases"]["forward"]["fraction"] > 0.5, "the marked phase fills the steps"
+
+
+def test_manual_steps_without_any_activity_start_at_the_first_call(tmp_path: Path) -> None:
+    # With nothing recorded before it, the first holoprof.step() can only start the clock: the
+    # documented behaviour is that steps are measured between consecutive calls.
+    run = traced(tmp_path, script("manual_steps.py"), "6")
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert "iterations 6" in run.proc.stdout
+    assert run.report["steps"]["count"] == 5
+    assert run.report["steps"]["median_s"] >= 0.009, "each step holds one 10 ms iteration"
