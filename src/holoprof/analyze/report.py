@@ -198,6 +198,9 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
     found = findings_mod.all_findings(st, res, loader)
     ctx = {"main": main, "steps": st, "resources": res, "loader": loader, "step_processes": procs}
     sections, more, section_warnings = _extra_sections(run, ctx)
+    failure = (sections.get("communication") or {}).get("first_failure")
+    if failure:  # a dead rank matters more than anything else in the report: say it up front
+        section_warnings.insert(0, str(failure.get("message")))
     found = findings_mod.ordered(found + more)
     processes = _processes(run)
     m = run.manifest
