@@ -76,7 +76,7 @@ def test_keras_validation_and_checkpoints_are_recorded(fits: dict[str, dict]) ->
 def test_slow_tf_data_map_is_input_bound_and_prefetched_pipeline_is_not(fits: dict[str, dict]) -> None:
     slow = {f["id"]: f for f in fits["slow"]["findings"]}
     assert "input_bound" in slow and slow["input_bound"]["severity"] == "high"
-    assert slow["input_bound"]["evidence"]["data_wait_fraction"] >= 0.5
+    assert slow["input_bound"]["evidence"]["data_wait_fraction"] >= 0.2
     assert "input_bound" not in {f["id"] for f in fits["fast"]["findings"]}
 
 
@@ -91,3 +91,47 @@ def test_gradient_tape_loop_counts_its_steps(tmp_path: object, mode: str) -> Non
         assert doc["phases"]["optimizer"]["total_s"] > 0
     else:
         assert doc["phases"]["compute"]["total_s"] > 0
+
+
+def test_deep_profile_of_a_running_keras_job_uses_tensorflows_profiler(tmp_path: os.PathLike[str]) -> None:
+    import time
+    from pathlib import Path
+
+    stop = os.path.join(tmp_path, "stop")
+    run = os.path.join(tmp_path, "run")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "holoprof.cli", "run", "--no-report", "--out", run, "--",
+         os.path.join(SCRIPTS, "keras_live.py"), stop, "150"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the training process has flushed steps
+            if any(
+                n.startswith("spans-") for d in Path(run).glob("*-*") if d.is_dir() for n in os.listdir(d)
+            ):
+                break
+            assert job.poll() is None, job.communicate()
+            time.sleep(0.3)
+        ctl = subprocess.run(
+            [sys.executable, "-m", "holoprof.cli", "ctl", run, "deep-profile", "--steps", "3", "--wait", "--json",
+             "--timeout", "90"],
+            capture_output=True, text=True, timeout=150,
+        )  # fmt: skip
+        assert ctl.returncode == 0, ctl.stderr + ctl.stdout
+        out = json.loads("\n".join(ctl.stdout.splitlines()[1:]))
+        done = [s for s in out["states"] if s["state"] == "done"]
+        assert done, out["states"]
+        paths = done[0]["artifact_paths"]
+        summary = json.loads(Path(next(p for p in paths if p.endswith(".summary.json"))).read_text())
+        assert summary["framework"] == "tensorflow" and summary["steps"] == 3
+        assert summary["ops"] and summary["ops"][0]["self_cpu_us"] > 0
+        trace = next(p for p in paths if not p.endswith(".summary.json"))
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+        assert sum(1 for e in events if e.get("ph") == "X") > 10
+        assert any(p.endswith(".xplane.pb") and os.path.exists(p) for p in paths)
+    finally:
+        Path(stop).touch()
+        job.communicate(timeout=120)
+    assert job.returncode == 0

@@ -127,6 +127,8 @@ EXTRA_COMMANDS["pack"] = (
 )
 EXTRA_COMMANDS["diff"] = ("holoprof.analyze.diff", "compare two runs: holoprof diff RUN_A RUN_B [--json]")
 EXTRA_COMMANDS["whatif"] = ("holoprof.present.whatif", "predict data-parallel scaling: holoprof whatif RUN")
+EXTRA_COMMANDS["ctl"] = ("holoprof.serve.ctl", "on-demand actions in a running job: holoprof ctl RUN ACTION")
+EXTRA_COMMANDS["serve"] = ("holoprof.serve.app", "live dashboard and JSON API: holoprof serve RUNS")
 EXTRA_COMMANDS["import"] = (
     "holoprof.store.import_darshan",
     "import a trace: holoprof import darshan LOG --out DIR",

@@ -93,6 +93,7 @@ def post_import_finder() -> PostImportFinder:
 COLLECTORS: list[str] = [
     "holoprof.collect.torch:TorchCollector",
     "holoprof.collect.tensorflow:TensorFlowCollector",
+    "holoprof.collect.control:ControlCollector",
     "holoprof.collect.comm:CommCollector",
     "holoprof.collect.io_py:IoCollector",
 ]

@@ -1,0 +1,707 @@
+"""``holoprof serve``: a live dashboard and JSON API over running and finished runs.
+
+Standard library only (``http.server``). The dashboard's charts use uPlot, shipped inside the
+package (``static/vendor``); nothing is fetched from the network at run time.
+
+Security model:
+
+* bound to 127.0.0.1 unless ``--host`` says otherwise (then a warning is printed);
+* a random token is printed with the URL; every page and API call needs it — as ``?token=`` once
+  (answered with an HttpOnly, SameSite=Strict cookie; the page then drops it from the address
+  bar), as that cookie, or as ``Authorization: Bearer TOKEN``. No token: 401; a wrong one: 403;
+* on a loopback address the ``Host`` header must name the loopback address (DNS rebinding);
+* POSTs also need the ``X-Holoprof-Token`` header (or ``Authorization: Bearer``), which a cross-site
+  form or script cannot send, and a same-origin ``Origin`` when one is given; bodies are JSON of at
+  most 16 KiB, and actions come from the allow-list of :mod:`holoprof.collect.control`;
+* files are served only from the package's static folder (a fixed list made at start) and from a
+  run's ``artifacts/`` folder (a plain name, resolved and checked to stay inside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import math
+import mimetypes
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from holoprof import model
+from holoprof.collect import control
+from holoprof.errors import HoloprofError
+
+STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+COOKIE = "holoprof_token"
+TOKEN_HEADER = "X-Holoprof-Token"
+#: A custom header: browsers send it cross-site only after a CORS preflight, which is never granted.
+CSRF_HEADER = "X-Holoprof-Request"
+MAX_BODY_BYTES = 16 * 1024
+REPORT_MIN_INTERVAL_S = 1.0
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
+_ARTIFACT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,250}$")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# --- runs ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Cached:
+    key: tuple[float, int] = (0.0, 0)
+    built_at: float = 0.0
+    doc: dict[str, Any] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _is_run(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, model.MANIFEST))
+
+
+def _launcher_alive(manifest: dict[str, Any]) -> bool:
+    pid = manifest.get("launcher_pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def run_status(manifest: dict[str, Any]) -> str:
+    status = str(manifest.get("status", "running"))
+    if status == "running" and not _launcher_alive(manifest):
+        return "crashed"
+    return status
+
+
+def data_key(run_dir: str) -> tuple[float, int]:
+    """The newest modification time among the run's chunks and manifest, and how many files there are."""
+    newest, count = 0.0, 0
+    try:
+        newest = os.stat(os.path.join(run_dir, model.MANIFEST)).st_mtime
+    except OSError:
+        pass
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return newest, count
+    for e in entries:
+        if e.name in (model.CONTROL_DIR, model.ARTIFACTS_DIR) or not e.is_dir(follow_symlinks=False):
+            continue
+        try:
+            for c in os.scandir(e.path):
+                count += 1
+                newest = max(newest, c.stat(follow_symlinks=False).st_mtime)
+        except OSError:
+            continue
+    return newest, count
+
+
+class Runs:
+    """The runs under the served path (one run directory, or a directory of runs), and their reports."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root)
+        self.single = _is_run(self.root)
+        self._cache: dict[str, _Cached] = {}
+        self._lock = threading.Lock()
+
+    def paths(self) -> dict[str, str]:
+        if self.single:
+            return {os.path.basename(self.root) or "run": self.root}
+        out: dict[str, str] = {}
+        try:
+            names = sorted(os.listdir(self.root))
+        except OSError:
+            return out
+        for name in names:
+            p = os.path.join(self.root, name)
+            if _RUN_ID.match(name) and not os.path.islink(p) and _is_run(p):
+                out[name] = p
+        return out
+
+    def path(self, run_id: str) -> str:
+        p = self.paths().get(run_id) if _RUN_ID.match(run_id) else None
+        if p is None:
+            raise HttpError(404, f"no run {run_id!r} here")
+        return p
+
+    def summary(self) -> list[dict[str, Any]]:
+        out = []
+        for run_id, p in self.paths().items():
+            try:
+                with open(os.path.join(p, model.MANIFEST)) as f:
+                    m = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if not isinstance(m, dict):
+                continue
+            cached = self._cache.get(run_id)
+            doc = cached.doc if cached else None
+            out.append(
+                {
+                    "id": run_id,
+                    "name": m.get("name"),
+                    "status": run_status(m),
+                    "command": m.get("command"),
+                    "start_ns": m.get("start_ns"),
+                    "end_ns": m.get("end_ns"),
+                    "exit_code": m.get("exit_code"),
+                    "steps": doc["steps"]["count"] if doc else None,
+                    "median_step_s": doc["steps"]["median_s"] if doc else None,
+                }
+            )
+        out.sort(key=lambda r: int(r.get("start_ns") or 0), reverse=True)
+        return out
+
+    def report(self, run_id: str) -> dict[str, Any]:
+        """The run's report, rebuilt when its data changed (at most once per second)."""
+        path = self.path(run_id)
+        with self._lock:
+            cached = self._cache.setdefault(run_id, _Cached())
+        with cached.lock:
+            now = time.monotonic()
+            if cached.doc is not None and (now - cached.built_at < REPORT_MIN_INTERVAL_S):
+                return cached.doc
+            key = data_key(path)
+            if cached.doc is not None and key == cached.key:
+                cached.built_at = now
+                return cached.doc
+            from holoprof.analyze.report import build_report
+            from holoprof.store.reader import load
+
+            try:
+                run = load(path)
+            except HoloprofError as exc:
+                raise HttpError(409, str(exc))
+            try:
+                doc = build_report(run)
+            finally:
+                try:
+                    run.con.close()
+                except Exception:
+                    pass
+            cached.key, cached.built_at, cached.doc = key, time.monotonic(), doc
+            return doc
+
+
+# --- /metrics ------------------------------------------------------------------------------------------
+
+
+def _label(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_text(reports: list[tuple[str, dict[str, Any]]]) -> str:
+    """The reports as the Prometheus text exposition format (version 0.0.4)."""
+    metrics: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(name: str, kind: str, help_text: str, labels: dict[str, Any], value: float) -> None:
+        entry = metrics.setdefault(name, (kind, help_text, []))
+        lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        entry[2].append(f"{name}{{{lab}}} {float(value)!r}")
+
+    for run_id, doc in reports:
+        run = {"run": run_id}
+        add(
+            "holoprof_run_running",
+            "gauge",
+            "1 while the run is running",
+            run,
+            doc["run"]["status"] == "running",
+        )
+        st = doc["steps"]
+        main_rank = st.get("process", {}).get("rank", -1)
+        per_rank = st.get("per_rank") or [
+            {"rank": main_rank, "count": st["count"], "median_s": st["median_s"], "p90_s": st["p90_s"]}
+        ]
+        for r in per_rank:
+            lab = {**run, "rank": r.get("rank", -1)}
+            add("holoprof_steps_total", "counter", "training steps completed", lab, r.get("count", 0))
+            add("holoprof_step_time_seconds", "gauge", "median step time", lab, r.get("median_s", 0))
+            add(
+                "holoprof_step_time_p90_seconds", "gauge", "90th percentile step time", lab, r.get("p90_s", 0)
+            )
+            phases = r.get("phases")
+            if phases is None and r.get("rank", -1) == main_rank:
+                phases = {k: v["fraction"] for k, v in doc["phases"].items()}
+            for phase, frac in (phases or {}).items():
+                add(
+                    "holoprof_phase_fraction",
+                    "gauge",
+                    "fraction of step time in each phase",
+                    {**lab, "phase": phase},
+                    frac,
+                )
+        add("holoprof_steps_per_second", "gauge", "training throughput (steps per second)", run, st["per_s"])
+        io = doc.get("io") or {}
+        if io:
+            add(
+                "holoprof_io_read_bytes_total",
+                "counter",
+                "bytes read by the job",
+                run,
+                io.get("bytes_read", 0),
+            )
+            add(
+                "holoprof_io_written_bytes_total",
+                "counter",
+                "bytes written by the job",
+                run,
+                io.get("bytes_written", 0),
+            )
+            add(
+                "holoprof_io_read_bandwidth_bytes_per_second",
+                "gauge",
+                "read bandwidth of the job",
+                run,
+                io.get("bandwidth_read_bytes_per_s", 0),
+            )
+        mem = doc.get("memory") or {}
+        if mem.get("peak_bytes") is not None:
+            add(
+                "holoprof_memory_peak_bytes",
+                "gauge",
+                "peak memory of the training process",
+                run,
+                mem["peak_bytes"],
+            )
+        for cat, v in (mem.get("categories") or {}).items():
+            if isinstance(v, (int, float)):
+                add(
+                    "holoprof_memory_category_bytes",
+                    "gauge",
+                    "memory by category at the peak",
+                    {**run, "category": cat},
+                    v,
+                )
+        for name, s in (doc.get("resources", {}).get("summary") or {}).items():
+            add(
+                "holoprof_resource",
+                "gauge",
+                "latest sample of a job resource",
+                {**run, "name": name},
+                s["last"],
+            )
+    lines = []
+    for name, (kind, help_text, samples) in metrics.items():
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(samples)
+    return "\n".join(lines) + "\n"
+
+
+# --- static files ---------------------------------------------------------------------------------------
+
+
+def _static_files() -> dict[str, str]:
+    """Every file of the static folder by its relative name (made once: requests only pick from it)."""
+    out = {}
+    for base, _dirs, files in os.walk(STATIC_DIR):
+        for f in files:
+            full = os.path.join(base, f)
+            rel = os.path.relpath(full, STATIC_DIR).replace(os.sep, "/")
+            out[rel] = full
+    return out
+
+
+def artifact_file(run_dir: str, name: str) -> str:
+    """The path of artifact ``name`` of the run; refuses anything that is not a file inside artifacts/."""
+    if not _ARTIFACT.match(name) or ".." in name:
+        raise HttpError(400, "an artifact is named by a plain file name")
+    folder = os.path.realpath(os.path.join(run_dir, model.ARTIFACTS_DIR))
+    path = os.path.realpath(os.path.join(folder, name))
+    if os.path.commonpath([folder, path]) != folder or os.path.dirname(path) != folder:
+        raise HttpError(403, "that file is outside the run's artifacts")
+    if not os.path.isfile(path):
+        raise HttpError(404, f"no artifact {name!r}")
+    return path
+
+
+# --- the HTTP server ------------------------------------------------------------------------------------
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], runs: Runs, token: str) -> None:
+        self.runs = runs
+        self.token = token
+        self.static = _static_files()
+        self.loopback = _is_loopback(address[0])
+        super().__init__(address, Handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def url(self) -> str:
+        host = self.server_address[0]
+        if isinstance(host, bytes):
+            host = host.decode()
+        shown = f"[{host}]" if ":" in str(host) else str(host)
+        return f"http://{shown}:{self.port}/?token={self.token}"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+    protocol_version = "HTTP/1.1"
+    server_version = "holoprof"
+    sys_version = ""
+    _set_cookie = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log on stderr
+        pass
+
+    # responses ---------------------------------------------------------------------------------------
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Content-Security-Policy", CSP)
+        self.send_header("Cache-Control", "no-store")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if self._set_cookie:
+            self.send_header("Set-Cookie", self._set_cookie)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, doc: Any) -> None:
+        try:
+            body = json.dumps(doc, default=str, allow_nan=False)
+        except ValueError:  # NaN or infinity: not JSON; browsers would refuse the whole document
+            body = json.dumps(_finite(doc), default=str)
+        self._send(status, body.encode(), "application/json")
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": message, "status": status})
+
+    # authentication -----------------------------------------------------------------------------------
+    def _presented_token(self, query: dict[str, list[str]]) -> tuple[str | None, str]:
+        auth = self.headers.get("Authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip(), "bearer"
+        header = self.headers.get(TOKEN_HEADER)
+        if header:
+            return header.strip(), "header"
+        if "token" in query:
+            return query["token"][0], "query"
+        cookie = SimpleCookie()
+        try:
+            cookie.load(self.headers.get("Cookie", ""))
+        except Exception:
+            return None, ""
+        if COOKIE in cookie:
+            return cookie[COOKIE].value, "cookie"
+        return None, ""
+
+    def _check_host(self) -> None:
+        if not self.server.loopback:
+            return
+        host = (self.headers.get("Host") or "").strip().lower()
+        port = self.server.port
+        allowed = {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
+        if host not in allowed:
+            raise HttpError(403, "unexpected Host header; open the dashboard through the printed URL")
+
+    def _authenticate(self, query: dict[str, list[str]]) -> str:
+        token, how = self._presented_token(query)
+        if not token:
+            raise HttpError(401, "a token is required: open the URL that `holoprof serve` printed")
+        if not secrets.compare_digest(token.encode(), self.server.token.encode()):
+            raise HttpError(403, "wrong token: open the URL that `holoprof serve` printed")
+        return how
+
+    # dispatch ---------------------------------------------------------------------------------------------
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        self._set_cookie = ""
+        try:
+            self._check_host()
+            parts = urlsplit(self.path)
+            query = parse_qs(parts.query)
+            how = self._authenticate(query)
+            raw_path = parts.path
+            if self.path.startswith("//") or "\x00" in raw_path or "\\" in raw_path:
+                raise HttpError(400, "bad path")
+            if how == "query" and method == "GET" and not raw_path.startswith(("/api/", "/metrics")):
+                # a cookie from now on (the page then drops the token from the address bar)
+                self._set_cookie = f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
+            self._route(method, raw_path, how)
+        except HttpError as exc:
+            if method == "POST":
+                self.close_connection = True
+            self._error(exc.status, exc.message)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as exc:  # a bug must not kill the server: answer 500 and go on
+            try:
+                self._error(500, f"{type(exc).__name__}: {exc}")
+            except OSError:
+                pass
+
+    def _route(self, method: str, path: str, how: str) -> None:
+        segs = [unquote(s) for s in path.split("/")[1:]]
+        if any(s in (".", "..") or "/" in s or "\\" in s or "\x00" in s for s in segs):
+            raise HttpError(400, "bad path")  # dot segments and encoded separators name nothing here
+        runs = self.server.runs
+        if path in ("/", "/index.html"):
+            self._only(method, "GET")
+            return self._index()
+        if segs and segs[0] == "static":
+            self._only(method, "GET")
+            return self._static("/".join(segs[1:]))
+        if path == "/metrics":
+            self._only(method, "GET")
+            reports = []
+            for run_id in runs.paths():
+                try:
+                    reports.append((run_id, runs.report(run_id)))
+                except HttpError:
+                    continue
+            body = prometheus_text(reports).encode()
+            return self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/api/runs":
+            self._only(method, "GET")
+            return self._json(200, {"root": runs.root, "single": runs.single, "runs": runs.summary()})
+        if len(segs) >= 4 and segs[0] == "api" and segs[1] == "runs":
+            run_dir = runs.path(segs[2])
+            what = segs[3]
+            if what == "report" and len(segs) == 4:
+                self._only(method, "GET")
+                return self._json(200, runs.report(segs[2]))
+            if what == "actions" and len(segs) == 4:
+                if method == "POST":
+                    return self._create_action(run_dir, how)
+                self._only(method, "GET")
+                return self._json(
+                    200,
+                    {
+                        "status": run_status(_manifest(run_dir)),
+                        "specs": {
+                            k: {p: list(b) for p, b in v.items()} for k, v in control.ACTION_SPECS.items()
+                        },
+                        "requests": control.list_requests(run_dir),
+                    },
+                )
+            if what == "artifacts" and len(segs) == 5:
+                self._only(method, "GET")
+                return self._artifact(run_dir, segs[4])
+        raise HttpError(404, "no such page")
+
+    def _only(self, method: str, allowed: str) -> None:
+        if method != allowed:
+            raise HttpError(405, f"use {allowed} here")
+
+    # pages --------------------------------------------------------------------------------------------
+    def _index(self) -> None:
+        with open(os.path.join(STATIC_DIR, "index.html"), "rb") as f:
+            body = f.read()
+        self._send(200, body, "text/html; charset=utf-8")
+
+    def _static(self, rel: str) -> None:
+        path = self.server.static.get(rel)
+        if path is None:
+            raise HttpError(404, "no such file")
+        with open(path, "rb") as f:
+            body = f.read()
+        ctype = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype in ("application/javascript",):
+            ctype += "; charset=utf-8"
+        self._send(200, body, ctype, {"Cache-Control": "no-cache"})
+
+    def _artifact(self, run_dir: str, name: str) -> None:
+        path = artifact_file(run_dir, name)
+        size = os.path.getsize(path)
+        if name.endswith(".json"):
+            ctype = "application/json"
+        elif name.endswith(".gz"):
+            ctype = "application/gzip"
+        elif name.endswith(".txt"):
+            ctype = "text/plain; charset=utf-8"
+        else:
+            ctype = "application/octet-stream"
+        inline = self.headers.get("Accept", "").startswith("application/json") or name.endswith(".txt")
+        disp = "inline" if inline else "attachment"
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(size))
+        self.send_header("Content-Disposition", f'{disp}; filename="{name}"')
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", "default-src 'none'; sandbox")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                self.wfile.write(chunk)
+
+    # POST /api/runs/<id>/actions ----------------------------------------------------------------------
+    def _create_action(self, run_dir: str, how: str) -> None:
+        if how not in ("header", "bearer") and not self.headers.get(CSRF_HEADER):
+            raise HttpError(
+                403, f"a POST needs the {CSRF_HEADER} header with the cookie, or the {TOKEN_HEADER} header"
+            )
+        origin = self.headers.get("Origin")
+        if origin is not None:
+            host = self.headers.get("Host", "")
+            if origin not in (f"http://{host}", f"https://{host}"):
+                raise HttpError(403, "cross-site request refused")
+        if self.headers.get("Sec-Fetch-Site") not in (None, "same-origin", "none"):
+            raise HttpError(403, "cross-site request refused")
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise HttpError(415, "send the request as Content-Type: application/json")
+        if self.headers.get("Transfer-Encoding"):
+            raise HttpError(411, "send a Content-Length")
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            raise HttpError(411, "send a Content-Length")
+        if length < 0:
+            raise HttpError(400, "bad Content-Length")
+        if length > MAX_BODY_BYTES:
+            raise HttpError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise HttpError(400, "the body is not valid JSON")
+        if not isinstance(body, dict):
+            raise HttpError(400, 'the body must be a JSON object: {"action": ..., "params": {...}}')
+        extra = set(body) - {"action", "params", "target"}
+        if extra:
+            raise HttpError(400, f"unknown field(s): {', '.join(sorted(extra))}")
+        from holoprof.serve import ctl
+
+        try:
+            action, params, target = control.validate(
+                body.get("action"), body.get("params"), body.get("target")
+            )
+        except control.RequestError as exc:
+            raise HttpError(400, str(exc))
+        try:
+            req, procs = ctl.request(run_dir, action, params, target)
+        except HoloprofError as exc:
+            raise HttpError(409, str(exc))
+        self._json(201, {**req, "processes": [p.key for p in procs]})
+
+
+def _finite(doc: Any) -> Any:
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc
+
+
+def _manifest(run_dir: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(run_dir, model.MANIFEST)) as f:
+            m = json.load(f)
+        return m if isinstance(m, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+# --- command line --------------------------------------------------------------------------------------
+
+
+def make_server(root: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> Server:
+    root = os.path.abspath(root)
+    if not os.path.isdir(root):
+        raise HoloprofError(f"{root} is not a directory; pass a run directory or a directory of runs")
+    runs = Runs(root)
+    if not runs.single and not runs.paths() and not os.access(root, os.R_OK):
+        raise HoloprofError(f"cannot read {root}; check its permissions")
+    try:
+        return Server((host, port), runs, token or secrets.token_urlsafe(24))
+    except OSError as exc:
+        raise HoloprofError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", metavar="RUN_OR_RUNS_DIR", help="a run directory, or a directory of runs")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise HoloprofError("--port must be between 0 and 65535 (0: any free port)")
+    server = make_server(args.runs, args.host, args.port)
+    if not server.loopback:
+        sys.stderr.write(
+            f"holoprof: warning: listening on {args.host}, reachable from other machines; anyone with the "
+            "token can see these runs and start profiles (plain HTTP: use an SSH tunnel on untrusted networks)\n"
+        )
+    print(f"holoprof: dashboard at {server.url()}", flush=True)
+    print(f"holoprof: serving {server.runs.root} (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,236 @@
+"""``holoprof ctl RUN ACTION``: ask the processes of a running job for a stack dump, a deep profile, ...
+
+The request goes through the run's control mailbox (see :mod:`holoprof.collect.control`); with
+``--wait`` the command waits until every live traced process it was addressed to has answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from holoprof import model
+from holoprof.collect import control
+from holoprof.errors import HoloprofError
+
+
+@dataclass(frozen=True)
+class Proc:
+    host: str
+    pid: int
+    rank: int
+    role: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}-{self.pid}"
+
+
+@dataclass
+class Outcome:
+    """Where a request stands: one state per process that took it, and who has not answered."""
+
+    request: dict[str, Any]
+    states: list[dict[str, Any]] = field(default_factory=list)
+    waiting: list[Proc] = field(default_factory=list)
+    gone: list[Proc] = field(default_factory=list)
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.timed_out
+            and not self.waiting
+            and bool(self.states)
+            and all(s.get("state") == "done" for s in self.states)
+        )
+
+    def to_dict(self, run_dir: str) -> dict[str, Any]:
+        art = os.path.join(run_dir, model.ARTIFACTS_DIR)
+        return {
+            "request": self.request,
+            "states": [
+                {**s, "artifact_paths": [os.path.join(art, a) for a in s.get("artifacts", [])]}
+                for s in self.states
+            ],
+            "waiting": [p.key for p in self.waiting],
+            "gone": [p.key for p in self.gone],
+            "timed_out": self.timed_out,
+        }
+
+
+def _alive(p: Proc) -> bool:
+    if p.host != socket.gethostname():
+        return True  # another node: trust its processes row
+    try:
+        os.kill(p.pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def live_processes(run_dir: str) -> tuple[str, list[Proc]]:
+    """The run's status and its live traced processes (not the launcher)."""
+    from holoprof.store.reader import load
+
+    run = load(run_dir)
+    rows = run.rows(
+        """SELECT host, pid, rank, role FROM processes
+           WHERE coalesce(end_ns, 0) = 0 AND coalesce(info, '') LIKE '%"source": "agent"%'
+             AND role <> 'launcher'
+           ORDER BY pid"""
+    )
+    procs = [Proc(str(h), int(p), int(r if r is not None else -1), str(role)) for h, p, r, role in rows]
+    return run.status, [p for p in procs if _alive(p)]
+
+
+def addressed(procs: list[Proc], target: dict[str, Any] | None) -> list[Proc]:
+    if target is None:
+        return procs
+    ((key, value),) = target.items()
+    return [p for p in procs if getattr(p, key) == value]
+
+
+def check_running(run_dir: str) -> list[Proc]:
+    status, procs = live_processes(run_dir)
+    if status != "running":
+        raise HoloprofError(
+            f"{run_dir} is not running (status: {status}); on-demand actions need a live job — start one "
+            "with `holoprof run`"
+        )
+    return procs
+
+
+def request(
+    run_dir: str,
+    action: str,
+    params: dict[str, Any] | None = None,
+    target: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[Proc]]:
+    """Validate, check that the run is live, and write the request. Returns it and the processes asked."""
+    try:
+        control.validate(action, params, target)
+    except control.RequestError as exc:
+        raise HoloprofError(str(exc))
+    procs = addressed(check_running(run_dir), target)
+    req = control.write_request(run_dir, action, params, target)
+    return req, procs
+
+
+def outcome(run_dir: str, req: dict[str, Any], expected: list[Proc]) -> Outcome:
+    states = control.request_states(run_dir, str(req["id"]))
+    answered = {f"{s.get('host')}-{s.get('pid')}": s for s in states}
+    waiting = [
+        p
+        for p in expected
+        if p.key not in answered or answered[p.key].get("state") not in control.FINAL_STATES
+    ]
+    pending = [s for s in states if s.get("state") not in control.FINAL_STATES]
+    out = Outcome(req, states)
+    out.waiting = waiting
+    for s in pending:
+        key = f"{s.get('host')}-{s.get('pid')}"
+        if all(p.key != key for p in waiting):
+            out.waiting.append(
+                Proc(str(s.get("host")), int(s.get("pid") or 0), int(s.get("rank", -1)), str(s.get("role")))
+            )
+    return out
+
+
+def wait(
+    run_dir: str, req: dict[str, Any], expected: list[Proc], timeout_s: float, poll_s: float = 0.25
+) -> Outcome:
+    """Wait until every expected process answered (done or failed), ended, or the timeout passed."""
+    deadline = time.monotonic() + timeout_s
+    last_check = time.monotonic()
+    gone: list[Proc] = []
+    while True:
+        out = outcome(run_dir, req, expected)
+        out.gone = gone
+        if not out.waiting:
+            return out
+        if time.monotonic() >= deadline:
+            out.timed_out = True
+            return out
+        time.sleep(poll_s)
+        if time.monotonic() - last_check >= 2.0:
+            # a process that ended without answering is not waited for
+            last_check = time.monotonic()
+            try:
+                _, live = live_processes(run_dir)
+            except HoloprofError:
+                continue
+            keys = {p.key for p in live}
+            for p in out.waiting:
+                if p in expected and p.key not in keys:
+                    expected.remove(p)
+                    gone.append(p)
+
+
+# --- command line --------------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="the run directory of a running job")
+    p.add_argument("action", help=f"one of: {', '.join(control.ACTION_SPECS)}")
+    p.add_argument("--steps", type=int, help="deep-profile: training steps to profile (1-100, default 5)")
+    p.add_argument("--seconds", type=int, help="io-trace: seconds to trace (1-600, default 10)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--pid", type=int, help="only the process with this pid")
+    g.add_argument("--rank", type=int, help="only the process(es) of this torch.distributed rank")
+    g.add_argument("--role", help="only processes of this role (main, rank, dataloader_worker, ...)")
+    p.add_argument("--wait", action="store_true", help="wait for every process asked to answer")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait with --wait (default 300)")
+    p.add_argument("--json", action="store_true", help="with --wait: print the outcome as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {}
+    if args.steps is not None:
+        params["steps"] = args.steps
+    if args.seconds is not None:
+        params["seconds"] = args.seconds
+    target: dict[str, Any] | None = None
+    if args.pid is not None:
+        target = {"pid": args.pid}
+    elif args.rank is not None:
+        target = {"rank": args.rank}
+    elif args.role is not None:
+        target = {"role": args.role}
+    if not args.timeout > 0:
+        raise HoloprofError("--timeout must be a positive number of seconds, e.g. --timeout 60")
+    run_dir = os.path.abspath(args.run)
+    req, procs = request(run_dir, args.action, params, target)
+    print(req["id"], flush=True)
+    if not procs:
+        sys.stderr.write(
+            "holoprof: no live traced process matches the target yet; the request stays queued\n"
+        )
+    if not args.wait:
+        return 0
+    out = wait(run_dir, req, list(procs), args.timeout)
+    if args.json:
+        json.dump(out.to_dict(run_dir), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        art = os.path.join(run_dir, model.ARTIFACTS_DIR)
+        for s in out.states:
+            who = f"{s.get('host')}-{s.get('pid')} ({s.get('role')}, rank {s.get('rank')})"
+            reason = f": {s['reason']}" if s.get("reason") else ""
+            print(f"{who}: {s.get('state')}{reason}")
+            for a in s.get("artifacts", []):
+                print(f"  {os.path.join(art, a)}")
+        for p in out.gone:
+            print(f"{p.key} ({p.role}, rank {p.rank}): ended without answering")
+    if out.timed_out:
+        keys = ", ".join(p.key for p in out.waiting)
+        sys.stderr.write(f"holoprof: timed out after {args.timeout:g} s waiting for {keys}\n")
+    return 0 if out.ok else 1
