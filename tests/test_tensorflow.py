@@ -135,3 +135,26 @@ def test_deep_profile_of_a_running_keras_job_uses_tensorflows_profiler(tmp_path:
         Path(stop).touch()
         job.communicate(timeout=120)
     assert job.returncode == 0
+
+
+def test_tfrecord_shards_read_by_tensorflows_cpp_reader_appear_with_their_bytes(
+    tmp_path: os.PathLike[str],
+) -> None:
+    from holoprof.collect import io_native
+
+    if io_native.library_path() is None:
+        pytest.skip("the native I/O library is not built (no C compiler at install)")
+    data = os.path.join(tmp_path, "data")
+    os.makedirs(data)
+    script = os.path.join(SCRIPTS, "tfrecord_read.py")
+    w = subprocess.run([sys.executable, script, data], capture_output=True, text=True, timeout=120)
+    assert w.returncode == 0, w.stderr
+    doc = _trace(str(tmp_path), "tfrecord", script, data)
+    assert "read" in doc["_stdout"]
+    files = {f["path"]: f for f in doc["io"]["files_detail"]}
+    shards = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(".tfrecord"))
+    assert len(shards) == 3
+    for shard in shards:
+        assert shard in files, sorted(files)
+        assert files[shard]["bytes_read"] == os.path.getsize(shard)
+    assert doc["steps"]["count"] == 12  # 600 records / batches of 50
