@@ -1,6 +1,6 @@
 """Hot-path cost per recorded span, per traced module call, and the agent's memory bound.
 
-    python benchmarks/bench_hotpath.py
+python benchmarks/bench_hotpath.py
 """
 
 from __future__ import annotations

@@ -41,7 +41,9 @@ def main() -> None:
                     res[kind] = _run([sys.executable, WORKLOAD, str(args.steps)])
                 else:
                     out = os.path.join(tmp, f"run{i}")
-                    res[kind] = _run([*holoprof, "run", "--no-report", "--out", out, "--", WORKLOAD, str(args.steps)])
+                    res[kind] = _run(
+                        [*holoprof, "run", "--no-report", "--out", out, "--", WORKLOAD, str(args.steps)]
+                    )
             ratios.append(res["traced"]["loop_s"] / res["plain"]["loop_s"])
             plain_steps.append(res["plain"]["median_step_s"])
             traced_steps.append(res["traced"]["median_step_s"])
@@ -51,7 +53,9 @@ def main() -> None:
     print("| measure | value |\n| --- | --- |")
     print(f"| median plain step | {1e3 * statistics.median(plain_steps):.2f} ms |")
     print(f"| median traced step | {1e3 * statistics.median(traced_steps):.2f} ms |")
-    print(f"| loop time ratio traced/plain, median of {args.pairs} alternating pairs | {med:.4f} ({100 * (med - 1):+.2f}%) |")
+    print(
+        f"| loop time ratio traced/plain, median of {args.pairs} alternating pairs | {med:.4f} ({100 * (med - 1):+.2f}%) |"
+    )
     print(f"| all ratios | {', '.join(f'{r:.3f}' for r in ratios)} |")
     print("| target | ≤ 1.01 |\n")
 

@@ -1,6 +1,6 @@
 """`holoprof report` on a generated run of 10 million spans (known totals checked).
 
-    python benchmarks/bench_report_scale.py [--steps 2000000]
+python benchmarks/bench_report_scale.py [--steps 2000000]
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ def main() -> None:
         disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(run) for f in fs)
         t0 = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "holoprof.cli", "report", run, "--json"], capture_output=True, text=True, check=True
+            [sys.executable, "-m", "holoprof.cli", "report", run, "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         wall = time.perf_counter() - t0
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024

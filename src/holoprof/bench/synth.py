@@ -59,7 +59,9 @@ def generate_run(
         clock = t0
         for c0 in range(0, steps, chunk_steps):
             n = min(chunk_steps, steps - c0)
-            durs = {p: rng.integers(m // 2, m * 3 // 2, size=n, dtype=np.int64) for p, m in PHASE_MEANS_NS.items()}
+            durs = {
+                p: rng.integers(m // 2, m * 3 // 2, size=n, dtype=np.int64) for p, m in PHASE_MEANS_NS.items()
+            }
             other = rng.integers(0, 2 * OTHER_NS, size=n, dtype=np.int64)
             step_len = sum(durs.values()) + other
             starts = clock + np.concatenate([[0], np.cumsum(step_len)[:-1]])
@@ -108,12 +110,16 @@ def generate_run(
             totals.spans += m
         _write_process(folder, host, pid, rank if ranks > 1 else -1, ranks, t0, clock, seq)
         _write_samples(folder, host, pid, rank if ranks > 1 else -1, t0, clock, seq + 1)
-    manifest.update(start_ns=t0, end_ns=clock, status="finished", exit_code=0, launcher_pid=-1, synthetic=True)
+    manifest.update(
+        start_ns=t0, end_ns=clock, status="finished", exit_code=0, launcher_pid=-1, synthetic=True
+    )
     rundir.write_manifest(run_dir, manifest)
     return totals
 
 
-def _write_process(folder: str, host: str, pid: int, rank: int, world: int, t0: int, t1: int, seq: int) -> None:
+def _write_process(
+    folder: str, host: str, pid: int, rank: int, world: int, t0: int, t1: int, seq: int
+) -> None:
     from holoprof.store.chunks import write_chunk
 
     row: dict[str, list[Any]] = {
