@@ -136,6 +136,11 @@ EXTRA_COMMANDS["import"] = (
 
 #: Modules that add options to `holoprof run`: each provides ``add_run_arguments(parser)`` and
 #: ``run_options(args) -> dict`` (merged into the agent options, JSON-able).
+EXTRA_COMMANDS["iobench"] = (
+    "holoprof.bench.iobench",
+    "read bandwidth of a dataset against reader threads, block size and prefetch: holoprof iobench PATH",
+)
+
 RUN_OPTION_MODULES: list[str] = []
 RUN_OPTION_MODULES.append("holoprof.collect.tensorflow")
 RUN_OPTION_MODULES.append("holoprof.analyze.checkpoints")

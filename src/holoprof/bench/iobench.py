@@ -1,0 +1,1049 @@
+"""``holoprof iobench PATH``: read bandwidth and IOPS of a dataset against readers, block size and prefetch.
+
+Every configuration reads the dataset (a directory of files, read whole; or large files read in
+contiguous ranges, one per reader) with ``threads`` reader threads in each of ``processes``
+processes, in blocks of ``block_size`` bytes, handing blocks to a consumer through a bounded queue of
+``prefetch`` blocks (0: readers consume their own blocks, no queue). Before each configuration the
+files are evicted from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``) and the eviction is
+checked with ``mincore(2)``; where that is impossible (tmpfs, no fadvise) the rows say ``warm`` and a
+warning says why.
+
+Measurement (``run_iobench``) returns plain dataclasses; the renderers (``render_terminal``,
+``to_json``, ``render_html``) only present them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import html
+import itertools
+import json
+import math
+import mmap
+import os
+import platform
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from holoprof.errors import HoloprofError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+SCHEMA = "holoprof.iobench/1"
+Cache = Literal["cold", "warm"]
+
+DEFAULT_THREADS = (1, 2, 4, 8)
+DEFAULT_BLOCK_SIZE = 1 << 20
+DEFAULT_PREFETCH = 4
+DEFAULT_MAX_SECONDS = 10.0
+NEAR_BEST = 0.9  # "within 10% of the best bandwidth"
+COLD_RESIDENT_MAX = 0.05  # at most this share of the data may still be cached for a "cold" row
+_MINCORE_SAMPLE_FILES = 256
+
+
+# --------------------------------------------------------------------------------------------------
+# result objects
+
+
+@dataclass(frozen=True)
+class IoBenchRow:
+    """One configuration and what it measured."""
+
+    threads: int
+    processes: int
+    block_size: int
+    prefetch: int
+    bytes: int
+    seconds: float
+    bandwidth_bytes_per_s: float
+    iops: float
+    cache: Cache
+    reads: int
+    files_opened: int
+    complete: bool  # False if --max-seconds / --max-bytes stopped the readers first
+    resident_fraction: float | None  # page-cache share of the data before the run (None: unknown)
+
+    @property
+    def readers(self) -> int:
+        return self.threads * self.processes
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """Reader settings for the input pipeline, and the measurement behind them."""
+
+    readers: int
+    block_size: int
+    prefetch: int
+    bandwidth_bytes_per_s: float
+    best_bandwidth_bytes_per_s: float
+    best_readers: int
+    dataloader_num_workers: int
+    dataloader_prefetch_factor: int
+    tf_num_parallel_calls: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class IoBenchResult:
+    path: str
+    files: int
+    total_bytes: int
+    cache_requested: Cache
+    max_seconds: float
+    max_bytes: int | None
+    rows: list[IoBenchRow]
+    recommendation: Recommendation | None
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------
+# input parsing
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """'4096', '64k', '1M', '1MiB', '2g' -> bytes (binary units). Raises HoloprofError."""
+    m = _SIZE_RE.match(str(text))
+    if m is None:
+        raise HoloprofError(f"bad {what} {text!r}; use bytes or a binary unit, e.g. 4k, 64KiB, 1M, 2G")
+    value = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if value < 1 or value != int(value):
+        raise HoloprofError(f"bad {what} {text!r}; it must be a whole number of bytes, at least 1")
+    return int(value)
+
+
+def parse_int_list(text: str, what: str, minimum: int) -> list[int]:
+    """'1,2,4,8' -> [1, 2, 4, 8]; each at least ``minimum``. Raises HoloprofError."""
+    values: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise HoloprofError(
+                f"bad {what} list {text!r}: {part!r} is not an integer; use e.g. --{what} 1,2,4,8"
+            ) from None
+        if value < minimum:
+            raise HoloprofError(f"bad {what} list {text!r}: {value} is below {minimum}")
+        values.append(value)
+    if not values:
+        raise HoloprofError(f"empty {what} list; use e.g. --{what} 1,2,4")
+    return sorted(set(values))
+
+
+def parse_size_list(text: str, what: str) -> list[int]:
+    parts = [p for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise HoloprofError(f"empty {what} list; use e.g. --{what} 64k,1m")
+    return sorted({parse_size(p, what) for p in parts})
+
+
+# --------------------------------------------------------------------------------------------------
+# dataset
+
+
+@dataclass(frozen=True)
+class _Unit:
+    path: str
+    offset: int
+    length: int
+
+
+def scan_dataset(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
+    """Regular files under ``path`` (or ``path`` itself) with their sizes, sorted. Raises HoloprofError."""
+    root = Path(path)
+    if not root.exists():
+        raise HoloprofError(f"dataset path {str(root)!r} does not exist; pass a file or a directory of files")
+    candidates: list[Path]
+    if root.is_dir():
+        candidates = []
+        for dirpath, dirnames, filenames in os.walk(root, onerror=_raise_walk_error):
+            dirnames.sort()
+            candidates.extend(Path(dirpath) / f for f in sorted(filenames))
+    else:
+        candidates = [root]
+    files: list[tuple[str, int]] = []
+    for p in candidates:
+        try:
+            st = p.stat()
+        except OSError as exc:
+            raise HoloprofError(
+                f"cannot read {str(p)!r}: {exc.strerror or exc}; fix or remove it from the dataset"
+            ) from None
+        if not _is_regular(st.st_mode):
+            continue
+        if not os.access(p, os.R_OK):
+            raise HoloprofError(f"cannot read {str(p)!r}: permission denied; fix its permissions")
+        files.append((str(p), st.st_size))
+    if not files:
+        raise HoloprofError(f"no regular files under {str(root)!r}; pass a directory that holds the dataset")
+    if sum(size for _, size in files) == 0:
+        raise HoloprofError(f"all {len(files)} file(s) under {str(root)!r} are empty; nothing to read")
+    return files
+
+
+def _is_regular(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(mode)
+
+
+def _raise_walk_error(exc: OSError) -> None:
+    raise HoloprofError(f"cannot list {exc.filename!r}: {exc.strerror or exc}; fix its permissions")
+
+
+def make_units(files: Sequence[tuple[str, int]], readers: int, block_size: int) -> list[_Unit]:
+    """Whole files when there are at least as many files as readers; otherwise each file is cut into
+    ``readers`` contiguous ranges (block-aligned), so that every reader streams its own range."""
+    if len(files) >= readers:
+        return [_Unit(p, 0, size) for p, size in files if size > 0]
+    units: list[_Unit] = []
+    for p, size in files:
+        if size == 0:
+            continue
+        blocks = math.ceil(size / block_size)
+        parts = min(readers, blocks)
+        edges = [min(size, (i * blocks // parts) * block_size) for i in range(parts + 1)]
+        units.extend(_Unit(p, a, b - a) for a, b in itertools.pairwise(edges) if b > a)
+    return units
+
+
+# --------------------------------------------------------------------------------------------------
+# page cache
+
+
+def evict(files: Iterable[tuple[str, int]], *, write_back: bool = False) -> str | None:
+    """Drop the files from the page cache. Returns None, or why it could not be done.
+
+    Dirty pages cannot be dropped: ``write_back=True`` first writes them back (``fdatasync``, which
+    costs a device cache flush per file, so it is done only when needed).
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return "this platform has no posix_fadvise"
+    for p, _ in files:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError as exc:
+            return f"cannot open {p}: {exc.strerror or exc}"
+        try:
+            if write_back:
+                try:
+                    os.fdatasync(fd)
+                except OSError:
+                    pass
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as exc:
+            return f"posix_fadvise failed on {p}: {exc.strerror or exc}"
+        finally:
+            os.close(fd)
+    return None
+
+
+class _Mincore:
+    """Page-cache residency of files through mincore(2) (Linux, via ctypes)."""
+
+    def __init__(self) -> None:
+        self.available = False
+        if not sys.platform.startswith("linux"):
+            return
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            self._mmap = libc.mmap
+            self._mmap.restype = ctypes.c_void_p
+            self._mmap.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_long,
+            ]
+            self._munmap = libc.munmap
+            self._munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            self._mincore = libc.mincore
+            self._mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        except (OSError, AttributeError):
+            return
+        self.page = mmap.PAGESIZE
+        self.available = True
+
+    def resident(self, path: str, size: int) -> tuple[int, int] | None:
+        """(resident pages, total pages) of a file, or None if it cannot be told."""
+        if size == 0:
+            return (0, 0)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = self._mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            try:
+                pages = (size + self.page - 1) // self.page
+                vec = (ctypes.c_ubyte * pages)()
+                if self._mincore(addr, size, vec) != 0:
+                    return None
+                return sum(b & 1 for b in bytes(vec)), pages
+            finally:
+                self._munmap(addr, size)
+        finally:
+            os.close(fd)
+
+
+_MINCORE = _Mincore()
+
+
+def resident_fraction(files: Sequence[tuple[str, int]]) -> float | None:
+    """Share of the data's pages in the page cache (sampled over at most 256 files), or None."""
+    if not _MINCORE.available:
+        return None
+    step = max(1, len(files) // _MINCORE_SAMPLE_FILES)
+    resident = total = 0
+    for p, size in files[::step]:
+        try:
+            got = _MINCORE.resident(p, size)
+        except OSError:
+            return None
+        if got is None:
+            return None
+        resident += got[0]
+        total += got[1]
+    return resident / total if total else 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# reading
+
+
+class _Budget:
+    """Bytes left to read under --max-bytes, shared by the readers of one process."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._left = limit
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> int:
+        if self._left is None:
+            return n
+        with self._lock:
+            got = min(n, self._left)
+            self._left -= got
+            return got
+
+
+@dataclass
+class _Tally:
+    bytes: int = 0
+    reads: int = 0
+    files_opened: int = 0
+    stopped_early: bool = False
+    error: BaseException | None = None
+
+
+def _read_units(
+    units: Sequence[_Unit],
+    threads: int,
+    block_size: int,
+    prefetch: int,
+    deadline: float,
+    budget: _Budget,
+) -> _Tally:
+    """Read ``units`` with ``threads`` readers; blocks go through a queue of ``prefetch`` to a consumer."""
+    work: queue.SimpleQueue[_Unit] = queue.SimpleQueue()
+    for u in units:
+        work.put(u)
+    stop = threading.Event()
+    tallies = [_Tally() for _ in range(threads)]
+    handoff: queue.Queue[tuple[bytearray, int] | None] | None = None
+    free: queue.SimpleQueue[bytearray] | None = None
+    if prefetch > 0:
+        handoff = queue.Queue(maxsize=prefetch)
+        free = queue.SimpleQueue()
+        for _ in range(prefetch + threads):
+            free.put(bytearray(block_size))
+
+    def reader(tally: _Tally) -> None:
+        own = bytearray(block_size) if free is None else None
+        try:
+            while not stop.is_set():
+                try:
+                    unit = work.get_nowait()
+                except queue.Empty:
+                    return
+                fd = os.open(unit.path, os.O_RDONLY)
+                tally.files_opened += 1
+                try:
+                    pos, end = unit.offset, unit.offset + unit.length
+                    while pos < end:
+                        if time.monotonic() >= deadline:
+                            tally.stopped_early = True
+                            stop.set()
+                            return
+                        want = budget.take(min(block_size, end - pos))
+                        if want <= 0:
+                            tally.stopped_early = True
+                            stop.set()
+                            return
+                        if own is not None:
+                            buf = own
+                        else:
+                            assert free is not None
+                            buf = free.get()
+                        n = os.preadv(fd, [memoryview(buf)[:want]], pos)
+                        tally.reads += 1
+                        if handoff is not None:
+                            handoff.put((buf, n))
+                        else:
+                            tally.bytes += n
+                        if n < want:  # the file shrank
+                            break
+                        pos += n
+                finally:
+                    os.close(fd)
+        except BaseException as exc:
+            tally.error = exc
+            stop.set()
+        finally:
+            if handoff is not None:
+                handoff.put(None)
+
+    workers = [threading.Thread(target=reader, args=(t,), daemon=True) for t in tallies]
+    for w in workers:
+        w.start()
+    consumed = 0
+    if handoff is not None and free is not None:
+        finished = 0
+        while finished < threads:
+            item = handoff.get()
+            if item is None:
+                finished += 1
+                continue
+            buf, n = item
+            consumed += n  # the consumer's work: account for the block and hand the buffer back
+            free.put(buf)
+    for w in workers:
+        w.join()
+    total = _Tally(
+        bytes=consumed + sum(t.bytes for t in tallies),
+        reads=sum(t.reads for t in tallies),
+        files_opened=sum(t.files_opened for t in tallies),
+        stopped_early=any(t.stopped_early for t in tallies),
+        error=next((t.error for t in tallies if t.error is not None), None),
+    )
+    return total
+
+
+_WORKER_CODE = "from holoprof.bench.iobench import _worker_main; _worker_main()"
+
+
+def _worker_main() -> None:
+    """Body of one reader process (``--processes``): read the job from stdin, wait for "go", read, report.
+
+    Reader processes are plain ``python -c`` subprocesses (not multiprocessing), so that nothing of
+    the calling program is re-imported or forked into them.
+    """
+    job = json.loads(sys.stdin.readline())
+    units = [_Unit(p, o, n) for p, o, n in job["units"]]
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    t0 = time.monotonic()
+    tally = _read_units(
+        units,
+        job["threads"],
+        job["block_size"],
+        job["prefetch"],
+        t0 + job["max_seconds"],
+        _Budget(job["max_bytes"]),
+    )
+    err = tally.error
+    report = {
+        "end": time.monotonic(),
+        "bytes": tally.bytes,
+        "reads": tally.reads,
+        "files_opened": tally.files_opened,
+        "stopped_early": tally.stopped_early,
+        "error": None if err is None else str(_read_error(err)),
+    }
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])  # so that a source checkout works too
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _measure(
+    units: list[_Unit],
+    threads: int,
+    processes: int,
+    block_size: int,
+    prefetch: int,
+    max_seconds: float,
+    max_bytes: int | None,
+) -> tuple[float, _Tally]:
+    if processes == 1:
+        t0 = time.monotonic()
+        tally = _read_units(units, threads, block_size, prefetch, t0 + max_seconds, _Budget(max_bytes))
+        seconds = time.monotonic() - t0
+        if tally.error is not None:
+            raise _read_error(tally.error)
+        return seconds, tally
+    share = None if max_bytes is None else max(1, max_bytes // processes)
+    env = _worker_env()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER_CODE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for i, p in enumerate(procs):
+            assert p.stdin is not None
+            job = {
+                "units": [[u.path, u.offset, u.length] for u in units[i::processes]],
+                "threads": threads,
+                "block_size": block_size,
+                "prefetch": prefetch,
+                "max_seconds": max_seconds,
+                "max_bytes": share,
+            }
+            p.stdin.write(json.dumps(job) + "\n")
+            p.stdin.flush()
+        for p in procs:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "ready":
+                _, err = p.communicate(timeout=10)
+                raise HoloprofError(f"a reader process did not start: {err.strip()[-500:]}")
+        t0 = time.monotonic()
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        total = _Tally()
+        end = t0
+        for p in procs:
+            out, err = p.communicate(timeout=max_seconds + 120)
+            if p.returncode != 0 or not out.strip():
+                raise HoloprofError(f"a reader process failed: {err.strip()[-500:]}")
+            report = json.loads(out.strip().splitlines()[-1])
+            if report["error"] is not None:
+                raise HoloprofError(report["error"])
+            end = max(end, report["end"])
+            total.bytes += report["bytes"]
+            total.reads += report["reads"]
+            total.files_opened += report["files_opened"]
+            total.stopped_early = total.stopped_early or report["stopped_early"]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return end - t0, total
+
+
+def _read_error(exc: BaseException) -> HoloprofError:
+    if isinstance(exc, OSError):
+        return HoloprofError(
+            f"cannot read {exc.filename!r}: {exc.strerror or exc}; fix or remove it from the dataset"
+        )
+    return HoloprofError(f"reading the dataset failed: {exc}")
+
+
+# --------------------------------------------------------------------------------------------------
+# the benchmark
+
+
+def run_iobench(
+    path: str | os.PathLike[str],
+    *,
+    threads: Sequence[int] = DEFAULT_THREADS,
+    processes: Sequence[int] = (1,),
+    block_sizes: Sequence[int] = (DEFAULT_BLOCK_SIZE,),
+    prefetch: Sequence[int] = (DEFAULT_PREFETCH,),
+    cache: Cache = "cold",
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+    max_bytes: int | None = None,
+) -> IoBenchResult:
+    """Measure every combination of the given settings on the dataset at ``path``."""
+    for what, values, minimum in (
+        ("threads", threads, 1),
+        ("processes", processes, 1),
+        ("block-size", block_sizes, 1),
+        ("prefetch", prefetch, 0),
+    ):
+        if not values or any(not isinstance(v, int) or v < minimum for v in values):
+            raise HoloprofError(f"bad {what} values {list(values)!r}: use integers of at least {minimum}")
+    if not max_seconds > 0:
+        raise HoloprofError(f"max-seconds must be positive, got {max_seconds!r}")
+    if max_bytes is not None and max_bytes < 1:
+        raise HoloprofError(f"max-bytes must be positive, got {max_bytes!r}")
+    if cache not in ("cold", "warm"):
+        raise HoloprofError(f"cache must be 'cold' or 'warm', got {cache!r}")
+
+    files = scan_dataset(path)
+    total = sum(size for _, size in files)
+    warnings: list[str] = []
+    can_evict = cache == "cold"
+    if cache == "warm":
+        # one untimed pass so that every configuration starts from the same (cached) state
+        _read_units(
+            make_units(files, 1, DEFAULT_BLOCK_SIZE), 1, DEFAULT_BLOCK_SIZE, 0, math.inf, _Budget(max_bytes)
+        )
+    rows: list[IoBenchRow] = []
+    for bs in sorted(set(block_sizes)):
+        for procs in sorted(set(processes)):
+            for th in sorted(set(threads)):
+                for pf in sorted(set(prefetch)):
+                    row_cache: Cache = "warm"
+                    resident: float | None = None
+                    if can_evict:
+                        why = evict(files)
+                        resident = resident_fraction(files)
+                        if why is None and resident is not None and resident > COLD_RESIDENT_MAX:
+                            why = evict(files, write_back=True)  # recently written (dirty) data
+                            resident = resident_fraction(files)
+                        if why is not None:
+                            can_evict = False
+                            warnings.append(
+                                f"cannot evict the dataset from the page cache ({why}): warm-cache numbers only"
+                            )
+                        elif resident is not None and resident > COLD_RESIDENT_MAX:
+                            can_evict = False
+                            warnings.append(
+                                f"evicting the dataset from the page cache left {resident:.0%} of it cached "
+                                f"(file system {_fs_type(str(path))!r} keeps file data in memory, e.g. tmpfs): "
+                                "warm-cache numbers only; run on the storage the training job reads from"
+                            )
+                        else:
+                            row_cache = "cold"
+                    elif cache == "warm":
+                        resident = resident_fraction(files)
+                    units = make_units(files, th * procs, bs)
+                    seconds, tally = _measure(units, th, procs, bs, pf, max_seconds, max_bytes)
+                    seconds = max(seconds, 1e-9)
+                    rows.append(
+                        IoBenchRow(
+                            threads=th,
+                            processes=procs,
+                            block_size=bs,
+                            prefetch=pf,
+                            bytes=tally.bytes,
+                            seconds=seconds,
+                            bandwidth_bytes_per_s=tally.bytes / seconds,
+                            iops=tally.reads / seconds,
+                            cache=row_cache,
+                            reads=tally.reads,
+                            files_opened=tally.files_opened,
+                            complete=not tally.stopped_early and tally.bytes == total,
+                            resident_fraction=resident,
+                        )
+                    )
+    if cache == "cold" and not can_evict and any(r.cache == "cold" for r in rows):
+        warnings.append("some rows are cold and later ones warm: compare rows of the same cache state only")
+    if cache == "warm":
+        warnings.append("warm cache requested: the numbers show page-cache bandwidth, not the storage's")
+    if any(not r.complete for r in rows):
+        warnings.append(
+            "some configurations stopped at --max-seconds/--max-bytes before reading all data "
+            f"({_fmt_bytes(total)}); their bandwidth covers the part they read"
+        )
+    return IoBenchResult(
+        path=str(path),
+        files=len(files),
+        total_bytes=total,
+        cache_requested=cache,
+        max_seconds=max_seconds,
+        max_bytes=max_bytes,
+        rows=rows,
+        recommendation=recommend(rows),
+        warnings=warnings,
+    )
+
+
+def recommend(rows: Sequence[IoBenchRow]) -> Recommendation | None:
+    """The smallest reader count within 10% of the best bandwidth, and the settings that go with it."""
+    measured = [r for r in rows if r.bytes > 0]
+    if not measured:
+        return None
+    best = max(measured, key=lambda r: r.bandwidth_bytes_per_s)
+    by_readers: dict[int, IoBenchRow] = {}
+    for r in measured:
+        cur = by_readers.get(r.readers)
+        if cur is None or r.bandwidth_bytes_per_s > cur.bandwidth_bytes_per_s:
+            by_readers[r.readers] = r
+    floor = NEAR_BEST * best.bandwidth_bytes_per_s
+    readers = min(n for n, r in by_readers.items() if r.bandwidth_bytes_per_s >= floor)
+    chosen = by_readers[readers]
+    # the smallest prefetch depth within 10% of the best for that reader count and block size
+    same = [r for r in measured if r.readers == readers and r.block_size == chosen.block_size]
+    top = max(r.bandwidth_bytes_per_s for r in same)
+    depth = min(r.prefetch for r in same if r.bandwidth_bytes_per_s >= NEAR_BEST * top)
+    prefetch_factor = max(2, math.ceil(depth / readers)) if depth else 2
+    if readers == best.readers:
+        reason = f"{_readers(readers)} give the best bandwidth, {_fmt_rate(best.bandwidth_bytes_per_s)}"
+        if readers != min(by_readers):
+            fewer = by_readers[max(n for n in by_readers if n < readers)]
+            reason += (
+                f" ({_readers(fewer.readers)}: {_fmt_rate(fewer.bandwidth_bytes_per_s)}, more than 10% less)"
+            )
+    else:
+        reason = (
+            f"{_readers(readers)} {'reaches' if readers == 1 else 'reach'} {_fmt_rate(chosen.bandwidth_bytes_per_s)}, within 10% of the best "
+            f"{_fmt_rate(best.bandwidth_bytes_per_s)} ({_readers(best.readers)}); more readers add less than 10%"
+        )
+    if readers == max(by_readers) and len(by_readers) > 1:
+        reason += "; bandwidth was still rising at the largest reader count tested: try more readers"
+    if chosen.cache == "warm":
+        reason += "; measured with a warm page cache, so storage bandwidth may be lower"
+    return Recommendation(
+        readers=readers,
+        block_size=chosen.block_size,
+        prefetch=depth,
+        bandwidth_bytes_per_s=chosen.bandwidth_bytes_per_s,
+        best_bandwidth_bytes_per_s=best.bandwidth_bytes_per_s,
+        best_readers=best.readers,
+        dataloader_num_workers=readers,
+        dataloader_prefetch_factor=prefetch_factor,
+        tf_num_parallel_calls=readers,
+        reason=reason,
+    )
+
+
+def _readers(n: int) -> str:
+    return f"{n} reader" if n == 1 else f"{n} readers"
+
+
+def _fs_type(path: str) -> str:
+    best, kind = "", "unknown"
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1]
+                if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                    best, kind = mnt, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+# --------------------------------------------------------------------------------------------------
+# renderers
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _fmt_rate(bps: float) -> str:
+    mbps = bps / 1e6
+    return f"{mbps:,.0f} MB/s" if mbps >= 100 else f"{mbps:,.1f} MB/s"
+
+
+def to_json(result: IoBenchResult) -> dict[str, Any]:
+    """The result as a JSON-ready dict (``"schema": "holoprof.iobench/1"``)."""
+    rows = []
+    for r in result.rows:
+        d = asdict(r)
+        d["readers"] = r.readers
+        rows.append(d)
+    return {
+        "schema": SCHEMA,
+        "path": result.path,
+        "files": result.files,
+        "total_bytes": result.total_bytes,
+        "cache_requested": result.cache_requested,
+        "max_seconds": result.max_seconds,
+        "max_bytes": result.max_bytes,
+        "rows": rows,
+        "recommendation": None if result.recommendation is None else asdict(result.recommendation),
+        "warnings": list(result.warnings),
+        "host": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+    }
+
+
+def render_terminal(result: IoBenchResult, console: Console) -> None:
+    """A rich table of the rows, the recommendation and the warnings."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"iobench {result.path}: {result.files} file(s), {_fmt_bytes(result.total_bytes)}",
+        title_justify="left",
+    )
+    for col in ("threads", "procs", "block", "prefetch", "read", "s", "MB/s", "IOPS", "cache"):
+        table.add_column(col, justify="left" if col == "cache" else "right", no_wrap=True)
+    best = max((r.bandwidth_bytes_per_s for r in result.rows), default=0.0)
+    for r in result.rows:
+        style = "bold green" if r.bandwidth_bytes_per_s == best and best > 0 else None
+        table.add_row(
+            str(r.threads),
+            str(r.processes),
+            _fmt_bytes(r.block_size),
+            str(r.prefetch),
+            _fmt_bytes(r.bytes) + ("" if r.complete else "*"),
+            f"{r.seconds:.3f}",
+            f"{r.bandwidth_bytes_per_s / 1e6:,.1f}",
+            f"{r.iops:,.0f}",
+            r.cache,
+            style=style,
+        )
+    console.print(table)
+    rec = result.recommendation
+    if rec is not None:
+        console.print(
+            f"[bold]Recommendation:[/bold] DataLoader(num_workers={rec.dataloader_num_workers}, "
+            f"prefetch_factor={rec.dataloader_prefetch_factor}); "
+            f"tf.data num_parallel_calls={rec.tf_num_parallel_calls}; read blocks of {_fmt_bytes(rec.block_size)}."
+        )
+        console.print(f"  why: {rec.reason}")
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def render_svg(result: IoBenchResult, width: int = 780, height: int = 420) -> str:
+    """An SVG line chart: bandwidth against readers, one line per block size / prefetch / processes."""
+    left, right, top, bottom = 80, 240, 40, 60
+    pw, ph = width - left - right, height - top - bottom
+    readers = sorted({r.readers for r in result.rows})
+    ymax = max((r.bandwidth_bytes_per_s for r in result.rows), default=1.0) or 1.0
+    ystep = _nice_step(ymax / 1e6 / 5)
+    ytop = math.ceil(ymax / 1e6 / ystep) * ystep
+
+    def x_of(n: int) -> float:
+        if len(readers) == 1:
+            return left + pw / 2
+        return left + pw * readers.index(n) / (len(readers) - 1)
+
+    def y_of(bps: float) -> float:
+        return top + ph - ph * (bps / 1e6) / ytop
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<text x="{left}" y="22" font-size="14" font-weight="bold">Read bandwidth against readers</text>',
+    ]
+    v = 0.0
+    while v <= ytop + 1e-9:
+        y = y_of(v * 1e6)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
+        v += ystep
+    for n in readers:
+        x = x_of(n)
+        out.append(f'<line x1="{x:.1f}" y1="{top + ph}" x2="{x:.1f}" y2="{top + ph + 5}" stroke="#333"/>')
+        out.append(f'<text x="{x:.1f}" y="{top + ph + 20}" text-anchor="middle">{n}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
+    out.append(
+        f'<text x="{left + pw / 2}" y="{height - 15}" text-anchor="middle">readers (threads × processes)</text>'
+    )
+    out.append(
+        f'<text transform="translate(20 {top + ph / 2}) rotate(-90)" text-anchor="middle">bandwidth (MB/s)</text>'
+    )
+    series: dict[tuple[int, int, int], list[IoBenchRow]] = {}
+    for r in result.rows:
+        series.setdefault((r.block_size, r.prefetch, r.processes), []).append(r)
+    for i, (key, rows) in enumerate(sorted(series.items())):
+        color = _PALETTE[i % len(_PALETTE)]
+        pts = sorted(rows, key=lambda r: r.readers)
+        path = " ".join(f"{x_of(r.readers):.1f},{y_of(r.bandwidth_bytes_per_s):.1f}" for r in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for r in pts:
+            tip = html.escape(
+                f"{r.threads} threads × {r.processes} processes, block {_fmt_bytes(r.block_size)}, "
+                f"prefetch {r.prefetch}: {_fmt_rate(r.bandwidth_bytes_per_s)}, {r.iops:,.0f} IOPS ({r.cache})"
+            )
+            out.append(
+                f'<circle cx="{x_of(r.readers):.1f}" cy="{y_of(r.bandwidth_bytes_per_s):.1f}" r="4" '
+                f'fill="{color}"><title>{tip}</title></circle>'
+            )
+        ly = top + 10 + 18 * i
+        label = html.escape(f"block {_fmt_bytes(key[0])}, prefetch {key[1]}, {key[2]} proc")
+        out.append(
+            f'<line x1="{left + pw + 12}" y1="{ly}" x2="{left + pw + 32}" y2="{ly}" stroke="{color}" stroke-width="2"/>'
+        )
+        out.append(f'<text x="{left + pw + 36}" y="{ly + 4}">{label}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _nice_step(raw: float) -> float:
+    if raw <= 0:
+        return 1.0
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if raw <= m * mag:
+            return m * mag
+    return 10 * mag
+
+
+def render_html(result: IoBenchResult) -> str:
+    """A self-contained HTML page (inline SVG, no scripts, no network) with the chart and the table."""
+    esc = html.escape
+    rows_html = "\n".join(
+        "<tr>"
+        + "".join(
+            f"<td>{esc(str(c))}</td>"
+            for c in (
+                r.threads,
+                r.processes,
+                _fmt_bytes(r.block_size),
+                r.prefetch,
+                _fmt_bytes(r.bytes) + ("" if r.complete else " (partial)"),
+                f"{r.seconds:.3f}",
+                _fmt_rate(r.bandwidth_bytes_per_s),
+                f"{r.iops:,.0f}",
+                r.cache,
+            )
+        )
+        + "</tr>"
+        for r in result.rows
+    )
+    rec = result.recommendation
+    rec_html = (
+        "<p>No recommendation: nothing was read.</p>"
+        if rec is None
+        else (
+            f"<p><b>Recommendation:</b> <code>DataLoader(num_workers={rec.dataloader_num_workers}, "
+            f"prefetch_factor={rec.dataloader_prefetch_factor})</code>; tf.data "
+            f"<code>num_parallel_calls={rec.tf_num_parallel_calls}</code>; blocks of "
+            f"{esc(_fmt_bytes(rec.block_size))}.<br>Why: {esc(rec.reason)}</p>"
+        )
+    )
+    warn_html = "".join(f'<p class="warn">warning: {esc(w)}</p>' for w in result.warnings)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>holoprof iobench: {esc(result.path)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
+.warn {{ color: #a60; }}
+</style></head><body>
+<h1>holoprof iobench</h1>
+<p>{esc(result.path)}: {result.files} file(s), {esc(_fmt_bytes(result.total_bytes))};
+cache requested: {esc(result.cache_requested)}; at most {result.max_seconds:g} s per configuration.</p>
+{render_svg(result)}
+{rec_html}
+{warn_html}
+<table>
+<tr><th>threads</th><th>processes</th><th>block</th><th>prefetch</th><th>read</th><th>seconds</th>
+<th>bandwidth</th><th>IOPS</th><th>cache</th></tr>
+{rows_html}
+</table>
+</body></html>
+"""
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``holoprof iobench``."""
+    parser.add_argument("path", metavar="PATH", help="dataset: a directory of files, or one large file")
+    parser.add_argument(
+        "--threads", default="1,2,4,8", help="reader threads per process, a list (default 1,2,4,8)"
+    )
+    parser.add_argument("--processes", default="1", help="reader processes, a list (default 1)")
+    parser.add_argument(
+        "--block-size", default="1M", help="read size, a list with units, e.g. 64k,1M (default 1M)"
+    )
+    parser.add_argument(
+        "--prefetch",
+        default=str(DEFAULT_PREFETCH),
+        help=f"blocks queued between readers and the consumer, a list; 0 = no queue (default {DEFAULT_PREFETCH})",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=DEFAULT_MAX_SECONDS,
+        help=f"time limit per configuration (default {DEFAULT_MAX_SECONDS:g})",
+    )
+    parser.add_argument("--max-bytes", default=None, help="read at most this much per configuration, e.g. 4G")
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument(
+        "--cold",
+        dest="cache",
+        action="store_const",
+        const="cold",
+        help="evict the files before each run (default)",
+    )
+    cache.add_argument(
+        "--warm", dest="cache", action="store_const", const="warm", help="measure with a warm page cache"
+    )
+    parser.set_defaults(cache="cold")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (holoprof.iobench/1)")
+    parser.add_argument(
+        "--plot", metavar="FILE", default=None, help="write a self-contained HTML chart to FILE"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``holoprof iobench`` from parsed arguments; returns the exit status."""
+    threads = parse_int_list(args.threads, "threads", 1)
+    processes = parse_int_list(args.processes, "processes", 1)
+    block_sizes = parse_size_list(args.block_size, "block-size")
+    prefetch = parse_int_list(args.prefetch, "prefetch", 0)
+    max_bytes = None if args.max_bytes in (None, "") else parse_size(args.max_bytes, "max-bytes")
+    if args.plot:
+        plot_dir = Path(args.plot).resolve().parent
+        if not plot_dir.is_dir():
+            raise HoloprofError(f"cannot write the plot to {args.plot!r}: {plot_dir} is not a directory")
+    result = run_iobench(
+        args.path,
+        threads=threads,
+        processes=processes,
+        block_sizes=block_sizes,
+        prefetch=prefetch,
+        cache=args.cache,
+        max_seconds=args.max_seconds,
+        max_bytes=max_bytes,
+    )
+    if args.plot:
+        Path(args.plot).write_text(render_html(result), encoding="utf-8")
+    if args.json:
+        sys.stdout.write(json.dumps(to_json(result), indent=2) + "\n")
+    else:
+        from rich.console import Console
+
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=120)
+        render_terminal(result, console)
+        if args.plot:
+            console.print(f"plot written to {args.plot}")
+    return 0

@@ -1,0 +1,630 @@
+"""BurstBuffer: round trips, durability, fallbacks, backpressure, retention and crash consistency.
+
+Everything runs on real files; the crash tests SIGKILL real child processes while they save and drain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from holoprof.checkpoint import (
+    BurstBuffer,
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    CheckpointWarning,
+    DrainError,
+)
+from holoprof.errors import HoloprofError
+
+torch = pytest.importorskip("torch")
+
+
+@dataclass
+class Point:
+    x: int
+    y: list[str]
+
+
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "fast", tmp_path / "durable"
+
+
+def data_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".ckpt"))
+
+
+def temp_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".tmp-"))
+
+
+def manifests_in(directory: Path) -> list[Path]:
+    """Committed manifests (pathlib's glob also matches dot files, i.e. temporary ones: skip those)."""
+    return [p for p in directory.glob("*.manifest.json") if not p.name.startswith(".")]
+
+
+def check_durable_on_disk(durable: Path) -> dict[str, dict[str, Any]]:
+    """Independent of holoprof: every manifest in ``durable`` names a data file with its size and SHA-256."""
+    manifests = {}
+    for path in manifests_in(durable):
+        doc = json.loads(path.read_text())
+        data = durable / doc["data_file"]
+        assert data.exists(), f"{path.name} is visible but its data file is missing"
+        blob = data.read_bytes()
+        assert len(blob) == doc["size_bytes"], f"{path.name}: partial data file visible"
+        assert hashlib.sha256(blob).hexdigest() == doc["sha256"], f"{path.name}: data does not match"
+        manifests[doc["name"]] = doc
+    return manifests
+
+
+def model_and_optimizer() -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 32)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+# ------------------------------------------------------------------------------------------ round trips
+
+
+def test_torch_state_dict_round_trip_from_both_tiers(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    model, opt = model_and_optimizer()
+    ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3}
+    with BurstBuffer(fast, durable) as bb:
+        result = bb.save(ckpt, "step-000100")
+        assert result.tier == "fast" and result.info.serializer == "torch"
+        loaded, source = bb.load_with_source("step-000100")
+        assert source == "fast"
+        bb.wait()
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded["model"][k], v)
+    assert loaded["optimizer"]["state"][0]["exp_avg"].shape == (64, 32)
+    # a fresh fast tier (e.g. another node): the checkpoint comes from durable storage
+    with BurstBuffer(tmp_path / "fast2", durable) as bb:
+        again, source = bb.load_with_source("step-000100")
+        assert source == "durable" and bb.last_load_source == "durable"
+    for k, v in model.state_dict().items():
+        assert torch.equal(again["model"][k], v)
+    model.load_state_dict(again["model"])
+
+
+def test_plain_object_round_trip_uses_pickle(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    obj = {"point": Point(3, ["a", "b"]), "tags": {1, 2}, "blob": os.urandom(10_000)}
+    with BurstBuffer(fast, durable) as bb:
+        assert bb.save(obj, "plain").info.serializer == "pickle"
+        assert bb.load("plain") == obj
+    with BurstBuffer(tmp_path / "other-fast", durable) as bb:
+        assert bb.load("plain") == obj
+
+
+def test_explicit_pickle_serializer_for_tensors(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable, serializer="pickle") as bb:
+        bb.save({"w": torch.arange(5)}, "t")
+        assert torch.equal(bb.load("t")["w"], torch.arange(5))
+    with pytest.raises(HoloprofError, match="unknown serializer"):
+        BurstBuffer(fast, durable, serializer="json")  # type: ignore[arg-type]
+
+
+def test_wait_makes_every_saved_checkpoint_durable(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        for i in range(5):
+            bb.save({"i": i, "w": torch.full((1000,), float(i))}, f"ck-{i}")
+        assert bb.wait(timeout=30)
+        assert bb.pending == 0
+        on_disk = check_durable_on_disk(durable)
+        assert sorted(on_disk) == [f"ck-{i}" for i in range(5)]
+        assert [i.name for i in bb.list(verify=True)] == [f"ck-{i}" for i in range(5)]
+        assert temp_files(durable) == []
+
+
+def test_load_of_a_missing_name_says_what_exists(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        bb.save({"a": 1}, "exists")
+        bb.wait()
+        with pytest.raises(CheckpointNotFoundError, match=r"'nope'.*available: exists"):
+            bb.load("nope")
+
+
+# ------------------------------------------------------------------------------------------ corruption
+
+
+def flip_byte(path: Path, offset: int = -10) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[offset] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def test_corrupted_fast_copy_falls_back_to_durable_with_a_warning(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    model, _ = model_and_optimizer()
+    with BurstBuffer(fast, durable) as bb:
+        bb.save(model.state_dict(), "m")
+        bb.wait()
+        (fast_file,) = data_files(fast)
+        flip_byte(fast / fast_file, offset=len((fast / fast_file).read_bytes()) // 2)
+        with pytest.warns(CheckpointWarning, match="corrupted"):
+            sd, source = bb.load_with_source("m")
+        assert source == "durable"
+        assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+        assert data_files(fast) == []  # the bad copy is gone; the next load goes to durable quietly
+        assert bb.load_with_source("m")[1] == "durable"
+
+
+def test_corrupted_durable_copy_is_refused(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        bb.save({"blob": b"x" * 5000}, "c")
+        bb.wait()
+    flip_byte(durable / data_files(durable)[0])
+    with BurstBuffer(tmp_path / "fresh-fast", durable) as bb:
+        with pytest.raises(CheckpointCorruptError, match="does not match its manifest"):
+            bb.load("c")
+        assert bb.list(verify=True) == []
+        assert [i.name for i in bb.list()] == ["c"]  # same size: only the SHA-256 check catches it
+
+
+def test_reopen_resumes_undrained_copies_and_drops_corrupt_ones(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        bb.save({"v": 1}, "good")
+        bb.save({"v": 2}, "bad")
+        bb.wait()
+    # make both look undrained (as after a crash before the drain), then corrupt one fast copy
+    for p in list(durable.iterdir()):
+        if p.name != ".holoprof-burst.lock":
+            p.unlink()
+    bad_manifest = json.loads((fast / "bad.manifest.json").read_text())
+    flip_byte(fast / bad_manifest["data_file"], offset=-3)
+    with BurstBuffer(fast, durable) as bb:
+        bb.wait()
+        assert [i.name for i in bb.list(verify=True)] == ["good"]
+        assert bb.load("good") == {"v": 1}
+        with pytest.raises(CheckpointNotFoundError):
+            bb.load("bad")
+    assert sorted(check_durable_on_disk(durable)) == ["good"]
+
+
+def test_reopen_removes_temporary_and_orphaned_files(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        bb.save({"v": 1}, "keep")
+    (durable / ".tmp-1234abcd-x.0123456789abcdef.ckpt").write_bytes(b"partial")
+    (durable / ".tmp-1234abcd-x.manifest.json").write_bytes(b"{")
+    (durable / "x.0123456789abcdef.ckpt").write_bytes(b"orphan: its manifest never landed")
+    (fast / ".tmp-00000000-y.fedcba9876543210.ckpt").write_bytes(b"partial")
+    (durable / "user-notes.txt").write_text("not ours, left alone")
+    with BurstBuffer(fast, durable) as bb:
+        assert temp_files(durable) == [] and temp_files(fast) == []
+        assert "x.0123456789abcdef.ckpt" not in data_files(durable)
+        assert (durable / "user-notes.txt").exists()
+        assert bb.load("keep") == {"v": 1}
+
+
+# ------------------------------------------------------------------------------------------ drain errors
+
+
+def test_drain_error_surfaces_at_the_next_call_and_retries_after_a_fix(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    bb = BurstBuffer(fast, durable)
+    try:
+        moved = tmp_path / "durable-moved"
+        durable.rename(moved)
+        durable.write_text("a regular file where the durable directory was")  # root cannot write here
+        bb.save({"v": 1}, "a")
+        deadline = time.monotonic() + 10
+        while bb.pending and not bb._errors and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(DrainError, match="draining checkpoint 'a' to durable storage failed"):
+            bb.save({"v": 2}, "b")
+        with pytest.raises(DrainError):  # the retry fails the same way, and says so again
+            bb.wait()
+        durable.unlink()
+        moved.rename(durable)
+        assert bb.wait(timeout=30)
+        assert bb.load("a") == {"v": 1}
+        assert "a" in check_durable_on_disk(durable)
+    finally:
+        with contextlib.suppress(HoloprofError):
+            bb.close()
+
+
+def test_close_raises_drain_errors_and_keeps_the_fast_copy(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    bb = BurstBuffer(fast, durable)
+    durable.rename(tmp_path / "gone")
+    durable.write_text("blocked")
+    bb.save({"v": 7}, "kept")
+    with pytest.raises(DrainError):
+        bb.close()
+    bb.close()  # closing twice is fine
+    durable.unlink()
+    (tmp_path / "gone").rename(durable)
+    with BurstBuffer(fast, durable) as bb2:  # the next start drains what was left
+        bb2.wait()
+        assert "kept" in [i.name for i in bb2.list()]
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_full_durable_file_system_error_surfaces_then_recovers(tmp_path: Path) -> None:
+    fast = tmp_path / "fast"
+    with tmpfs(tmp_path / "durable", "64k") as durable:
+        bb = BurstBuffer(fast, durable, serializer="pickle")
+        try:
+            bb.save(os.urandom(300_000), "big")
+            with pytest.raises(DrainError, match="No space left on device"):
+                bb.wait(timeout=30)
+            assert temp_files(durable) == []  # the partial copy was removed
+            assert bb.list() == []
+            subprocess.run(["mount", "-o", "remount,size=4m", str(durable)], check=True)
+            assert bb.wait(timeout=30)
+            assert [i.name for i in bb.list(verify=True)] == ["big"]
+        finally:
+            with contextlib.suppress(HoloprofError):
+                bb.close()
+
+
+# ------------------------------------------------------------------------------------------ capacity
+
+
+def slow_drain(bb: BurstBuffer, seconds: float) -> None:
+    original = bb._drain_one
+
+    def slowed(info: Any) -> bool:
+        time.sleep(seconds)
+        return original(info)
+
+    bb._drain_one = slowed  # type: ignore[method-assign]
+
+
+class FastTierWatcher:
+    """Samples the bytes of checkpoint data (including temporary files) in a directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for p in self.directory.iterdir():
+                if p.name.endswith(".ckpt"):
+                    with contextlib.suppress(FileNotFoundError):
+                        total += p.stat().st_size
+            self.peak = max(self.peak, total)
+            time.sleep(0.001)
+
+    def __enter__(self) -> FastTierWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_full_fast_tier_applies_backpressure_and_never_overfills(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    one = 200_000
+    capacity = int(2.5 * one)
+    with BurstBuffer(fast, durable, fast_capacity_bytes=capacity, serializer="pickle") as bb:
+        slow_drain(bb, 0.15)
+        with FastTierWatcher(fast) as watcher:
+            results = [bb.save(os.urandom(one), f"ck-{i}") for i in range(6)]
+            assert bb.wait(timeout=30)
+        assert watcher.peak <= capacity
+        assert all(r.tier == "fast" for r in results)
+        assert sum(r.backpressure_s for r in results) > 0.1  # saves waited for the drain
+        assert bb.fast_used_bytes <= capacity
+        assert len(check_durable_on_disk(durable)) == 6
+
+
+def test_object_larger_than_the_fast_tier_goes_straight_to_durable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable, fast_capacity_bytes=50_000) as bb:
+        with caplog.at_level(logging.WARNING, logger="holoprof.checkpoint"):
+            by_estimate = bb.save({"blob": os.urandom(100_000)}, "big")  # size known up front
+            by_writing = bb.save(list(range(40_000)), "long")  # found out while writing
+        assert by_estimate.tier == "durable" and by_writing.tier == "durable"
+        assert "straight to durable storage" in caplog.text
+        assert sorted(check_durable_on_disk(durable)) == ["big", "long"]  # durable without wait()
+        assert data_files(fast) == [] and temp_files(fast) == []
+        assert bb.load("long") == list(range(40_000))
+
+
+def test_small_tmpfs_fast_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    durable = tmp_path / "durable"
+    with tmpfs(tmp_path / "fast", "2m") as fast:
+        # default capacity: half of the tmpfs; backpressure keeps it from filling up
+        with BurstBuffer(fast, durable, serializer="pickle") as bb:
+            assert bb.fast_capacity_bytes <= 2 * 1024 * 1024
+            slow_drain(bb, 0.05)
+            with FastTierWatcher(fast) as watcher:
+                for i in range(6):
+                    assert bb.save(os.urandom(300_000), f"d-{i}").tier == "fast"
+                bb.wait()
+            assert watcher.peak <= bb.fast_capacity_bytes
+        # a capacity larger than the device: a full tmpfs (ENOSPC) sends the checkpoint to durable
+        with BurstBuffer(fast, durable, fast_capacity_bytes=1 << 30, serializer="pickle") as bb:
+            with caplog.at_level(logging.WARNING, logger="holoprof.checkpoint"):
+                result = bb.save(os.urandom(3 * 1024 * 1024), "enospc")
+            assert result.tier == "durable"
+            assert "fast tier failed" in caplog.text
+            assert temp_files(fast) == []
+        assert len(check_durable_on_disk(durable)) == 7
+
+
+# ------------------------------------------------------------------------------------------ names, retention
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "../x", "..", "a\\b", ".hidden", "x" * 300, "tab\tname"])
+def test_bad_names_are_refused(tmp_path: Path, bad: str) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        with pytest.raises(HoloprofError):
+            bb.save({"v": 1}, bad)
+        with pytest.raises(HoloprofError):
+            bb.load(bad)
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with pytest.raises(HoloprofError, match="same directory"):
+        BurstBuffer(fast, fast)
+    with pytest.raises(HoloprofError, match="keep_last"):
+        BurstBuffer(fast, durable, keep_last=0)
+    with pytest.raises(HoloprofError, match="fast_capacity_bytes"):
+        BurstBuffer(fast, durable, fast_capacity_bytes=-1)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(HoloprofError, match="cannot create durable_dir"):
+        BurstBuffer(fast, tmp_path / "file" / "sub")
+
+
+def test_one_buffer_per_directory(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable), pytest.raises(HoloprofError, match="another BurstBuffer"):
+        BurstBuffer(tmp_path / "fast-b", durable)
+    with BurstBuffer(fast, durable):
+        pass
+
+
+def test_keep_last_applies_to_both_tiers_across_names(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable, keep_last=2) as bb:
+        for i in range(5):
+            bb.save({"i": i}, f"ck-{i}")
+            bb.wait()
+        assert [i.name for i in bb.list()] == ["ck-3", "ck-4"]
+        assert len(data_files(fast)) <= 2 and len(data_files(durable)) == 2
+        with pytest.raises(CheckpointNotFoundError):
+            bb.load("ck-0")
+    with BurstBuffer(fast, durable, keep_last=2) as bb:
+        bb.save({"i": 5}, "ck-5")
+        bb.wait()
+        assert [i.name for i in bb.list()] == ["ck-4", "ck-5"]
+    assert sorted(check_durable_on_disk(durable)) == ["ck-4", "ck-5"]
+
+
+def test_saving_a_name_again_replaces_it_everywhere(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        for i in range(4):
+            bb.save({"i": i}, "latest")
+        assert bb.load("latest") == {"i": 3}
+        bb.wait()
+        assert len(data_files(fast)) == 1 and len(data_files(durable)) == 1
+    with BurstBuffer(tmp_path / "f2", durable) as bb:
+        assert bb.load("latest") == {"i": 3}
+
+
+def test_concurrent_saves_and_loads_from_threads(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    errors: list[BaseException] = []
+    with BurstBuffer(fast, durable, fast_capacity_bytes=400_000, serializer="pickle") as bb:
+
+        def work(t: int) -> None:
+            try:
+                for i in range(8):
+                    name = f"t{t}-{i}"
+                    payload = os.urandom(20_000 + 1000 * i)
+                    bb.save(payload, name)
+                    assert bb.load(name) == payload
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors
+        bb.wait()
+        assert len(bb.list(verify=True)) == 32
+
+
+# ------------------------------------------------------------------------------------------ crash tests
+
+CHILD = textwrap.dedent(
+    """
+    import hashlib, os, random, signal, sys
+    from holoprof.checkpoint import BurstBuffer
+
+    fast, durable, start, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    keep_last = int(sys.argv[5]) or None
+    crash_at = os.environ.get("CRASH_AT")  # "<os function>:<n>": SIGKILL at its n-th call after start
+    armed = [False]
+    if crash_at:
+        fn, n = crash_at.split(":")
+        original, calls = getattr(os, fn), [0]
+
+        def hooked(*args, **kwargs):
+            if armed[0]:
+                calls[0] += 1
+                if calls[0] == int(n):
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return original(*args, **kwargs)
+
+        setattr(os, fn, hooked)
+    rng = random.Random(seed)
+    bb = BurstBuffer(fast, durable, fast_capacity_bytes=2_000_000, keep_last=keep_last, serializer="pickle")
+    armed[0] = True
+    print("READY", flush=True)
+    i = start
+    while True:
+        payload = rng.randbytes(rng.randint(1_000, 400_000))
+        obj = {"i": i, "payload": payload, "sha": hashlib.sha256(payload).hexdigest()}
+        bb.save(obj, f"ck-{i:07d}")
+        bb.save(obj, "latest")
+        if i % 3 == 2:
+            bb.wait()
+            print(f"DURABLE {i}", flush=True)
+        i += 1
+    """
+)
+
+
+def consistent(obj: dict[str, Any]) -> bool:
+    return hashlib.sha256(obj["payload"]).hexdigest() == obj["sha"]
+
+
+def run_child(
+    script: Path, fast: Path, durable: Path, start: int, seed: int, keep_last: int, kill_after: float | None
+) -> list[int]:
+    """Start the saving child, SIGKILL it after ``kill_after`` s (or let it kill itself); return durable ids."""
+    env = dict(os.environ)
+    if kill_after is None:
+        env["CRASH_AT"] = f"{['replace', 'fsync', 'unlink'][seed % 3]}:{1 + (seed * 5) % 19}"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(fast), str(durable), str(start), str(seed), str(keep_last)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.startswith("READY"):
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if kill_after is not None:
+            assert ready.wait(20), proc.stderr.read() if proc.poll() is not None and proc.stderr else ""
+            time.sleep(kill_after)
+            proc.kill()
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(5)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == -9, f"child did not die by SIGKILL (rc {proc.returncode}): {stderr[-2000:]}"
+    return [int(line.split()[1]) for line in lines if line.startswith("DURABLE")]
+
+
+def verify_after_crash(fast: Path, durable: Path, reported: list[int], keep_last: int) -> None:
+    # straight after the kill, before any recovery: whatever is visible is complete and verifies
+    check_durable_on_disk(durable)
+    with BurstBuffer(fast, durable, keep_last=keep_last or None, serializer="pickle") as bb:
+        ids = sorted(int(i.name[3:]) for i in bb.list() if i.name.startswith("ck-"))
+        for i in reported:
+            name = f"ck-{i:07d}"
+            if keep_last and sum(1 for j in ids if j > i) >= keep_last - 1:
+                continue  # retired by retention: newer checkpoints replaced it
+            obj = bb.load(name)
+            assert obj["i"] == i and consistent(obj), name
+        if reported and not keep_last:  # with retention, "latest" competes with the ck-* names
+            latest = bb.load("latest")
+            assert consistent(latest) and latest["i"] >= max(reported)
+        assert bb.wait(timeout=30)  # resumed drains finish
+        assert {i.name for i in bb.list()} == {i.name for i in bb.list(verify=True)}
+        # what the crash left behind is gone: no temporary files, no unreferenced data
+        assert temp_files(durable) == [] and temp_files(fast) == []
+        referenced = {json.loads(p.read_text())["data_file"] for p in manifests_in(durable)}
+        assert set(data_files(durable)) == referenced, "orphaned data files were left behind"
+        fast_referenced = {json.loads(p.read_text())["data_file"] for p in manifests_in(fast)}
+        assert set(data_files(fast)) == fast_referenced
+    check_durable_on_disk(durable)
+
+
+@pytest.mark.parametrize("keep_last", [0, 3])
+def test_sigkill_at_random_moments_never_exposes_a_partial_checkpoint(
+    tmp_path: Path, keep_last: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """10 children per retention setting, each SIGKILLed at a random moment while saving and draining."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    fast, durable = dirs(tmp_path)
+    rng = random.Random(20240 + keep_last)
+    reported: list[int] = []
+    with caplog.at_level(logging.INFO, logger="holoprof.checkpoint"):
+        for k in range(10):
+            delay = rng.uniform(0.0, 0.5)
+            ids = run_child(script, fast, durable, (k + 1) * 100_000, k, keep_last, kill_after=delay)
+            reported += ids
+            verify_after_crash(fast, durable, reported if not keep_last else ids, keep_last)
+    assert reported, "no child lived long enough to report a durable checkpoint"
+    assert "resuming the drain" in caplog.text or "removing temporary file" in caplog.text
+
+
+def test_sigkill_at_each_file_operation(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The child kills itself at the n-th os.replace / os.fsync / os.unlink: commit steps of save and drain."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    fast, durable = dirs(tmp_path)
+    reported: list[int] = []
+    with caplog.at_level(logging.INFO, logger="holoprof.checkpoint"):
+        for k in range(15):
+            reported += run_child(script, fast, durable, (k + 1) * 100_000, k, 0, kill_after=None)
+            verify_after_crash(fast, durable, reported, 0)
+    assert "resuming the drain" in caplog.text
+    assert "removing temporary file" in caplog.text
