@@ -15,6 +15,7 @@ from conftest import (
     STANDARD_EPOCHS,
     TracedRun,
     main_process,
+    report_json,
     run_holoprof,
     script,
     traced,
@@ -160,3 +161,22 @@ def test_manual_steps_without_any_activity_start_at_the_first_call(tmp_path: Pat
     assert "iterations 6" in run.proc.stdout
     assert run.report["steps"]["count"] == 5
     assert run.report["steps"]["median_s"] >= 0.009, "each step holds one 10 ms iteration"
+
+
+def test_torch_profiler_with_stack_works_inside_a_traced_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """torch's Python tracer reads `self` in every Module.__call__ frame; ours must provide it."""
+    script = tmp_path / "with_stack.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "with profile(activities=[ProfilerActivity.CPU], with_stack=True):\n"
+        "    for _ in range(3):\n"
+        "        opt.zero_grad(); m(torch.randn(4, 8)).sum().backward(); opt.step()\n"
+        "print('profiled')\n"
+    )
+    proc = run_holoprof("run", "--no-report", "--out", str(tmp_path / "run"), "--", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "profiled" in proc.stdout
+    assert report_json(str(tmp_path / "run"))["steps"]["count"] == 3

@@ -129,6 +129,10 @@ EXTRA_COMMANDS["diff"] = ("holoprof.analyze.diff", "compare two runs: holoprof d
 EXTRA_COMMANDS["whatif"] = ("holoprof.present.whatif", "predict data-parallel scaling: holoprof whatif RUN")
 EXTRA_COMMANDS["ctl"] = ("holoprof.serve.ctl", "on-demand actions in a running job: holoprof ctl RUN ACTION")
 EXTRA_COMMANDS["serve"] = ("holoprof.serve.app", "live dashboard and JSON API: holoprof serve RUNS")
+EXTRA_COMMANDS["sweep"] = (
+    "holoprof.analyze.sweep",
+    "throughput and memory against a parameter: holoprof sweep",
+)
 EXTRA_COMMANDS["import"] = (
     "holoprof.store.import_darshan",
     "import a trace: holoprof import darshan LOG --out DIR",
@@ -144,6 +148,7 @@ EXTRA_COMMANDS["iobench"] = (
 RUN_OPTION_MODULES: list[str] = []
 RUN_OPTION_MODULES.append("holoprof.collect.tensorflow")
 RUN_OPTION_MODULES.append("holoprof.analyze.checkpoints")
+RUN_OPTION_MODULES.append("holoprof.collect.memory")
 RUN_OPTION_MODULES.append("holoprof.collect.io_options")
 
 

@@ -94,6 +94,7 @@ COLLECTORS: list[str] = [
     "holoprof.collect.torch:TorchCollector",
     "holoprof.collect.tensorflow:TensorFlowCollector",
     "holoprof.collect.control:ControlCollector",
+    "holoprof.collect.memory:MemoryCollector",
     "holoprof.collect.comm:CommCollector",
     "holoprof.collect.io_py:IoCollector",
 ]

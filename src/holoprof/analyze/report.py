@@ -104,6 +104,7 @@ def _resources_doc(res: Resources) -> dict[str, Any]:
 SECTIONS: dict[str, str] = {
     "checkpoints": "holoprof.analyze.checkpoints:checkpoints_section",
     "stages": "holoprof.analyze.stages:stages_section",
+    "memory": "holoprof.analyze.memory:memory_section",
     "io": "holoprof.analyze.io:io_section",
     "communication": "holoprof.analyze.comm:communication",
 }

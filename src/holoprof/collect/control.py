@@ -278,7 +278,18 @@ def _io_trace(job: Job) -> None:
     io_trace_job(job)
 
 
-ACTIONS: dict[str, Handler] = {"stacks": _stacks, "deep-profile": _deep_profile, "io-trace": _io_trace}
+def _memory_snapshot(job: Job) -> None:
+    from holoprof.collect.memory import memory_snapshot_handler
+
+    memory_snapshot_handler(job)
+
+
+ACTIONS: dict[str, Handler] = {
+    "stacks": _stacks,
+    "deep-profile": _deep_profile,
+    "io-trace": _io_trace,
+    "memory-snapshot": _memory_snapshot,
+}
 
 
 class DeepProfiler:

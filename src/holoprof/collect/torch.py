@@ -108,10 +108,10 @@ class TorchCollector(Collector):
         # forward / eval: the outermost module call ---------------------------------------------
         orig_call = torch.nn.Module.__call__
 
-        def __call__(mod: Any, *args: Any, **kwargs: Any) -> Any:
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:  # `self`: torch's tracer reads it
             t = col._tls
             if t.active is not None or not col.enabled:
-                return orig_call(mod, *args, **kwargs)
+                return orig_call(self, *args, **kwargs)
             try:
                 t0 = now_ns()
                 if col._fault:
@@ -122,10 +122,10 @@ class TorchCollector(Collector):
                 dev = col._dev_begin()
             except Exception as exc:
                 fail(exc)
-                return orig_call(mod, *args, **kwargs)
+                return orig_call(self, *args, **kwargs)
             t.active = name
             try:
-                return orig_call(mod, *args, **kwargs)
+                return orig_call(self, *args, **kwargs)
             finally:
                 t.active = None
                 try:

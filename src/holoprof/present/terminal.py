@@ -208,6 +208,7 @@ def _notes(doc: dict[str, Any]) -> list[Text]:
 #: document and returns a rich renderable, or None when the section has nothing to show.
 _SECTION_RENDERERS: list[tuple[str, str]] = [
     ("Workflow stages", "holoprof.present.stages:stages_group"),
+    ("Memory", "holoprof.present.memory:memory_group"),
     ("Communication", "holoprof.present.comm:comm_group"),
     ("I/O", "holoprof.present.io:io_group"),
 ]
