@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -175,16 +176,24 @@ def test_rank_that_dies_is_named_and_the_others_data_kept(tmp_path: Path) -> Non
     assert by_rank[1]["exit_code"] == 3
 
 
+def final_losses(stdout: str) -> dict[int, str]:
+    """Each rank's printed final loss (ranks print at the same moment: lines may interleave)."""
+    found = {int(r): v for r, v in re.findall(r"rank (\d+) final loss ([0-9.]+)", stdout)}
+    assert sorted(found) == [0, 1], stdout
+    return found
+
+
 def test_ddp_results_are_unchanged_by_tracing(ddp_run: TracedRun, tmp_path: Path) -> None:
     """The recording comm hook sums then divides, exactly as DDP does without a hook."""
-    proc = run_python(
-        "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), DDP_SCRIPT,
-        cwd=tmp_path, env={"DDP_SYNC_ALLREDUCE": "1", "DDP_STEPS": str(STEPS)},
-    )  # fmt: skip
+    for _attempt in range(2):  # the untraced reference: gloo may abort a rank at teardown, retry once
+        proc = run_python(
+            "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), DDP_SCRIPT,
+            cwd=tmp_path, env={"DDP_SYNC_ALLREDUCE": "1", "DDP_STEPS": str(STEPS)},
+        )  # fmt: skip
+        if proc.returncode == 0 or "terminate called without an active exception" not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stderr
-    for rank in (0, 1):
-        line = next(x for x in proc.stdout.splitlines() if x.startswith(f"rank {rank} final loss"))
-        assert line in ddp_run.proc.stdout
+    assert final_losses(proc.stdout) == final_losses(ddp_run.proc.stdout)
 
 
 def test_failing_comm_collector_leaves_the_job_unchanged(ddp_run: TracedRun, tmp_path: Path) -> None:
@@ -192,9 +201,7 @@ def test_failing_comm_collector_leaves_the_job_unchanged(ddp_run: TracedRun, tmp
     run = torchrun(tmp_path, env)
     assert run.proc.returncode == 0, run.proc.stderr
     assert "holoprof: the 'comm' collector failed" in run.proc.stderr
-    for rank in (0, 1):
-        line = next(x for x in run.proc.stdout.splitlines() if x.startswith(f"rank {rank} final loss"))
-        assert line in ddp_run.proc.stdout
+    assert final_losses(run.proc.stdout) == final_losses(ddp_run.proc.stdout)
     assert run.report["steps"]["count"] == STEPS, "the other collectors go on"
 
 

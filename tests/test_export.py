@@ -123,7 +123,9 @@ def test_tensorboard_reads_the_exported_scalars(run: TracedRun, tmp_path: Path) 
     assert {"step_time_s", "throughput_steps_per_s", "phase/forward_fraction", "memory/rss_bytes"} <= tags
     times = acc.Scalars("step_time_s")
     assert [e.step for e in times] == list(range(PIPELINE_STEPS))
-    assert all(e.value > 0.003 for e in times), "each step sleeps 3 ms"
+    # each iteration sleeps 3 ms after its optimizer step; that time belongs to the iteration's step
+    # (the last step ends at its update: what follows the last update belongs to no step)
+    assert all(e.value > 0.003 for e in times[:-1]), "each step sleeps 3 ms"
     median = sorted(e.value for e in times)[PIPELINE_STEPS // 2]
     assert median == pytest.approx(run.report["steps"]["median_s"], rel=0.1)
     fractions = [acc.Scalars(t) for t in tags if t.startswith("phase/")]

@@ -64,6 +64,7 @@ def train(rank: int, world: int) -> None:
     if calls:
         print(f"rank {rank} user hook calls {len(calls)}", flush=True)
     print(f"rank {rank} final loss {loss.item():.6f}", flush=True)
+    dist.barrier()  # leave together: gloo can abort a rank whose peer tears the group down first
     dist.destroy_process_group()
 
 

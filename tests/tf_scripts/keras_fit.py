@@ -15,7 +15,7 @@ import tensorflow as tf
 out, mode = sys.argv[1], sys.argv[2]
 epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 tf.random.set_seed(0)
-n, batch = 640, 64  # 10 steps per epoch
+n, batch = 2560, 256  # 10 steps per epoch, compute well above a fetch
 x = np.random.default_rng(0).normal(size=(n, 64)).astype("float32")
 y = (x.sum(1) > 0).astype("int32")
 
@@ -32,7 +32,7 @@ def slow_decode(a, b):
 
 ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 ds = ds.map(slow_decode) if mode == "slow" else ds.cache().prefetch(tf.data.AUTOTUNE)
-val = tf.data.Dataset.from_tensor_slices((x[:128], y[:128])).batch(batch)
+val = tf.data.Dataset.from_tensor_slices((x[:512], y[:512])).batch(batch)
 width = 768
 model = keras.Sequential(
     [
