@@ -1,9 +1,10 @@
 """Always-on overhead of `holoprof run` on a CPU training loop (5-10 ms steps, with a DataLoader).
 
 Alternates plain and traced runs of the same script; each run times its own loop (after warm-up);
-the result is the median of the traced/plain ratios of adjacent pairs.
+the result is the median of the traced/plain ratios of adjacent pairs. Where `taskset` exists, the
+job runs on one core (the same one in both variants) so that run-to-run noise is smaller.
 
-    python benchmarks/bench_overhead.py [--pairs 7] [--steps 300]
+    python benchmarks/bench_overhead.py [--pairs 21] [--steps 150]
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ def _run(cmd: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pairs", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--pairs", type=int, default=21)
+    ap.add_argument("--steps", type=int, default=150)
     args = ap.parse_args()
+    import shutil
+
     holoprof = [sys.executable, "-m", "holoprof.cli"]
+    pin = ["taskset", "-c", str((os.cpu_count() or 1) - 1)] if shutil.which("taskset") else []
     ratios, plain_steps, traced_steps = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.pairs):
@@ -38,11 +42,22 @@ def main() -> None:
             res = {}
             for kind in order:
                 if kind == "plain":
-                    res[kind] = _run([sys.executable, WORKLOAD, str(args.steps)])
+                    res[kind] = _run([*pin, sys.executable, WORKLOAD, str(args.steps)])
                 else:
                     out = os.path.join(tmp, f"run{i}")
                     res[kind] = _run(
-                        [*holoprof, "run", "--no-report", "--out", out, "--", WORKLOAD, str(args.steps)]
+                        [
+                            *holoprof,
+                            "run",
+                            "--no-report",
+                            "--out",
+                            out,
+                            "--",
+                            *pin,
+                            sys.executable,
+                            WORKLOAD,
+                            str(args.steps),
+                        ]
                     )
             ratios.append(res["traced"]["loop_s"] / res["plain"]["loop_s"])
             plain_steps.append(res["plain"]["median_step_s"])

@@ -10,9 +10,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = [
-    "bench_overhead.py",
-    "bench_hotpath.py",
-    "bench_report_scale.py",
+    "bench_overhead.py",  # always-on overhead on a CPU training loop (issue: foundation)
+    "bench_hotpath.py",  # cost per span, per module call, agent memory bound
+    "bench_report_scale.py",  # report on 10M generated spans
+    "bench_io_native.py",  # ns added per intercepted read()
+    "bench_io_py.py",  # ns added per read in the Python layer
+    "bench_io_dataloader.py",  # DataLoader reading 10,000 small files, traced/untraced
+    "bench_memory.py",  # sampled and full memory accounting
+    "bench_iobench_fio.py",  # holoprof iobench against fio (needs Debian's fio)
+    "bench_burst.py",  # BurstBuffer blocking time; pass --durable-dir on slow (network) storage
+    "bench_whatif.py",  # what-if predictions against tc-limited veth links (needs root, iproute2)
 ]
 
 

@@ -49,7 +49,14 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
     os.environ[model.ENV_OPTIONS] = __import__("json").dumps(options)
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = BOOT_DIR + (os.pathsep + old if old else "")
-    _STATE.update(run_dir=run_dir, manifest=manifest, sampler=sampler, env=saved_env, converter=converter)
+    _STATE.update(
+        run_dir=run_dir,
+        manifest=manifest,
+        sampler=sampler,
+        env=saved_env,
+        converter=converter,
+        options=options,
+    )
     return run_dir
 
 
@@ -69,6 +76,12 @@ def stop(status: str = "finished") -> str | None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    try:
+        from holoprof.launch.run import import_native_dumps
+
+        import_native_dumps(_STATE["run_dir"], _STATE.get("options"))
+    except Exception:
+        pass
     _STATE.pop("converter").stop()
     run_dir: str = _STATE.pop("run_dir")
     manifest = _STATE.pop("manifest")

@@ -954,6 +954,7 @@ class IoCollector(Collector):
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
+        self._final_dumped = False
         opts = agent.options
         self.policy = PathPolicy(
             list(opts.get(OPTION_INCLUDE) or []), list(opts.get(OPTION_EXCLUDE) or []), agent.run_dir
@@ -1165,6 +1166,8 @@ class IoCollector(Collector):
         import json
 
         assert self.native is not None
+        if self._final_dumped:
+            return []  # the library wrote the final counters itself (see finish)
         got, self._since = self.native.changes(self._since)
         pol = self.policy
         return [{**r, "counters": json.dumps(r["counters"])} for r in got if pol.keep(str(r.get("path", "")))]
@@ -1173,6 +1176,14 @@ class IoCollector(Collector):
         if self._trace_jobs:
             self.trace_stop()
             self._finish_jobs()
+        # At exit the native library writes this process's final counters itself, in C: a DataLoader
+        # worker reading thousands of files must not spend its last moments (which the training loop
+        # waits for) serializing them in Python. The launcher (or holoprof.stop) imports the dump.
+        if self.native is not None and self.enabled:
+            try:
+                self._final_dumped = bool(self.native.dump())
+            except Exception:
+                self._final_dumped = False
 
 
 def _columns(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, list[Any]]:

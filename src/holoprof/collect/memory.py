@@ -22,7 +22,7 @@ category that claims them (weights, gradients, optimizer state, activations, in 
 Snapshots are taken at phase boundaries — after the forward (when the backward pass starts: a
 pre-hook on the autograd node of the outermost forward's output, so that the loss module's forward is
 in too), after the backward (at the optimizer's step pre-hook) and after the optimizer step — on
-sampled steps: the first three steps, then one step in 50 (``holoprof run --memory full``: every
+sampled steps: the first three steps, then one step in 200 (``holoprof run --memory full``: every
 step; ``--memory off``: none). Each snapshot is one span
 (kind ``op``, name ``memory``) with the categories in its attributes, plus samples
 ``mem.<category>_bytes``. Loops without a ``torch.optim`` optimizer get their first step only.
@@ -52,7 +52,7 @@ CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer_state", "activ
 MODES: tuple[str, ...] = ("sampled", "full", "off")
 #: Sampled mode: the first ``FIRST_STEPS`` steps, then every ``EVERY``-th step.
 FIRST_STEPS = 3
-EVERY = 50
+EVERY = 200
 PER_LAYER_TOP = 50
 #: Bound on the saved-tensor records kept for one measured step (memory of the profiler itself).
 MAX_SAVED_RECORDS = 200_000
@@ -646,7 +646,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory",
         choices=MODES,
         default=None,
-        help="memory by category: on sampled steps (default: the first 3, then 1 in 50), every step, or off",
+        help="memory by category: on sampled steps (default: the first 3, then 1 in 200), every step, or off",
     )
     parser.add_argument(
         "--stop-after-steps",

@@ -212,6 +212,11 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
     from holoprof.store.raw import Converter
 
     env = job_environment(run_dir, options)
+    try:  # pay the converter's imports before the job starts, not in the middle of it
+        import psutil  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        pass
     use_wait = hasattr(signal, "sigtimedwait")
     if use_wait:
         # Signals wait in a queue for the loop below; the child starts with the mask cleared.
