@@ -152,7 +152,9 @@ def phase(name: str) -> Iterator[None]:
     t0 = time.perf_counter_ns()
     if standard:
         tls.active = name
-        if name != "eval":
+        if name in ("data_wait", "forward"):
+            agent.steps.opener(t0)  # the start of an iteration, as the automatic ones are
+        elif name != "eval":
             agent.steps.activity(t0)
     try:
         yield

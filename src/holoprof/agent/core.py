@@ -62,7 +62,16 @@ class StepTracker:
     Loops without an optimizer fall back to backward passes; ``holoprof.step()`` overrides both.
     """
 
-    __slots__ = ("agent", "index", "last_update_ns", "manual", "optimizer_seen", "pending_close", "start_ns")
+    __slots__ = (
+        "agent",
+        "index",
+        "just_updated",
+        "last_update_ns",
+        "manual",
+        "optimizer_seen",
+        "pending_close",
+        "start_ns",
+    )
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -72,6 +81,7 @@ class StepTracker:
         self.manual = False
         self.optimizer_seen = False
         self.last_update_ns = 0
+        self.just_updated = False  # nothing but the update happened since it ended
 
     def reset(self) -> None:
         self.index = 0
@@ -80,6 +90,7 @@ class StepTracker:
         self.manual = False
         self.optimizer_seen = False
         self.last_update_ns = 0
+        self.just_updated = False
 
     def activity(self, t_ns: int) -> None:
         """Something of the training loop happened at ``t_ns``: the first step starts here."""
@@ -87,6 +98,7 @@ class StepTracker:
             self.start_ns = t_ns
 
     def opener(self, t_ns: int) -> None:
+        self.just_updated = False
         if self.pending_close and not self.manual:
             self.close(t_ns)
         elif self.start_ns is None:
@@ -100,6 +112,7 @@ class StepTracker:
             self.start_ns = t_ns
         self.pending_close = True
         self.last_update_ns = t_ns
+        self.just_updated = True
 
     def close(self, t_ns: int) -> None:
         start = self.start_ns

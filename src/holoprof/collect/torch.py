@@ -53,7 +53,6 @@ class TorchCollector(Collector):
         self._epochs = 0
         self._opt_depth = 0
         self._opt_t0 = 0
-        self._just_updated = False  # nothing but the optimizer update happened since it ended
         self._opt_dev: Any = None
         self._dev_pending: list[tuple[str, int, int, Any, Any]] = []
 
@@ -207,7 +206,6 @@ class TorchCollector(Collector):
                         col._dev_end("optimizer", steps.index, t0, col._opt_dev)
                         col._opt_dev = None
                     steps.update_done(t1)
-                    col._just_updated = True
             except Exception as exc:
                 fail(exc)
 
@@ -229,7 +227,7 @@ class TorchCollector(Collector):
                     return orig(self_, *args, **kwargs)
                 t0 = now_ns()
                 try:
-                    if col._just_updated and col._pending_dw is None:
+                    if steps.just_updated and col._pending_dw is None:
                         pass  # `step(); zero_grad()`: the end of this iteration, not the next one's start
                     elif is_grad_enabled():
                         col._begin_forward(True, t0)  # a training activity: claims the pending fetch
@@ -266,7 +264,7 @@ class TorchCollector(Collector):
                 if key not in col._seen_loaders:
                     col._new_loader(it, key, t0)
                 col._resolve_pending(None)
-                col._just_updated = False
+                steps.just_updated = False
                 if key in col._train_loaders:
                     steps.opener(t0)
                 col._epoch_start.setdefault(key, t0)
@@ -366,7 +364,7 @@ class TorchCollector(Collector):
 
     # -- state machine helpers (called from the patches) -------------------------------------------
     def _begin_forward(self, training: bool, t0: int) -> None:
-        self._just_updated = False
+        self.agent.steps.just_updated = False
         steps = self.agent.steps
         pend = self._pending_dw
         if training:

@@ -115,6 +115,9 @@ def job_environment(run_dir: str, options: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+IMPORTED_SEQ = 90_000_000
+
+
 def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> int:
     """Counters that non-Python processes of the job wrote at exit, into their process folders
     (filtered like the agent's own: no interpreter files, pseudo file systems or the run itself)."""
@@ -125,7 +128,7 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> 
     opts = options or {}
     policy = PathPolicy(opts.get("io_include"), opts.get("io_exclude"), run_dir)
     n = 0
-    for path in io_native.dump_files(run_dir):
+    for i, path in enumerate(io_native.dump_files(run_dir)):
         try:
             rows = [r for r in io_native.read_dump(path) if policy.keep(r["path"])]
             header = io_native.read_dump_header(path)
@@ -147,9 +150,10 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> 
                     "path": [r["path"] for r in rows],
                     "counters": [json.dumps(r["counters"]) for r in rows],
                 },
+                seq=IMPORTED_SEQ + i,  # never the number of a raw chunk still waiting for conversion
             )
             n += len(rows)
-        os.replace(path, path + ".imported")
+        os.remove(path)  # its rows are in io_files now
     return n
 
 
