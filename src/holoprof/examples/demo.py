@@ -28,6 +28,7 @@ def run_demo(out: str | None = None, quick: bool = False) -> int:
     print(f"\nThe run is in {out}. Explore it again with: holoprof report {out} [--json]")
     print(
         "Try the fix the report suggests, and compare:\n"
-        f"  holoprof run -- {os.path.relpath(SCRIPT)} --data {data} --workers 2"
+        f"  holoprof run -- {SCRIPT if os.path.relpath(SCRIPT).startswith('..') else os.path.relpath(SCRIPT)} "
+        f"--data {data} --workers 2"
     )
     return rc

@@ -177,7 +177,11 @@ def _findings(doc: dict[str, Any]) -> Group:
         head.append(f["title"], style="bold")
         if f.get("estimated_gain"):
             head.append(f"  (up to {100 * f['estimated_gain']:.0f}% of step time)", style="dim")
-        ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items())
+        scalars = {k: v for k, v in f["evidence"].items() if not isinstance(v, (dict, list))}
+        nested = [k for k, v in f["evidence"].items() if isinstance(v, (dict, list))]
+        ev = ", ".join(f"{k}={v}" for k, v in scalars.items())
+        if nested:
+            ev += f" (and {', '.join(nested)}: see --json)"
         items += [
             head,
             Text(f"    evidence: {ev}", style="dim"),
