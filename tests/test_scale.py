@@ -73,3 +73,17 @@ def test_dask_engine_gives_the_same_numbers_as_duckdb(synth: tuple[str, object])
 def test_unknown_engine_is_refused(synth: tuple[str, object]) -> None:
     with pytest.raises(HoloprofError, match="unknown engine"):
         build_report(holoprof.load(synth[0]), engine="spark")
+
+
+def test_rounded_phase_fractions_still_sum_to_one() -> None:
+    from holoprof import model
+    from holoprof.analyze.report import _phases_doc
+    from holoprof.analyze.steps import PhaseStat, ProcKey, StepStats
+
+    phases = {p: PhaseStat(0.0, 0.0, 0.0) for p in model.PHASES}
+    for p in ("forward", "backward", "optimizer"):  # each rounds up: 3 x 0.333334 overshoots 1
+        phases[p] = PhaseStat(0.3333335, 1.0, 1.0)
+    st = StepStats(ProcKey("h", 1, -1, 1), 3, 1.0, 1.0, 1.0, 1.0, 3.0, 0, 1, phases)
+    doc = _phases_doc(st)
+    assert abs(sum(v["fraction"] for v in doc.values()) - 1) < 1e-12
+    assert all(v["fraction"] >= 0 for v in doc.values())

@@ -42,7 +42,12 @@ def _phases_doc(st: StepStats | None) -> dict[str, Any]:
     }
     if st.total_s > 0:  # rounding must not break "the phases sum to 100%": `other` takes the residue
         rest = sum(v["fraction"] for k, v in doc.items() if k != "other")
-        doc["other"]["fraction"] = max(0.0, 1.0 - rest)
+        if rest <= 1.0:
+            doc["other"]["fraction"] = 1.0 - rest
+        else:  # the rounded phases overshoot by a rounding unit: take it off the largest one
+            doc["other"]["fraction"] = 0.0
+            largest = max((k for k in doc if k != "other"), key=lambda k: doc[k]["fraction"])
+            doc[largest]["fraction"] -= rest - 1.0
     return doc
 
 
