@@ -110,9 +110,46 @@ def job_environment(run_dir: str, options: dict[str, Any]) -> dict[str, str]:
             from holoprof.collect import io_native
 
             env = io_native.preload_env(env)
+            env.setdefault(io_native.ENV_EXCLUDE, ":".join(native_excludes(run_dir, options)))
         except Exception:  # not built here: the Python layer counts Python's I/O
             pass
     return env
+
+
+#: What the native library leaves out by default (its own list), extended below.
+NATIVE_DEFAULT_EXCLUDES = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/boot",
+    "/run",
+)
+
+
+def native_excludes(run_dir: str, options: dict[str, Any]) -> list[str]:
+    """Prefixes the native library does not even record: its defaults, the interpreter's own files
+    (stdlib, site-packages: thousands of files opened by `import torch`), the run directory and the
+    user's --io-exclude, minus whatever --io-include asks for. Filtering there, not after the fact,
+    keeps the agent from decoding thousands of records it would drop."""
+    from holoprof.collect.io_py import default_excludes
+
+    includes = [os.path.abspath(p) for p in options.get("io_include") or []]
+    out: list[str] = []
+    for p in [*NATIVE_DEFAULT_EXCLUDES, *default_excludes(run_dir), *(options.get("io_exclude") or [])]:
+        p = os.path.abspath(p).rstrip("/") or "/"
+        if ":" in p or p in out:
+            continue
+        if any(i == p or i.startswith(p + "/") for i in includes):
+            continue  # the user wants something under it
+        out.append(p)
+    return out
 
 
 IMPORTED_SEQ = 90_000_000
