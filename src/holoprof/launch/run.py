@@ -240,6 +240,24 @@ def run(
     return rc
 
 
+def _warm_up_converter() -> None:
+    """Convert a one-row chunk before the job starts: pyarrow's lazy imports (pandas among them, when
+    installed: a second of CPU) are then paid here, not on the job's cores in the middle of its run."""
+    import tempfile
+
+    try:
+        import psutil  # noqa: F401
+
+        from holoprof.store.chunks import write_chunk
+
+        with tempfile.TemporaryDirectory(prefix="holoprof-warm-") as d:
+            write_chunk(
+                d, "samples", {"ts_ns": [0], "name": ["warm-up"], "value": [0.0], "target_pid": [-1]}, seq=0
+            )
+    except Exception:
+        pass
+
+
 def _from_terminal() -> bool:
     try:
         return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
@@ -253,11 +271,7 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
     from holoprof.store.raw import Converter
 
     env = job_environment(run_dir, options)
-    try:  # pay the converter's imports before the job starts, not in the middle of it
-        import psutil  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        pass
+    _warm_up_converter()
     use_wait = hasattr(signal, "sigtimedwait")
     if use_wait:
         # Signals wait in a queue for the loop below; the child starts with the mask cleared.
