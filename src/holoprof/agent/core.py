@@ -147,19 +147,41 @@ class StepTracker:
 
 
 class Collector:
-    """Base class: a named source of records that can fail open."""
+    """Base class: a named source of records that can fail open.
+
+    Every monkeypatch goes through :meth:`_set` and every hook handle through :meth:`_handles`, so
+    that :meth:`uninstall` (called when the collector fails, or at stop) undoes all of them.
+    """
 
     name = "collector"
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.enabled = True
+        self._patches: list[tuple[Any, str, Any]] = []
+        self._handles: list[Any] = []
 
     def install(self) -> None:  # pragma: no cover - interface
         pass
 
+    def _set(self, obj: Any, attr: str, value: Any) -> None:
+        """Replace ``obj.attr`` with ``value``, keeping the original for :meth:`uninstall`."""
+        self._patches.append((obj, attr, getattr(obj, attr)))
+        setattr(obj, attr, value)
+
     def uninstall(self) -> None:
-        pass
+        for obj, attr, orig in reversed(self._patches):
+            try:
+                setattr(obj, attr, orig)
+            except Exception:
+                pass
+        self._patches.clear()
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._handles.clear()
 
     def after_fork_child(self) -> None:
         pass

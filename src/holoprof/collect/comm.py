@@ -84,7 +84,6 @@ class CommCollector(Collector):
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
-        self._patches: list[tuple[Any, str, Any]] = []
         self._fault = os.environ.get(model.ENV_FAULT) == self.name
         self._nest = _Nesting()
         self._groups: dict[int, tuple[int, str]] = {}
@@ -116,17 +115,8 @@ class CommCollector(Collector):
         self._nest = _Nesting()
         self._pending = {}
 
-    def _set(self, obj: Any, attr: str, value: Any) -> None:
-        self._patches.append((obj, attr, getattr(obj, attr)))
-        setattr(obj, attr, value)
-
     def uninstall(self) -> None:
-        for obj, attr, orig in reversed(self._patches):
-            try:
-                setattr(obj, attr, orig)
-            except Exception:
-                pass
-        self._patches.clear()
+        super().uninstall()
         if self._sampler is not None:
             self._sampler.detach()
 

@@ -969,7 +969,6 @@ class IoCollector(Collector):
             except Exception:
                 self.native = None
         self.layer = "native" if self.native is not None else "python"
-        self._patches: list[tuple[Any, str, Any]] = []
         self._since = 0
         self._trace_until_ns: int | None = None  # monotonic deadline of an on-demand trace
         self._trace_all = bool(opts.get(OPTION_TRACE))
@@ -1010,18 +1009,9 @@ class IoCollector(Collector):
         except Exception as exc:
             self.agent.fail(self, exc)
 
-    def _set(self, obj: Any, attr: str, value: Any) -> None:
-        self._patches.append((obj, attr, getattr(obj, attr)))
-        setattr(obj, attr, value)
-
     def uninstall(self) -> None:
         global _policy, _trace
-        for obj, attr, orig in reversed(self._patches):
-            try:
-                setattr(obj, attr, orig)
-            except Exception:
-                pass
-        self._patches.clear()
+        super().uninstall()
         _policy = None
         _trace = None
 

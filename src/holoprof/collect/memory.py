@@ -145,7 +145,6 @@ class MemoryCollector(Collector):
         self._fault = os.environ.get(model.ENV_FAULT) == self.name
         self._torch: ModuleType | None = None
         self._param_cls: Any = ()
-        self._handles: list[Any] = []
         self._arm_handles: list[Any] = []
         self._reset_state()
 
@@ -193,12 +192,7 @@ class MemoryCollector(Collector):
     def uninstall(self) -> None:
         self._pop_saved_hooks()
         self._disarm()
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._handles.clear()
+        super().uninstall()
 
     def _setup(self, torch: ModuleType) -> None:
         import torch.optim.optimizer as optim_mod

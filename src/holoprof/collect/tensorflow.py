@@ -37,7 +37,6 @@ class TensorFlowCollector(Collector):
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
-        self._patches: list[tuple[Any, str, Any]] = []
         self._done: set[str] = set()
         self.input_timing = str(agent.options.get("tf_input_timing", "on")) != "off"
         self._mode: list[str] = []  # keras calls in progress: fit / evaluate / predict
@@ -51,18 +50,6 @@ class TensorFlowCollector(Collector):
         finder = post_import_finder()
         finder.add("tensorflow", self._on_tf)
         finder.add("keras", self._on_keras)
-
-    def _set(self, obj: Any, attr: str, value: Any) -> None:
-        self._patches.append((obj, attr, getattr(obj, attr)))
-        setattr(obj, attr, value)
-
-    def uninstall(self) -> None:
-        for obj, attr, orig in reversed(self._patches):
-            try:
-                setattr(obj, attr, orig)
-            except Exception:
-                pass
-        self._patches.clear()
 
     def _guard(self, key: str, fn: Any, module: ModuleType) -> None:
         if key in self._done or not self.enabled:

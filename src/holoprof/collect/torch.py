@@ -37,8 +37,6 @@ class TorchCollector(Collector):
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
-        self._patches: list[tuple[Any, str, Any]] = []
-        self._handles: list[Any] = []
         self._fault = os.environ.get(model.ENV_FAULT) == self.name
         self._reset_state()
         self._torch: ModuleType | None = None
@@ -70,24 +68,6 @@ class TorchCollector(Collector):
 
     def after_fork_child(self) -> None:
         self._reset_state()
-
-    def _set(self, obj: Any, attr: str, value: Any) -> None:
-        self._patches.append((obj, attr, getattr(obj, attr)))
-        setattr(obj, attr, value)
-
-    def uninstall(self) -> None:
-        for obj, attr, orig in reversed(self._patches):
-            try:
-                setattr(obj, attr, orig)
-            except Exception:
-                pass
-        self._patches.clear()
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._handles.clear()
 
     # -- the patches -------------------------------------------------------------------------------
     def _patch(self, torch: ModuleType) -> None:
