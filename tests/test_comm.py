@@ -184,6 +184,23 @@ def test_rank_that_dies_is_named_and_the_others_data_kept(tmp_path: Path) -> Non
     assert by_rank[1]["exit_code"] == 3
 
 
+def test_rank_killed_by_sigkill_is_named_though_it_left_no_exit_record(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer's signal) runs no code: the rank is named from its missing exit record."""
+    env = {
+        "DDP_DIE_RANK": "1", "DDP_DIE_STEP": "3", "DDP_DIE_DELAY_S": "1.5", "DDP_DIE_SIGNAL": "KILL",
+        "DDP_TIMEOUT_S": "8", "DDP_STEPS": "8",
+    }  # fmt: skip
+    run = torchrun(tmp_path, env)
+    assert run.proc.returncode != 0
+    comm = run.report["communication"]
+    killed = [f for f in comm["failed_ranks"] if f["rank"] == 1]
+    # its third step was still open (a step ends at the next one's first activity): 2 are on record
+    assert killed and killed[0]["exit_code"] is None and killed[0]["steps"] == 2, comm["failed_ranks"]
+    message = comm["first_failure"]["message"]
+    assert "rank 1 died first (no exit record" in message or "rank 1 (no exit record)" in message, message
+    assert any("no exit record" in w for w in run.report["run"]["warnings"]), run.report["run"]["warnings"]
+
+
 def final_losses(stdout: str) -> dict[int, str]:
     """Each rank's printed final loss (ranks print at the same moment: lines may interleave)."""
     found = {int(r): v for r, v in re.findall(r"rank (\d+) final loss ([0-9.]+)", stdout)}

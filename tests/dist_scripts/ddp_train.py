@@ -2,8 +2,8 @@
 
 Options (environment): ``DDP_STEPS`` (default 6), ``DDP_SLOW_RANK`` / ``DDP_SLOW_S`` (that rank sleeps
 before each step: a straggler), ``DDP_DIE_RANK`` / ``DDP_DIE_STEP`` (that rank leaves with
-``os._exit(3)`` after that many steps, ``DDP_DIE_DELAY_S`` seconds into the next; the process group
-has a short timeout so the others fail too),
+``os._exit(3)``, or SIGKILL with ``DDP_DIE_SIGNAL=KILL``, after that many steps, ``DDP_DIE_DELAY_S``
+seconds into the next; the process group has a short timeout so the others fail too),
 ``DDP_USER_HOOK=1`` (register a comm hook of the job's own), ``DDP_SYNC_ALLREDUCE=1`` (an extra
 synchronous all_reduce of the loss per step, outside any phase: exposed communication),
 ``DDP_COLLECTIVES=1`` (after training: broadcast, all_gather, async all_reduce, isend/irecv, barrier).
@@ -11,6 +11,7 @@ synchronous all_reduce of the loss per step, outside any phase: exposed communic
 
 import datetime
 import os
+import signal
 import sys
 import time
 
@@ -51,6 +52,8 @@ def train(rank: int, world: int) -> None:
         if rank == die and i == die_step:
             time.sleep(float(os.environ.get("DDP_DIE_DELAY_S", "0")))
             print(f"rank {rank} dies at step {i}", flush=True)
+            if os.environ.get("DDP_DIE_SIGNAL") == "KILL":
+                os.kill(os.getpid(), signal.SIGKILL)
             os._exit(3)
         if rank == slow:
             time.sleep(slow_s)

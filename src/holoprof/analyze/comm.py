@@ -200,7 +200,12 @@ def _failures(run: Run) -> list[dict[str, Any]]:
     "First" is by the last recorded activity (phases, ops, collectives), not by the exit time: a
     rank that dies takes a moment to flush, while a peer that fails at its next collective because
     of it may exit sooner, but its last activity (that collective) comes later.
+
+    Once the run is over, a rank with no exit record failed too: it was killed by a signal it could
+    not catch (SIGKILL, the kernel's OOM killer) or aborted in native code, so no Python code ran.
+    Its ``exit_code`` is None and what it recorded in its last flush interval is missing.
     """
+    over = run.status != "running"
     rows = run.rows(
         """WITH act AS (
              SELECT host, pid, count(*) FILTER (WHERE kind = 'step') AS n,
@@ -208,22 +213,33 @@ def _failures(run: Run) -> list[dict[str, Any]]:
              FROM spans GROUP BY host, pid)
            SELECT p.rank, p.pid, p.host, p.exit_code, p.end_ns, coalesce(a.n, 0), a.last
            FROM processes p LEFT JOIN act a ON a.host = p.host AND a.pid = p.pid
-           WHERE p.rank >= 0 AND p.exit_code NOT IN (0, -1)
-           ORDER BY coalesce(a.last, CASE WHEN p.end_ns > 0 THEN p.end_ns END, 9223372036854775807), p.rank"""
+           WHERE p.rank >= 0 AND (p.exit_code NOT IN (0, -1)
+                                  OR (? AND coalesce(p.end_ns, 0) = 0 AND coalesce(p.exit_code, -1) = -1))
+           ORDER BY coalesce(a.last, CASE WHEN p.end_ns > 0 THEN p.end_ns END, 9223372036854775807), p.rank""",
+        [over],
     )
     start = run.manifest.get("start_ns") or 0
-    return [
-        {
-            "rank": int(r),
-            "pid": int(pid),
-            "host": host,
-            "exit_code": int(code),
-            "end_s": round((int(end) - start) / NS, 3) if end and start else None,
-            "last_activity_s": round((int(last) - start) / NS, 3) if last and start else None,
-            "steps": int(n),
-        }
-        for r, pid, host, code, end, n, last in rows
-    ]
+    out = []
+    for r, pid, host, code, end, n, last in rows:
+        recorded = code is not None and int(code) != -1
+        out.append(
+            {
+                "rank": int(r),
+                "pid": int(pid),
+                "host": host,
+                "exit_code": int(code) if recorded else None,
+                "end_s": round((int(end) - start) / NS, 3) if end and start else None,
+                "last_activity_s": round((int(last) - start) / NS, 3) if last and start else None,
+                "steps": int(n),
+            }
+        )
+    return out
+
+
+def _how(f: dict[str, Any], short: bool = False) -> str:
+    if f["exit_code"] is not None:
+        return f"exit {f['exit_code']}" if short else f"exit code {f['exit_code']}"
+    return "no exit record" if short else "no exit record: killed by SIGKILL or the OOM killer, or aborted"
 
 
 def _straggler(procs: list[ProcComm]) -> tuple[Finding | None, dict[int, float]]:
@@ -342,11 +358,11 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
     }
     if failures:
         f0 = failures[0]
-        others = ", ".join(f"rank {f['rank']} (exit {f['exit_code']})" for f in failures[1:])
+        others = ", ".join(f"rank {f['rank']} ({_how(f, short=True)})" for f in failures[1:])
         section["first_failure"] = {
             **f0,
             "message": (
-                f"rank {f0['rank']} died first (exit code {f0['exit_code']}) after {f0['steps']} steps"
+                f"rank {f0['rank']} died first ({_how(f0)}) after {f0['steps']} steps"
                 + (f"; then {others}" if others else "")
             ),
         }
