@@ -109,6 +109,18 @@ def test_chrome_trace_window(run: TracedRun, trace: dict[str, Any], tmp_path: Pa
     assert all(lo * 1e6 - 1 <= e["ts"] <= hi * 1e6 + 1 for e in events if e["ph"] == "C")
 
 
+def test_chrome_trace_is_deterministic_and_in_time_order(
+    run: TracedRun, trace: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "again.json"
+    proc = run_holoprof("export", run.run_dir, "-f", "chrome", "-o", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == trace, "the same run exports to the same events, in the same order"
+    for ph, cat in (("X", "step"), ("X", "phase"), ("C", None), ("X", "io")):
+        ts = [e["ts"] for e in trace["traceEvents"] if e["ph"] == ph and (cat is None or e["cat"] == cat)]
+        assert ts and ts == sorted(ts), (ph, cat)
+
+
 def test_tensorboard_reads_the_exported_scalars(run: TracedRun, tmp_path: Path) -> None:
     event_accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator",

@@ -9,6 +9,19 @@ From Python::
     with holoprof.trace():                   # or holoprof.start() / holoprof.stop()
         train()
     run = holoprof.load("holoprof-runs/<run>")   # DuckDB relations: run.spans.df()
+    doc = holoprof.report(run)                   # the report (holoprof.report/1) as a dict
+    holoprof.export(run, "chrome", "trace.json") # or "tensorboard" into a log directory
+
+On a Dask cluster (``pip install 'holoprof[dask]'``), for runs that outgrow one machine: the same
+numbers and the same files, computed with dask.dataframe over the same Parquet files::
+
+    doc = holoprof.report(run, engine="dask")                   # on a local cluster
+    doc = holoprof.report(run, engine="dask", scheduler="tcp://host:8786")
+    holoprof.export(run, "chrome", "trace.json", engine="dask", scheduler=client)  # your Client
+
+With ``engine="dask"`` the report's steps, phases and resources are computed on the cluster (the
+other sections — I/O, memory, communication, stages, checkpoints — are small aggregates read with
+DuckDB); the exports read spans, samples and I/O operations through Dask partitions.
 
 This module imports nothing heavy: it is imported at start-up in every process of a traced job.
 """
@@ -19,7 +32,19 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["HoloprofError", "__version__", "load", "phase", "stage", "start", "step", "stop", "trace"]
+__all__ = [
+    "HoloprofError",
+    "__version__",
+    "export",
+    "load",
+    "phase",
+    "report",
+    "stage",
+    "start",
+    "step",
+    "stop",
+    "trace",
+]
 
 from holoprof.api import phase, stage, start, step, stop, trace
 from holoprof.errors import HoloprofError
@@ -37,3 +62,42 @@ def load(path: Any, **where: Any) -> Run:
     from holoprof.store.reader import load as _load
 
     return _load(path, **where)
+
+
+def _as_run(run: Any) -> Run:
+    from holoprof.store.reader import Run as _Run
+
+    return run if isinstance(run, _Run) else load(run)
+
+
+def report(run: Any, engine: str = "duckdb", scheduler: Any = None) -> dict[str, Any]:
+    """Every analysis of ``run`` (a loaded run or a path) as the ``holoprof.report/1`` dict, the
+    same document as ``holoprof report RUN --json``.
+
+    ``engine="dask"`` computes steps, phases and resources with dask.dataframe on a Dask cluster:
+    ``scheduler`` is an address (``"tcp://host:8786"``) or a ``distributed.Client``; by default a
+    local cluster is started for the call. The numbers are the same as the DuckDB engine's.
+    """
+    from holoprof.analyze.report import build_report
+
+    if scheduler is not None and engine != "dask":
+        raise HoloprofError("scheduler goes with engine='dask'")
+    return build_report(_as_run(run), engine=engine, scheduler=scheduler)
+
+
+def export(
+    run: Any,
+    format: str,
+    out: str,
+    *,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    engine: str = "duckdb",
+    scheduler: Any = None,
+) -> str:
+    """Export ``run`` (a loaded run or a path) as ``format`` (``"chrome"``: a trace file, or
+    ``"tensorboard"``: a log directory) into ``out``, like ``holoprof export``; returns a summary
+    line. ``engine``/``scheduler`` as for :func:`report`: Dask writes the same file as DuckDB."""
+    from holoprof.present.export_cli import export_run
+
+    return export_run(_as_run(run), format, out, start_s, end_s, engine=engine, scheduler=scheduler)

@@ -1,17 +1,28 @@
-"""The Dask engine: the step, phase and resource analyses on dask.dataframe, for runs that outgrow
-one machine.
+"""The Dask engine: the analyses and exports on dask.dataframe, for runs that outgrow one machine.
 
-``holoprof report RUN --engine dask [--scheduler ADDRESS]`` (or ``build_report(run, engine="dask")``)
-reads the same Parquet files with ``dask.dataframe`` on a ``dask.distributed`` cluster — a local one
-by default, or the scheduler given — and computes steps, the phase breakdown and resource summaries
-there, with the same definitions as the DuckDB queries (medians and p90 interpolated the same way), so
-both engines give the same numbers. The heavy part (scanning and joining every span) runs on the
-cluster; only per-step sums of the main loop come back. The other sections (I/O, memory, ...) are
-small aggregates and still run on DuckDB.
+``holoprof report RUN --engine dask [--scheduler ADDRESS]`` (or ``holoprof.analyze(run,
+engine="dask")``) reads the same Parquet files with ``dask.dataframe`` on a ``dask.distributed``
+cluster — a local one by default, or the scheduler given — and computes steps, the phase breakdown
+and resource summaries there, with the same definitions as the DuckDB queries (medians and p90
+interpolated the same way), so both engines give the same numbers. The heavy part (scanning and
+joining every span) runs on the cluster; only per-step sums of the main loop come back. The other
+report sections (I/O, memory, communication, stages, checkpoints, the process table) are small
+aggregates and still run on DuckDB.
+
+``holoprof export RUN --format chrome|tensorboard --engine dask`` reads spans, samples and I/O
+operations through Dask partitions: the cluster filters them and sorts them by time (a distributed
+sort), and the exporter fetches the sorted partitions one after the other, so the file is the same,
+byte for byte, as the DuckDB engine's (only the small process table is read with DuckDB).
+
+Every chunk file is one partition, read by :func:`read_chunk` with the run's filters (time window,
+ranks, steps) pushed into the Parquet read, and with the columns a chunk lacks filled with nulls (as
+DuckDB's ``union_by_name`` does). The workers of an existing cluster need holoprof installed.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,71 +31,150 @@ from holoprof import model
 from holoprof.analyze.resources import Resources, SeriesStat
 from holoprof.analyze.steps import NS, PhaseStat, ProcKey, StepStats
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store.reader import Run
+from holoprof.store.reader import Filter, Run
 
 _PHASE_COLS = list(model.MEASURED_PHASES)
+#: Rows per partition of a sorted export stream (what the client holds at a time).
+PART_ROWS = 250_000
+#: Rows per batch handed to an exporter.
+BATCH = 20_000
+_TIME_COL = {"spans": "start_ns", "samples": "ts_ns", "io_files": "ts_ns", "io_ops": "start_ns"}
+
+
+def _import_dask() -> Any:
+    try:
+        import dask.dataframe as dd
+        import distributed  # noqa: F401
+    except ImportError:
+        raise MissingExtraError("the Dask engine", "dask", "dask[dataframe] distributed")
+    return dd
 
 
 @contextmanager
-def client(scheduler: str | None = None, workers: int = 2) -> Iterator[Any]:
-    """A dask.distributed client: on ``scheduler`` if given, else on a local cluster."""
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError:
-        raise MissingExtraError("the Dask engine", "dask", "dask[dataframe] distributed")
+def client(scheduler: Any = None, workers: int = 2) -> Iterator[Any]:
+    """A dask.distributed client: on ``scheduler`` if given (an address such as
+    ``tcp://host:8786``, or a ``distributed.Client`` of the caller's, left open), else on a local
+    cluster of ``workers`` worker processes, closed on exit."""
+    _import_dask()
+    from distributed import Client, LocalCluster
+
+    # the shuffle of a distributed sort logs every start and end at WARNING level: not news for users
+    logging.getLogger("distributed.shuffle").setLevel(logging.ERROR)
+    if scheduler is not None and not isinstance(scheduler, str):
+        if not isinstance(scheduler, Client):
+            raise HoloprofError(
+                f"scheduler must be an address such as tcp://HOST:8786 or a distributed.Client, "
+                f"not {type(scheduler).__name__}"
+            )
+        yield scheduler
+        return
     if scheduler:
         try:
             c = Client(scheduler, timeout="10s")
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             raise HoloprofError(f"cannot reach the Dask scheduler at {scheduler} ({exc}); check the address")
         try:
             yield c
         finally:
             c.close()
         return
+    # dashboard on a free port: the default (8787, even with no dashboard) warns when it is taken
     with (
         LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as c,
     ):
         yield c
 
 
+def _filter_expr(table: str, f: Filter) -> Any:
+    """The run's filter for ``table`` as a pyarrow expression (None: keep everything); the same
+    predicates as :meth:`Filter.sql`."""
+    import pyarrow.compute as pc
+
+    conds = []
+    t_col = _TIME_COL.get(table)
+    if t_col is not None:
+        if f.start_s is not None:
+            conds.append(pc.field(t_col) >= f.run_start_ns + int(f.start_s * 1e9))
+        if f.end_s is not None:
+            conds.append(pc.field(t_col) <= f.run_start_ns + int(f.end_s * 1e9))
+    if f.ranks is not None and table != "processes":
+        conds.append(pc.field("rank").isin([int(r) for r in f.ranks]))
+    if f.steps is not None and table == "spans":
+        a, b = f.steps
+        st = pc.field("step")
+        conds.append(((st >= int(a)) & (st <= int(b))) | (st < 0))
+    if not conds:
+        return None
+    expr = conds[0]
+    for c in conds[1:]:
+        expr = expr & c
+    return expr
+
+
+def _filter_columns(table: str, f: Filter) -> set[str]:
+    cols = set()
+    if table in _TIME_COL and (f.start_s is not None or f.end_s is not None):
+        cols.add(_TIME_COL[table])
+    if f.ranks is not None and table != "processes":
+        cols.add("rank")
+    if f.steps is not None and table == "spans":
+        cols.add("step")
+    return cols
+
+
+def read_chunk(path: str, table: str, names: list[str], where: Filter, arrow: bool) -> Any:
+    """One chunk file as a pandas DataFrame of the columns ``names`` (model types; missing columns are nulls),
+    filtered by ``where``. ``arrow``: Arrow-backed columns (exact ints and nulls) instead of NumPy."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = names  # (not called `columns`: dask would push its own projection into it)
+    schema = model.arrow_schema(table)
+    have = set(pq.read_schema(path).names)
+    need = sorted((set(columns) | _filter_columns(table, where)) & have)
+    expr = _filter_expr(table, where)
+    pushed = expr is not None and _filter_columns(table, where) <= have
+    tbl = pq.read_table(path, columns=need, filters=expr if pushed else None)
+    n = tbl.num_rows
+    full = pa.Table.from_arrays(
+        [
+            tbl.column(c).cast(schema.field(c).type) if c in have else pa.nulls(n, schema.field(c).type)
+            for c in sorted(set(need) | set(columns) | _filter_columns(table, where))
+        ],
+        names=sorted(set(need) | set(columns) | _filter_columns(table, where)),
+    )
+    if expr is not None and not pushed:
+        full = full.filter(expr)
+    full = full.select(columns)
+    if arrow:
+        return full.to_pandas(types_mapper=pd.ArrowDtype)
+    return full.to_pandas()
+
+
 class DaskEngine:
     def __init__(self, run: Run, dask_client: Any) -> None:
-        import dask.dataframe as dd
-
+        self.dd = _import_dask()
         self.run = run
         self.client = dask_client
-        self.dd = dd
-        files = run.chunks.files["spans"]
         cols = ["host", "pid", "rank", "tid", "kind", "name", "start_ns", "end_ns", "step"]
-        self.spans = dd.read_parquet(files, columns=cols) if files else None
-        sfiles = run.chunks.files["samples"]
-        self.samples = (
-            dd.read_parquet(sfiles, columns=["ts_ns", "name", "value", "target_pid"]) if sfiles else None
-        )
-        f = run.filter
-        if self.spans is not None:
-            self.spans = self._window(self.spans, "start_ns", f)
-            if f.steps is not None:
-                a, b = f.steps
-                self.spans = self.spans[
-                    ((self.spans.step >= a) & (self.spans.step <= b)) | (self.spans.step < 0)
-                ]
-        if self.samples is not None:
-            self.samples = self._window(self.samples, "ts_ns", f)
+        self.spans = self.read("spans", cols)
+        self.samples = self.read("samples", ["ts_ns", "name", "value", "target_pid"])
 
-    @staticmethod
-    def _window(df: Any, col: str, f: Any) -> Any:
-        if f.start_s is not None:
-            df = df[df[col] >= f.run_start_ns + int(f.start_s * 1e9)]
-        if f.end_s is not None:
-            df = df[df[col] <= f.run_start_ns + int(f.end_s * 1e9)]
-        if f.ranks is not None and "rank" in df.columns:
-            df = df[df["rank"].isin(list(f.ranks))]
-        return df
+    def read(self, table: str, columns: list[str], arrow: bool = False) -> Any:
+        """``table`` as a dask DataFrame (one partition per chunk file, the run's filters applied),
+        or None when the run has no chunk of it."""
+        files = list(self.run.chunks.files[table])
+        if not files:
+            return None
+        where = self.run.filter
+        meta = read_chunk(files[0], table, columns, where, arrow).iloc[:0]
+        return self.dd.from_map(
+            read_chunk, files, args=(table, columns, where, arrow), meta=meta, label=f"read-{table}"
+        )
 
     # -- the analyses ------------------------------------------------------------------------------
     def step_processes(self) -> list[ProcKey]:
@@ -104,7 +194,10 @@ class DaskEngine:
         out.sort(key=lambda x: (-x[0], x[1] if x[1] >= 0 else 1 << 30, x[2]))
         return [p for *_, p in out]
 
-    def step_stats(self, proc: ProcKey, timeline_points: int = 120) -> StepStats:
+    def per_step(self, proc: ProcKey) -> Any:
+        """The main loop's steps as a pandas DataFrame indexed by step (sorted): ``s``, ``e``,
+        ``dur`` and the time of every phase in the step, ``other`` the rest — the DuckDB engine's
+        ``per_step`` table, computed the same way."""
         import numpy as np
         import pandas as pd
 
@@ -135,6 +228,13 @@ class DaskEngine:
         for p in _PHASE_COLS:
             per[p] = per[p] * f
         per["other"] = np.maximum(per["dur"] - measured * f, 0)
+        return per
+
+    def step_stats(self, proc: ProcKey, timeline_points: int = 120) -> StepStats:
+        import numpy as np
+
+        per = self.per_step(proc)
+        mine = self.spans[(self.spans.host == proc.host) & (self.spans.pid == proc.pid)]
         count = len(per)
         total = float(per["dur"].sum())
         phase_stats: dict[str, PhaseStat] = {}
@@ -200,3 +300,139 @@ class DaskEngine:
             {int(n.split(".")[1]) for n in res.stats if n.startswith("gpu.") and n.count(".") >= 2}
         )
         return res
+
+    # -- exports: the same rows, in the same order, as the DuckDB queries of the exporters ----------
+    def _rows_in(self, table: str) -> int:
+        import pyarrow.parquet as pq
+
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in self.run.chunks.files[table])
+
+    def sorted_batches(
+        self, table: str, columns: list[str], keep: Any, by: list[str], ascending: list[bool]
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """Rows of ``columns`` of ``table`` where ``keep(df)`` holds, sorted by ``by`` (a total order
+        when ``by`` covers every column written), in batches of plain Python values (None for null).
+
+        The cluster sorts (partitioned by the first key, so equal values meet in one partition, then
+        each partition sorted by all keys); the client fetches the sorted partitions in order and
+        releases each after use, holding one partition at a time."""
+        import pyarrow as pa
+
+        cols = list(dict.fromkeys(columns + by))
+        df = self.read(table, cols, arrow=True)
+        if df is None:
+            return
+        df = keep(df)
+        nparts = max(df.npartitions, math.ceil(self._rows_in(table) / PART_ROWS))
+        ordered = df.sort_values(by, ascending=ascending, npartitions=nparts)
+        futures = self.client.compute(ordered.to_delayed())
+        try:
+            for i in range(len(futures)):
+                fut = futures[i]
+                pdf = fut.result()
+                futures[i] = None
+                fut.release()
+                if not len(pdf):
+                    continue
+                tbl = pa.Table.from_pandas(pdf[columns], preserve_index=False)
+                data = [tbl.column(c).to_pylist() for c in columns]
+                del pdf, tbl
+                rows = list(zip(*data, strict=True))
+                for j in range(0, len(rows), BATCH):
+                    yield rows[j : j + BATCH]
+        finally:
+            for fut in futures:
+                if fut is not None:
+                    fut.release()
+
+    def trace_threads(self, lo: int, hi: int) -> list[tuple[Any, ...]]:
+        """``(host, pid, tid, steps, spans)`` of every thread with spans in [lo, hi], sorted."""
+        sp = self.read("spans", ["host", "pid", "tid", "kind", "start_ns", "end_ns"])
+        if sp is None:
+            return []
+        w = sp[(sp.end_ns >= lo) & (sp.start_ns <= hi)]
+        w = w.assign(is_step=(w.kind == "step").astype("int64"))
+        g = w.groupby(["host", "pid", "tid"]).is_step.agg(["sum", "count"]).compute()
+        g = g.reset_index().sort_values(["host", "pid", "tid"])
+        return [
+            (str(h), int(p), int(t), int(s), int(n))
+            for h, p, t, s, n in zip(g["host"], g["pid"], g["tid"], g["sum"], g["count"], strict=True)
+        ]
+
+    def trace_spans(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
+        cols = [
+            "host",
+            "pid",
+            "tid",
+            "kind",
+            "name",
+            "start_ns",
+            "end_ns",
+            "step",
+            "attrs",
+            "span_id",
+            "parent_id",
+        ]
+        from holoprof.present.chrome_trace import SPAN_ORDER
+
+        return self.sorted_batches(
+            "spans",
+            cols,
+            lambda d: d[(d.end_ns >= lo) & (d.start_ns <= hi)],
+            [c for c, _ in SPAN_ORDER],
+            [asc for _, asc in SPAN_ORDER],
+        )
+
+    def trace_samples(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
+        from holoprof.present.chrome_trace import SAMPLE_ORDER
+
+        return self.sorted_batches(
+            "samples",
+            ["host", "pid", "target_pid", "name", "ts_ns", "value"],
+            lambda d: d[(d.ts_ns >= lo) & (d.ts_ns <= hi)],
+            list(SAMPLE_ORDER),
+            [True] * len(SAMPLE_ORDER),
+        )
+
+    def trace_io_ops(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
+        from holoprof.present.chrome_trace import IO_OP_ORDER
+
+        return self.sorted_batches(
+            "io_ops",
+            ["host", "pid", "module", "path", "op", "offset", "size_bytes", "start_ns", "end_ns"],
+            lambda d: d[(d.end_ns >= lo) & (d.start_ns <= hi)],
+            list(IO_OP_ORDER),
+            [True] * len(IO_OP_ORDER),
+        )
+
+    def job_sample_names(self) -> set[str]:
+        if self.samples is None:
+            return set()
+        names = self.samples[self.samples.target_pid == -1].name.unique().compute()
+        return {str(n) for n in names}
+
+    def tensorboard_rows(self, proc: ProcKey, series: list[str]) -> Iterator[list[tuple[Any, ...]]]:
+        """Per step of ``proc``, in step order: ``(step, end_ns, dur, <phases...>, other, <the last
+        value of each series at or before the step's end, or None>)`` — the DuckDB export's rows."""
+        import numpy as np
+
+        per = self.per_step(proc)
+        last: list[Any] = []
+        if series and self.samples is not None:
+            job = self.samples[self.samples.target_pid == -1]
+            job = job[job.name.isin(series)][["name", "ts_ns", "value"]].compute()
+        for name in series:
+            if self.samples is None:
+                last.append([None] * len(per))
+                continue
+            g = job[job["name"] == name].sort_values("ts_ns", kind="stable")
+            ts = g["ts_ns"].to_numpy()
+            vals = g["value"].to_numpy()
+            idx = np.searchsorted(ts, per["e"].to_numpy(), side="right") - 1
+            last.append([float(vals[i]) if i >= 0 else None for i in idx.tolist()])
+        phases = [*_PHASE_COLS, "other"]
+        cols = [per.index.to_numpy().tolist(), per["e"].tolist(), per["dur"].tolist()]
+        cols += [per[p].tolist() for p in phases]
+        rows = list(zip(*cols, *last, strict=True))
+        for j in range(0, len(rows), BATCH):
+            yield rows[j : j + BATCH]

@@ -7,8 +7,10 @@ job-wide ones on the launcher's track, ``proc.*`` ones on the process they measu
 I/O records (``io_ops``, when traced) complete events on an ``I/O`` thread of their process.
 Timestamps are microseconds since the run start.
 
-The file is written event by event while the spans and samples are read in batches (DuckDB, ordered
-by time), so memory stays flat however long the run is.
+The file is written event by event while the spans and samples are read in batches ordered by time,
+so memory stays flat however long the run is. The order is total (time first, then every column
+written), so the file is deterministic: the DuckDB engine (default) and the Dask engine
+(``engine=DaskEngine``, see :mod:`holoprof.analyze.engine_dask`) write the same bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,38 @@ BATCH = 20_000
 IO_TID = 2**31 - 2
 #: Pids of processes on other hosts are moved by this much per host so that tracks never collide.
 HOST_STRIDE = 1 << 22
+
+#: The order of the events of each kind: (column, ascending). Time first; the other columns only
+#: break ties, so that the order — and the file — is the same whatever engine reads the run.
+SPAN_ORDER: tuple[tuple[str, bool], ...] = (
+    ("start_ns", True),
+    ("end_ns", False),
+    ("host", True),
+    ("pid", True),
+    ("tid", True),
+    ("span_id", True),
+    ("kind", True),
+    ("name", True),
+    ("step", True),
+    ("parent_id", True),
+    ("attrs", True),
+)
+SAMPLE_ORDER: tuple[str, ...] = ("ts_ns", "host", "pid", "target_pid", "name", "value")
+IO_OP_ORDER: tuple[str, ...] = (
+    "start_ns",
+    "end_ns",
+    "host",
+    "pid",
+    "module",
+    "path",
+    "op",
+    "offset",
+    "size_bytes",
+)
+
+
+def _order_by(cols: Any) -> str:
+    return ", ".join(f'"{c[0]}"{"" if c[1] else " DESC"}' if isinstance(c, tuple) else f'"{c}"' for c in cols)
 
 
 @dataclass
@@ -77,6 +111,45 @@ def _batches(run: Run, sql: str, params: list[Any]) -> Iterator[list[tuple[Any, 
         cur.close()
 
 
+class DuckDBRows:
+    """The rows of the trace from the run's DuckDB views (the default engine)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def trace_threads(self, lo: int, hi: int) -> list[tuple[Any, ...]]:
+        return self.run.rows(
+            """SELECT host, pid, tid, count(*) FILTER (WHERE kind = 'step') AS steps, count(*) AS n
+               FROM spans WHERE end_ns >= ? AND start_ns <= ? GROUP BY host, pid, tid
+               ORDER BY host, pid, tid""",
+            [lo, hi],
+        )
+
+    def trace_spans(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
+        return _batches(
+            self.run,
+            f"""SELECT host, pid, tid, kind, name, start_ns, end_ns, step, attrs, span_id, parent_id FROM spans
+                WHERE end_ns >= ? AND start_ns <= ? ORDER BY {_order_by(SPAN_ORDER)}""",
+            [lo, hi],
+        )
+
+    def trace_samples(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
+        return _batches(
+            self.run,
+            f"""SELECT host, pid, target_pid, name, ts_ns, value FROM samples
+                WHERE ts_ns BETWEEN ? AND ? ORDER BY {_order_by(SAMPLE_ORDER)}""",
+            [lo, hi],
+        )
+
+    def trace_io_ops(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
+        return _batches(
+            self.run,
+            f"""SELECT host, pid, module, path, op, "offset", size_bytes, start_ns, end_ns FROM io_ops
+                WHERE end_ns >= ? AND start_ns <= ? ORDER BY {_order_by(IO_OP_ORDER)}""",
+            [lo, hi],
+        )
+
+
 _JSTR: dict[str, str] = {}
 
 
@@ -96,9 +169,19 @@ def _us(ns: int, t0: int) -> float:
 
 
 def write_chrome_trace(
-    run: Run, out: IO[str], start_s: float | None = None, end_s: float | None = None
+    run: Run,
+    out: IO[str],
+    start_s: float | None = None,
+    end_s: float | None = None,
+    engine: Any = None,
 ) -> TraceStats:
-    """Write ``run`` (optionally the window [start_s, end_s] seconds from its start) to ``out``."""
+    """Write ``run`` (optionally the window [start_s, end_s] seconds from its start) to ``out``.
+
+    ``engine`` reads the threads, spans, samples and I/O operations (``trace_threads``,
+    ``trace_spans``, ``trace_samples``, ``trace_io_ops``): DuckDB by default, or a
+    :class:`~holoprof.analyze.engine_dask.DaskEngine`. The small process table is read with DuckDB.
+    """
+    src = engine if engine is not None else DuckDBRows(run)
     t0 = run_start_ns(run)
     lo, hi = _window_ns(run, t0, start_s, end_s)
     pid_of = _Pids()
@@ -127,7 +210,9 @@ def write_chrome_trace(
     out.write(',"traceEvents":[\n')
 
     # processes ------------------------------------------------------------------------------------
-    procs = run.rows("SELECT host, pid, ppid, role, rank, argv, info FROM processes ORDER BY start_ns, pid")
+    procs = run.rows(
+        "SELECT host, pid, ppid, role, rank, argv, info FROM processes ORDER BY start_ns, pid, host"
+    )
     known: set[int] = set()
     launcher_pid: int | None = None
     for host, pid, _ppid, role, rank, argv, info in procs:
@@ -157,11 +242,7 @@ def write_chrome_trace(
         stats.processes += 1
 
     # threads --------------------------------------------------------------------------------------
-    threads = run.rows(
-        """SELECT host, pid, tid, count(*) FILTER (WHERE kind = 'step') AS steps, count(*) AS n
-           FROM spans WHERE end_ns >= ? AND start_ns <= ? GROUP BY host, pid, tid ORDER BY host, pid, tid""",
-        [lo, hi],
-    )
+    threads = src.trace_threads(lo, hi)
     loop_tid: dict[int, int] = {}
     for host, pid, tid, steps, _n in threads:
         p = pid_of(str(host), int(pid))
@@ -187,12 +268,7 @@ def write_chrome_trace(
         stats.threads += 1
 
     # spans ----------------------------------------------------------------------------------------
-    for rows in _batches(
-        run,
-        """SELECT host, pid, tid, kind, name, start_ns, end_ns, step, attrs, span_id, parent_id FROM spans
-           WHERE end_ns >= ? AND start_ns <= ? ORDER BY start_ns, end_ns DESC""",
-        [lo, hi],
-    ):
+    for rows in src.trace_spans(lo, hi):
         parts: list[str] = []
         for host, pid, tid, kind, name, s, e, step, attrs, sid, parent in rows:
             # Formatted directly (json.dumps of a whole dict per event is the bottleneck on big runs);
@@ -219,12 +295,7 @@ def write_chrome_trace(
             stats.spans += len(parts)
 
     # counters -------------------------------------------------------------------------------------
-    for rows in _batches(
-        run,
-        """SELECT host, pid, target_pid, name, ts_ns, value FROM samples
-           WHERE ts_ns BETWEEN ? AND ? ORDER BY ts_ns""",
-        [lo, hi],
-    ):
+    for rows in src.trace_samples(lo, hi):
         for host, pid, target, name, ts, value in rows:
             if target is not None and int(target) >= 0:
                 p = pid_of(str(host), int(target))
@@ -244,12 +315,7 @@ def write_chrome_trace(
 
     # per-operation I/O ----------------------------------------------------------------------------
     io_named: set[int] = set()
-    for rows in _batches(
-        run,
-        """SELECT host, pid, module, path, op, "offset", size_bytes, start_ns, end_ns FROM io_ops
-           WHERE end_ns >= ? AND start_ns <= ? ORDER BY start_ns""",
-        [lo, hi],
-    ):
+    for rows in src.trace_io_ops(lo, hi):
         for host, pid, module, path, op, offset, size, s, e in rows:
             p = pid_of(str(host), int(pid))
             if p not in io_named:

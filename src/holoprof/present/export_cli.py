@@ -5,7 +5,9 @@
 * ``tensorboard``: a log directory with an event file of per-step scalars
   (``tensorboard --logdir PATH``).
 
-RUN may be a run directory or a pack (``holoprof pack``).
+RUN may be a run directory or a pack (``holoprof pack``). ``--engine dask [--scheduler ADDRESS]``
+reads the run through Dask partitions on a Dask cluster (a local one by default) and writes the same
+file as the default DuckDB engine (``pip install 'holoprof[dask]'``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from holoprof.errors import HoloprofError
 
@@ -27,29 +32,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--from", dest="start_s", type=float, help="chrome: start of the window, seconds")
     parser.add_argument("--to", dest="end_s", type=float, help="chrome: end of the window, seconds")
+    parser.add_argument(
+        "--engine",
+        choices=("duckdb", "dask"),
+        default="duckdb",
+        help="query engine (dask: for runs that outgrow one machine; same output)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="with --engine dask: an existing Dask scheduler (default: a local cluster)",
+    )
 
 
-def main(args: argparse.Namespace) -> int:
-    from holoprof.store.pack import open_run
-    from holoprof.store.reader import load
+@contextmanager
+def _engine(run: Any, engine: str, scheduler: Any) -> Iterator[Any]:
+    if engine == "duckdb":
+        if scheduler is not None:
+            raise HoloprofError("--scheduler goes with --engine dask")
+        yield None
+        return
+    if engine != "dask":
+        raise HoloprofError(f"unknown engine {engine!r}; use duckdb (default) or dask")
+    from holoprof.analyze.engine_dask import DaskEngine, client
 
-    if args.start_s is not None and args.start_s < 0:
+    with client(scheduler) as c:
+        yield DaskEngine(run, c)
+
+
+def export_run(
+    run: Any,
+    fmt: str,
+    out: str,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    engine: str = "duckdb",
+    scheduler: Any = None,
+) -> str:
+    """Export ``run`` (a loaded run) as ``fmt`` into ``out``; returns a one-line summary.
+
+    ``engine="dask"`` reads it on a Dask cluster (``scheduler``: an address or a
+    ``distributed.Client``; default: a local cluster); the output is the same as DuckDB's.
+    """
+    if fmt not in FORMATS:
+        raise HoloprofError(f"unknown export format {fmt!r}; use {' or '.join(FORMATS)}")
+    if start_s is not None and start_s < 0:
         raise HoloprofError("--from must be 0 or more seconds after the run start")
-    if args.start_s is not None and args.end_s is not None and args.end_s <= args.start_s:
-        raise HoloprofError(f"--to ({args.end_s}) must be after --from ({args.start_s})")
-    if args.format != "chrome" and (args.start_s is not None or args.end_s is not None):
+    if start_s is not None and end_s is not None and end_s <= start_s:
+        raise HoloprofError(f"--to ({end_s}) must be after --from ({start_s})")
+    if fmt != "chrome" and (start_s is not None or end_s is not None):
         raise HoloprofError("--from/--to apply to --format chrome only; leave them out for tensorboard")
-    run = load(open_run(args.run))
-    out = os.path.abspath(args.out)
-    if args.format == "chrome":
+    out = os.path.abspath(out)
+    if fmt == "chrome":
         from holoprof.present.chrome_trace import write_chrome_trace
 
         if os.path.isdir(out):
             raise HoloprofError(f"{out} is a directory; give the trace file to write, e.g. -o trace.json")
         tmp = out + ".tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                stats = write_chrome_trace(run, f, args.start_s, args.end_s)
+            with _engine(run, engine, scheduler) as eng, open(tmp, "w", encoding="utf-8") as f:
+                stats = write_chrome_trace(run, f, start_s, end_s, engine=eng)
             os.replace(tmp, out)
         except OSError as exc:
             try:
@@ -57,18 +99,38 @@ def main(args: argparse.Namespace) -> int:
             except OSError:
                 pass
             raise HoloprofError(f"cannot write {out} ({exc.strerror or exc}); choose a writable path with -o")
-        sys.stderr.write(
-            f"holoprof: wrote {out}: {stats.spans} spans, {stats.counters} samples, {stats.io_ops} I/O ops, "
-            f"{stats.processes} processes; open it in https://ui.perfetto.dev or chrome://tracing\n"
+        except BaseException:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
+        return (
+            f"wrote {out}: {stats.spans} spans, {stats.counters} samples, {stats.io_ops} I/O ops, "
+            f"{stats.processes} processes; open it in https://ui.perfetto.dev or chrome://tracing"
         )
-        return 0
     from holoprof.present.tensorboard import write_tensorboard
 
     if os.path.isfile(out):
         raise HoloprofError(f"{out} is a file; give a log directory for TensorBoard, e.g. -o tb/")
-    tb = write_tensorboard(run, out)
-    sys.stderr.write(
-        f"holoprof: wrote {tb.path}: {tb.steps} steps, {len(tb.tags)} scalars each; "
-        f"view with: tensorboard --logdir {out}\n"
-    )
+    with _engine(run, engine, scheduler) as eng:
+        tb = write_tensorboard(run, out, engine=eng)
+    return f"wrote {tb.path}: {tb.steps} steps, {len(tb.tags)} scalars each; view with: tensorboard --logdir {out}"
+
+
+def main(args: argparse.Namespace) -> int:
+    from holoprof.store.pack import open_run
+    from holoprof.store.reader import load
+
+    if args.scheduler and args.engine != "dask":
+        raise HoloprofError("--scheduler goes with --engine dask")
+    if args.start_s is not None and args.start_s < 0:
+        raise HoloprofError("--from must be 0 or more seconds after the run start")
+    if args.start_s is not None and args.end_s is not None and args.end_s <= args.start_s:
+        raise HoloprofError(f"--to ({args.end_s}) must be after --from ({args.start_s})")
+    if args.format != "chrome" and (args.start_s is not None or args.end_s is not None):
+        raise HoloprofError("--from/--to apply to --format chrome only; leave them out for tensorboard")
+    run = load(open_run(args.run))
+    msg = export_run(run, args.format, args.out, args.start_s, args.end_s, args.engine, args.scheduler)
+    sys.stderr.write(f"holoprof: {msg}\n")
     return 0

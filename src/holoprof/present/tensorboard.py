@@ -196,18 +196,27 @@ def _rows(run: Run, sql: str, params: dict[str, object]) -> Iterator[list[tuple[
         cur.close()
 
 
-def write_tensorboard(run: Run, logdir: str) -> TensorBoardStats:
-    """Write the per-step scalars of ``run``'s main training loop into ``logdir``."""
+def write_tensorboard(run: Run, logdir: str, engine: Any = None) -> TensorBoardStats:
+    """Write the per-step scalars of ``run``'s main training loop into ``logdir``.
+
+    ``engine``: DuckDB by default, or a :class:`~holoprof.analyze.engine_dask.DaskEngine` (which
+    computes the per-step table on the cluster); both write the same records.
+    """
     from holoprof.analyze.steps import _per_step_sql, step_processes
 
-    procs = step_processes(run)
+    procs = engine.step_processes() if engine is not None else step_processes(run)
     if not procs:
         raise HoloprofError(
             f"{run.path} has no training steps to export to TensorBoard; steps come from optimizer.step() "
             "(PyTorch) or holoprof.step() — the Chrome trace export works for any run (--format chrome)"
         )
     main = procs[0]
-    sample_names = {str(n) for (n,) in run.rows("SELECT DISTINCT name FROM samples WHERE target_pid = -1")}
+    if engine is not None:
+        sample_names = engine.job_sample_names()
+    else:
+        sample_names = {
+            str(n) for (n,) in run.rows("SELECT DISTINCT name FROM samples WHERE target_pid = -1")
+        }
     series = [("job.rss_bytes", "memory/rss_bytes")]
     for name, tag in (
         ("job.read_bytes_per_s", "io/read_bytes_per_s"),
@@ -235,9 +244,13 @@ def write_tensorboard(run: Run, logdir: str) -> TensorBoardStats:
     params: dict[str, object] = {"host": main.host, "pid": main.pid, "tid": main.tid}
     tags = ["step_time_s", "throughput_steps_per_s", *(f"phase/{p}_fraction" for p in phases)]
     tags += [t for _, t in series]
+    if engine is not None:
+        batches = engine.tensorboard_rows(main, [name for name, _ in series])
+    else:
+        batches = _rows(run, sql, params)
     n = 0
     with EventWriter(logdir) as w:
-        for rows in _rows(run, sql, params):
+        for rows in batches:
             for r in rows:
                 step, end_ns, dur = int(r[0]), int(r[1]), float(r[2] or 0)
                 dur_s = dur / 1e9

@@ -1,0 +1,214 @@
+"""The Dask engine on a real dask.distributed LocalCluster of 2 worker processes: reports, Chrome and
+TensorBoard exports and the Python API give the same numbers and the same files as DuckDB, on a
+generated run and on a real traced workflow."""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import holoprof
+from conftest import TracedRun, error_lines, free_port, run_holoprof
+from holoprof.bench.synth import generate_run
+from holoprof.errors import HoloprofError
+from workflows.runs import pipeline
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Two worker processes, one thread each: every partition crosses a process boundary."""
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Any) -> Iterator[Any]:
+    with distributed.Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = os.path.join(str(tmp_path_factory.mktemp("dask-synth")), "run")
+    generate_run(out, steps=4_000, ranks=3, chunk_steps=1_500)
+    return out
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    """A traced shell pipeline: several processes, a training loop, samples, an I/O op trace."""
+    return pipeline(tmp_path_factory)
+
+
+def _same_report(duck: dict[str, Any], dask: dict[str, Any]) -> None:
+    assert duck.pop("engine") == "duckdb" and dask.pop("engine") == "dask"
+    for key in duck:
+        assert dask[key] == duck[key], key
+    assert set(dask) == set(duck)
+
+
+def _export(run: str, fmt: str, out: Path, *extra: str) -> str:
+    proc = run_holoprof("export", run, "--format", fmt, "-o", str(out), *extra, cwd=out.parent, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert len(error_lines(proc.stderr)) == 1 and "wrote" in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def _records(logdir: Path) -> list[bytes]:
+    """The TFRecords of the one event file in ``logdir``, without the first (file version, wall clock
+    of the export itself)."""
+    (path,) = logdir.iterdir()
+    data = path.read_bytes()
+    out = []
+    while data:
+        n = struct.unpack("<Q", data[:8])[0]
+        out.append(data[: 16 + n])
+        data = data[16 + n :]
+    return out[1:]
+
+
+# --- report -----------------------------------------------------------------------------------------
+def test_api_report_is_the_same_on_dask_for_a_generated_run(synth: str, client: Any) -> None:
+    duck = holoprof.report(synth)
+    dask = holoprof.report(synth, engine="dask", scheduler=client)
+    assert dask["steps"]["count"] == 4_000 and len(dask["steps"]["per_rank"]) == 3
+    _same_report(duck, dask)
+
+
+def test_api_report_is_the_same_on_dask_with_filters(synth: str, client: Any) -> None:
+    run = holoprof.load(synth, ranks=[1, 2], start_s=3.0, end_s=20.0)
+    duck = holoprof.report(run)
+    dask = holoprof.report(holoprof.load(synth, ranks=[1, 2], start_s=3.0, end_s=20.0), "dask", client)
+    assert 0 < dask["steps"]["count"] < 4_000
+    _same_report(duck, dask)
+
+
+def test_cli_report_is_the_same_on_dask_for_a_real_run(real: TracedRun, cluster: Any) -> None:
+    import json
+
+    proc = run_holoprof(
+        "report", real.run_dir, "--json", "--engine", "dask", "--scheduler", cluster.scheduler_address,
+        cwd=os.path.dirname(real.run_dir), timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    dask = json.loads(proc.stdout)
+    assert dask["steps"]["count"] > 0 and dask["io"], "a real run with steps and I/O"
+    duck = json.loads(json.dumps(holoprof.report(real.run_dir), default=str))
+    _same_report(duck, dask)
+
+
+# --- exports ----------------------------------------------------------------------------------------
+def test_chrome_export_is_byte_identical_on_a_generated_run(synth: str, cluster: Any, tmp_path: Path) -> None:
+    _export(synth, "chrome", tmp_path / "duck.json")
+    msg = _export(
+        synth, "chrome", tmp_path / "dask.json", "--engine", "dask", "--scheduler", cluster.scheduler_address
+    )
+    assert "60000 spans" in msg
+    assert (tmp_path / "dask.json").read_bytes() == (tmp_path / "duck.json").read_bytes()
+    # a window
+    win = ("--from", "2.5", "--to", "9")
+    _export(synth, "chrome", tmp_path / "wduck.json", *win)
+    _export(
+        synth, "chrome", tmp_path / "wdask.json", *win, "--engine", "dask",
+        "--scheduler", cluster.scheduler_address,
+    )  # fmt: skip
+    assert (tmp_path / "wdask.json").read_bytes() == (tmp_path / "wduck.json").read_bytes()
+    assert (tmp_path / "wduck.json").stat().st_size < (tmp_path / "duck.json").stat().st_size / 2
+
+
+def test_chrome_export_is_byte_identical_on_a_real_run(real: TracedRun, cluster: Any, tmp_path: Path) -> None:
+    import json
+
+    _export(real.run_dir, "chrome", tmp_path / "duck.json")
+    _export(
+        real.run_dir, "chrome", tmp_path / "dask.json", "--engine", "dask",
+        "--scheduler", cluster.scheduler_address,
+    )  # fmt: skip
+    duck = (tmp_path / "duck.json").read_bytes()
+    assert (tmp_path / "dask.json").read_bytes() == duck
+    events = json.loads(duck)["traceEvents"]
+    kinds = {(e["ph"], e.get("cat")) for e in events}
+    assert {("X", "step"), ("X", "phase"), ("X", "io"), ("C", None)} <= kinds, kinds
+    assert len({e["pid"] for e in events if e["ph"] == "X"}) >= 3, "spans of several processes"
+
+
+def test_tensorboard_export_has_the_same_records(
+    synth: str, real: TracedRun, cluster: Any, tmp_path: Path
+) -> None:
+    for name, run in (("synth", synth), ("real", real.run_dir)):
+        _export(run, "tensorboard", tmp_path / f"{name}-duck")
+        _export(
+            run, "tensorboard", tmp_path / f"{name}-dask", "--engine", "dask",
+            "--scheduler", cluster.scheduler_address,
+        )  # fmt: skip
+        duck = _records(tmp_path / f"{name}-duck")
+        assert len(duck) >= 4 and _records(tmp_path / f"{name}-dask") == duck, name
+
+
+def test_api_export_on_dask_and_a_local_cluster_of_its_own(synth: str, client: Any, tmp_path: Path) -> None:
+    _export(synth, "chrome", tmp_path / "duck.json")
+    msg = holoprof.export(synth, "chrome", str(tmp_path / "api.json"), engine="dask", scheduler=client)
+    assert msg.startswith("wrote ")
+    assert (tmp_path / "api.json").read_bytes() == (tmp_path / "duck.json").read_bytes()
+    assert client.status == "running", "a client of the caller's is left open"
+    # no scheduler: the command starts (and stops) a local cluster of its own
+    _export(synth, "chrome", tmp_path / "local.json", "--engine", "dask")
+    assert (tmp_path / "local.json").read_bytes() == (tmp_path / "duck.json").read_bytes()
+
+
+# --- errors -----------------------------------------------------------------------------------------
+_NO_DASK = (
+    "import sys; sys.modules['distributed'] = None; sys.modules['dask'] = None; "
+    "from holoprof.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_without_the_dask_extra_the_install_line_is_printed(synth: str, tmp_path: Path, command: str) -> None:
+    import subprocess
+
+    from conftest import job_env
+
+    args = [synth, "--engine", "dask"]
+    if command == "export":
+        args += ["--format", "chrome", "-o", str(tmp_path / "t.json")]
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_DASK, command, *args],
+        cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert error_lines(proc.stderr) == [
+        "holoprof: error: the Dask engine needs the 'dask[dataframe] distributed' package, which is not "
+        "installed; install it with: pip install 'holoprof[dask]'"
+    ]
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_bad_scheduler_and_engine_arguments_are_one_line_errors(synth: str, tmp_path: Path) -> None:
+    out = str(tmp_path / "t.json")
+    proc = run_holoprof("export", synth, "-f", "chrome", "-o", out, "--scheduler", "tcp://x:1", cwd=tmp_path)
+    assert proc.returncode == 2 and error_lines(proc.stderr) == [
+        "holoprof: error: --scheduler goes with --engine dask"
+    ]
+    address = f"tcp://127.0.0.1:{free_port()}"
+    proc = run_holoprof(
+        "export", synth, "-f", "chrome", "-o", out, "--engine", "dask", "--scheduler", address, cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith(f"holoprof: error: cannot reach the Dask scheduler at {address}")
+    assert not os.path.exists(out) and not os.path.exists(out + ".tmp")
+    with pytest.raises(HoloprofError, match="unknown engine"):
+        holoprof.export(synth, "chrome", out, engine="spark")
+    with pytest.raises(HoloprofError, match="scheduler goes with"):
+        holoprof.report(synth, scheduler="tcp://x:1")
