@@ -443,3 +443,34 @@ def test_a_failing_collector_is_switched_off_and_undone(
     assert (builtins.open, os.read, os.stat) == orig
     assert agent.errors and agent.errors[0].startswith("io: RuntimeError")
     assert col.poll() == []
+
+
+GC_PROBE = textwrap.dedent(
+    """
+    import gc, json, sys
+    if sys.argv[1] == "off":
+        gc.disable()
+    full = gc.get_stats()[2]["collections"]
+    import torch
+    print(json.dumps({"count": gc.get_count(), "full": gc.get_stats()[2]["collections"] - full}))
+    """
+)
+
+
+@pytest.mark.parametrize("gc_state", ["on", "off"])
+def test_gc_clock_restarts_after_import_torch(tmp_path: Path, gc_state: str) -> None:
+    """The agent's start-up allocations must not pull the job's first full collection forward: a
+    traced job leaves ``import torch`` with the collector's counts at zero, and a job that switched
+    the collector off keeps it off (no collection at all)."""
+    script = tmp_path / "probe.py"
+    script.write_text(GC_PROBE)
+    proc = run_holoprof(
+        "run", "--no-report", "--out", str(tmp_path / "run"), "--", str(script), gc_state, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if gc_state == "on":
+        assert got["full"] >= 1, got
+        assert got["count"][1:] == [0, 0] and got["count"][0] < 700, got  # counted from zero again
+    else:
+        assert got["full"] == 0 and got["count"][0] > 10_000, got  # torch's objects, never collected
