@@ -204,18 +204,19 @@ class DaskEngine:
         assert self.spans is not None
         sp = self.spans
         mine = sp[(sp.host == proc.host) & (sp.pid == proc.pid)]
-        steps = mine[(mine.kind == "step") & (mine.end_ns >= mine.start_ns)][
+        steps_dd = mine[(mine.kind == "step") & (mine.end_ns >= mine.start_ns)][
             ["step", "start_ns", "end_ns"]
-        ].compute()
-        steps = steps.rename(columns={"start_ns": "s", "end_ns": "e"})
+        ].rename(columns={"start_ns": "s", "end_ns": "e"})
         phases = mine[(mine.kind == "phase") & (mine.tid == proc.tid)][["step", "name", "start_ns", "end_ns"]]
-        joined = phases.merge(steps, on="step", how="inner")
+        # joined on the cluster (a computed table of steps would travel inside the task graph)
+        joined = phases.merge(steps_dd, on="step", how="inner")
         joined = joined[(joined.end_ns > joined.s) & (joined.start_ns < joined.e)]
         joined = joined.assign(
             d=joined.end_ns.where(joined.end_ns < joined.e, joined.e)
             - joined.start_ns.where(joined.start_ns > joined.s, joined.s)
         )
-        sums = joined.groupby(["step", "name"]).d.sum().compute()
+        sums = joined.groupby(["step", "name"]).d.sum()
+        steps, sums = self.client.compute([steps_dd, sums], sync=True)
         table = sums.unstack(fill_value=0) if len(sums) else pd.DataFrame()
         per = steps.set_index("step").sort_index()
         per["dur"] = (per["e"] - per["s"]).astype("float64")
@@ -335,11 +336,11 @@ class DaskEngine:
                 if not len(pdf):
                     continue
                 tbl = pa.Table.from_pandas(pdf[columns], preserve_index=False)
-                data = [tbl.column(c).to_pylist() for c in columns]
-                del pdf, tbl
-                rows = list(zip(*data, strict=True))
-                for j in range(0, len(rows), BATCH):
-                    yield rows[j : j + BATCH]
+                del pdf
+                for j in range(0, tbl.num_rows, BATCH):  # Python objects for one batch at a time
+                    part = tbl.slice(j, BATCH)
+                    yield list(zip(*(part.column(c).to_pylist() for c in columns), strict=True))
+                del tbl
         finally:
             for fut in futures:
                 if fut is not None:
