@@ -2335,16 +2335,23 @@ static void jw_put(struct jw *w, const char *s, size_t n)
 
 static void jw_str(struct jw *w, const char *s) { jw_put(w, s, strlen(s)); }
 
+/* room for n more bytes in the buffer, written in place */
+static inline char *jw_reserve(struct jw *w, size_t n)
+{
+    if (sizeof w->buf - w->len < n)
+        jw_flush(w);
+    return w->buf + w->len;
+}
+
 static void jw_int(struct jw *w, long v)
 {
     char t[24];
     jw_put(w, t, fmt_int(t, v));
 }
 
-/* nanoseconds as seconds with nine decimals, exactly */
-static void jw_secs(struct jw *w, int64_t ns)
+/* nanoseconds as seconds with nine decimals, exactly, into t (48 bytes); returns the length */
+static size_t fmt_secs(char *t, int64_t ns)
 {
-    char t[48];
     size_t n = 0;
     if (ns < 0) {
         t[n++] = '-';
@@ -2353,9 +2360,11 @@ static void jw_secs(struct jw *w, int64_t ns)
     n += fmt_int(t + n, (long)(ns / 1000000000LL));
     t[n++] = '.';
     long frac = (long)(ns % 1000000000LL);
-    for (long d = 100000000L; d; d /= 10)
-        t[n++] = (char)('0' + (frac / d) % 10);
-    jw_put(w, t, n);
+    for (int i = 8; i >= 0; i--) {
+        t[n + (size_t)i] = (char)('0' + frac % 10);
+        frac /= 10;
+    }
+    return n + 9;
 }
 
 /* length of the well-formed UTF-8 sequence at s (strict, as Python decodes), 0 if ill-formed */
@@ -2395,8 +2404,19 @@ static void jw_path(struct jw *w, const char *p, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *s = (const unsigned char *)p;
-    jw_put(w, "\"", 1);
     size_t i = 0;
+    while (i < n && s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\')
+        i++;
+    if (i == n && n < 4096) { /* the usual path: printable ASCII, nothing to escape */
+        char *o = jw_reserve(w, n + 2);
+        o[0] = '"';
+        memcpy(o + 1, p, n);
+        o[n + 1] = '"';
+        w->len += n + 2;
+        return;
+    }
+    jw_put(w, "\"", 1);
+    i = 0;
     while (i < n) {
         unsigned char c = s[i];
         if (c == '"' || c == '\\') {
@@ -2425,27 +2445,34 @@ static void jw_path(struct jw *w, const char *p, size_t n)
     jw_put(w, "\"", 1);
 }
 
+/* "NAME": of every counter, ready to copy (a dump writes thousands of records at exit, which a
+ * DataLoader's main loop waits for) */
+struct jname {
+    const char *s;
+    size_t n;
+};
+#define JNAME_X(n) {"\"" #n "\":", sizeof("\"" #n "\":") - 1},
+static const struct jname posix_int_jnames[] = {POSIX_INT_COUNTERS(JNAME_X)};
+static const struct jname posix_f_jnames[] = {POSIX_F_COUNTERS(JNAME_X)};
+static const struct jname stdio_int_jnames[] = {STDIO_INT_COUNTERS(JNAME_X)};
+static const struct jname stdio_f_jnames[] = {STDIO_F_COUNTERS(JNAME_X)};
+
 /* "name":value for the non-zero counters (the header lists every name; absent means 0) */
-static void jw_names(struct jw *w, const char *names, const int64_t *vals, int count, int secs, int *first)
+static void jw_names(struct jw *w, const struct jname *names, const int64_t *vals, int count, int secs, int *first)
 {
-    const char *p = names;
     for (int i = 0; i < count; i++) {
-        const char *q = strchr(p, ',');
-        if (vals[i] == 0) {
-            p = q + 1;
+        if (vals[i] == 0)
             continue;
-        }
+        /* ',' + name (< 64) + a number (< 48) + NUL */
+        char *o = jw_reserve(w, 128);
+        size_t k = 0;
         if (!*first)
-            jw_put(w, ",", 1);
+            o[k++] = ',';
         *first = 0;
-        jw_put(w, "\"", 1);
-        jw_put(w, p, (size_t)(q - p));
-        jw_put(w, "\":", 2);
-        if (secs)
-            jw_secs(w, vals[i]);
-        else
-            jw_int(w, (long)vals[i]);
-        p = q + 1;
+        memcpy(o + k, names[i].s, names[i].n);
+        k += names[i].n;
+        k += secs ? fmt_secs(o + k, vals[i]) : fmt_int(o + k, (long)vals[i]);
+        w->len += k;
     }
 }
 
@@ -2550,11 +2577,11 @@ static int write_dump(const char *target, const char *reason)
         jw_path(w, rec_path(&copy), copy.path_len);
         jw_str(w, ",\"counters\":{");
         if (copy.module == MOD_POSIX) {
-            jw_names(w, posix_int_names, copy.c, POSIX_NI, 0, &first);
-            jw_names(w, posix_f_names, copy.f, POSIX_NF, 1, &first);
+            jw_names(w, posix_int_jnames, copy.c, POSIX_NI, 0, &first);
+            jw_names(w, posix_f_jnames, copy.f, POSIX_NF, 1, &first);
         } else {
-            jw_names(w, stdio_int_names, copy.c, STDIO_NI, 0, &first);
-            jw_names(w, stdio_f_names, copy.f, STDIO_NF, 1, &first);
+            jw_names(w, stdio_int_jnames, copy.c, STDIO_NI, 0, &first);
+            jw_names(w, stdio_f_jnames, copy.f, STDIO_NF, 1, &first);
         }
         jw_str(w, "}}\n");
     }
