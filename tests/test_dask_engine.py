@@ -85,12 +85,20 @@ def test_api_report_is_the_same_on_dask_for_a_generated_run(synth: str, client: 
     _same_report(duck, dask)
 
 
-def test_api_report_is_the_same_on_dask_with_filters(synth: str, client: Any) -> None:
-    run = holoprof.load(synth, ranks=[1, 2], start_s=3.0, end_s=20.0)
-    duck = holoprof.report(run)
-    dask = holoprof.report(holoprof.load(synth, ranks=[1, 2], start_s=3.0, end_s=20.0), "dask", client)
-    assert 0 < dask["steps"]["count"] < 4_000
+def test_api_report_and_export_are_the_same_on_dask_with_filters(
+    synth: str, client: Any, tmp_path: Path
+) -> None:
+    def part() -> Any:
+        return holoprof.load(synth, ranks=[1, 2], start_s=3.0, end_s=20.0, steps=(0, 1_200))
+
+    duck = holoprof.report(part())
+    dask = holoprof.report(part(), "dask", client)
+    assert 0 < dask["steps"]["count"] < 1_200
+    assert sorted(r["rank"] for r in dask["steps"]["per_rank"]) == [1, 2]
     _same_report(duck, dask)
+    holoprof.export(part(), "chrome", str(tmp_path / "duck.json"))
+    holoprof.export(part(), "chrome", str(tmp_path / "dask.json"), engine="dask", scheduler=client)
+    assert (tmp_path / "dask.json").read_bytes() == (tmp_path / "duck.json").read_bytes()
 
 
 def test_cli_report_is_the_same_on_dask_for_a_real_run(real: TracedRun, cluster: Any) -> None:

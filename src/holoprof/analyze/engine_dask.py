@@ -16,7 +16,8 @@ byte for byte, as the DuckDB engine's (only the small process table is read with
 
 Every chunk file is one partition, read by :func:`read_chunk` with the run's filters (time window,
 ranks, steps) pushed into the Parquet read, and with the columns a chunk lacks filled with nulls (as
-DuckDB's ``union_by_name`` does). The workers of an existing cluster need holoprof installed.
+DuckDB's ``union_by_name`` does). The workers of an existing cluster need holoprof installed and
+the run at the same path (a shared file system).
 """
 
 from __future__ import annotations
