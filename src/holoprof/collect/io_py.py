@@ -1021,6 +1021,11 @@ class IoCollector(Collector):
             from holoprof.agent.setup import post_import_finder
 
             post_import_finder().add("numpy", self._on_numpy)
+        # The writer imports the raw chunk writer at its first flush; import it now, so that a worker
+        # forked before that flush (a DataLoader's) does not import it at its final flush, which the
+        # training loop waits for.
+        import holoprof.store.raw  # noqa: F401
+
         if self.agent.options.get(OPTION_GC_RESET, True) and "torch" not in sys.modules:
             from holoprof.agent.setup import post_import_finder
 
