@@ -93,3 +93,135 @@ def test_missing_trace_is_refused(tmp_path: os.PathLike[str]) -> None:
         "import", "torch-trace", os.path.join(tmp_path, "nope.json"), "--out", os.path.join(tmp_path, "run")
     )
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+# --- a 2-rank DDP job, and the same with a device timeline -----------------------------------------
+
+
+def _ddp_traces(out: str, *device: str) -> list[str]:
+    p = subprocess.run(
+        [sys.executable, os.path.join(HERE, "trace_scripts", "profile_ddp.py"), out, *device],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stderr
+    return sorted(os.path.join(out, f) for f in os.listdir(out))
+
+
+@pytest.fixture(scope="module")
+def ddp_traces(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = str(tmp_path_factory.mktemp("ddp"))
+    assert len(_ddp_traces(out)) == 2
+    return out
+
+
+@pytest.fixture(scope="module")
+def device_traces(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = str(tmp_path_factory.mktemp("ddp-device"))
+    assert len(_ddp_traces(out, "--device")) == 2
+    return out
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None and cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None and cur_s is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _expected_breakdown(doc: dict) -> dict[str, float]:
+    """Holistic Trace Analysis's temporal breakdown, computed here from the JSON in plain Python."""
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    last_step = max(e["ts"] for e in xs if e["name"].startswith("ProfilerStep#"))
+    launched = {
+        e["args"]["correlation"] for e in xs if e.get("cat") == "cuda_runtime" and e["ts"] < last_step
+    }
+    acts = [
+        (e["ts"], e["ts"] + e["dur"], e["name"])
+        for e in xs
+        if e.get("cat") in ("kernel", "gpu_memcpy") and e["args"]["correlation"] in launched
+    ]
+    span = max(e for _, e, _ in acts) - min(s for s, _, _ in acts)
+    busy = _union_us([(s, e) for s, e, _ in acts])
+    compute = _union_us([(s, e) for s, e, n in acts if not n.startswith(("nccl", "Memcpy"))])
+    return {
+        "kernel_time_s": span / 1e6,
+        "idle_s": (span - busy) / 1e6,
+        "compute_s": compute / 1e6,
+        "non_compute_s": (busy - compute) / 1e6,
+    }
+
+
+def test_ddp_ranks_steps_and_gloo_collectives_match_the_trace(
+    ddp_traces: str, tmp_path: os.PathLike[str]
+) -> None:
+    from holoprof.store.import_torch_trace import temporal_breakdown
+
+    out = os.path.join(tmp_path, "run")
+    r = _cli("import", "torch-trace", ddp_traces, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "device time" not in r.stderr  # a CPU-only trace has no device timeline
+    assert temporal_breakdown(out) == []
+    import holoprof
+
+    run = holoprof.load(out)
+    for path in sorted(os.listdir(ddp_traces)):
+        doc = _load(os.path.join(ddp_traces, path))
+        rank = doc["distributedInfo"]["rank"]
+        assert doc["distributedInfo"]["world_size"] == 2
+        xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        want = {int(e["name"].split("#")[1]): e["dur"] for e in xs if e["name"].startswith("ProfilerStep#")}
+        got = dict(
+            run.rows(
+                "SELECT step, (end_ns - start_ns) / 1000.0 FROM spans WHERE kind = 'step' AND rank = ?",
+                [rank],
+            )
+        )
+        assert set(got) == set(want) and len(want) == 4
+        for n, us in want.items():
+            assert got[n] == pytest.approx(us, abs=0.002)
+        gloo = sorted(e["dur"] for e in xs if e["name"].startswith("gloo:"))
+        got_gloo = [
+            us
+            for (us,) in run.rows(
+                "SELECT (end_ns - start_ns) / 1000.0 FROM spans WHERE kind = 'comm' AND rank = ? "
+                "AND name LIKE 'gloo:%' ORDER BY 1",
+                [rank],
+            )
+        ]
+        assert gloo and got_gloo == pytest.approx(gloo, abs=0.002)
+    doc = _report(out)
+    assert doc["run"]["ranks"] == 2 and doc["steps"]["count"] == 4
+
+
+def test_device_temporal_breakdown_is_htas_definition(device_traces: str, tmp_path: os.PathLike[str]) -> None:
+    from holoprof.store.import_torch_trace import temporal_breakdown
+
+    out = os.path.join(tmp_path, "run")
+    r = _cli("import", "torch-trace", device_traces, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("device time") == 2
+    got = {b["rank"]: b for b in temporal_breakdown(out)}
+    assert sorted(got) == [0, 1]
+    for path in os.listdir(device_traces):
+        doc = _load(os.path.join(device_traces, path))
+        want = _expected_breakdown(doc)
+        b = got[doc["distributedInfo"]["rank"]]
+        for k, v in want.items():
+            assert b[k] == pytest.approx(v, abs=1e-8), k
+        assert want["idle_s"] > 0 and want["compute_s"] > 0 and want["non_compute_s"] > 0
+        assert b["idle_fraction"] + b["compute_fraction"] + b["non_compute_fraction"] == pytest.approx(1)
+    assert _report(out)["steps"]["count"] == 4

@@ -13,9 +13,18 @@ What becomes what:
   backward ops under it) → ``backward``; the remaining top-level CPU ops of the step's thread before
   backward starts → ``forward``; the split is as good as the trace's annotations (no annotations for
   forward exist in Kineto traces, so forward is what is left between data loading and backward);
-* collectives (``c10d::``/``record_param_comms`` CPU ops, ``nccl`` kernels) → ``comm`` spans;
+* collectives (``c10d::``/``record_param_comms`` CPU ops, ``gloo:`` transfers, ``nccl`` kernels) →
+  ``comm`` spans;
 * every CPU op and GPU kernel → an ``op`` span (attrs: category, device, stream, input shapes);
-* ``distributedInfo`` → the process's rank and world size.
+* ``distributedInfo`` → the process's rank and world size;
+* the device timeline (GPU activities and the launches that correlate with them) → the temporal
+  breakdown of Holistic Trace Analysis per rank (idle / compute / non-compute share of the time from
+  the first activity to the last), in the manifest's ``source.temporal_breakdown`` and each process's
+  ``info``; see :func:`temporal_breakdown`.
+
+Files are imported in parallel processes (one per core). While streaming, only the current chunk
+and compact arrays of device activities are held; the derived phases (forward, backward) are computed
+by DuckDB over the written chunks; the final compaction (as for every run) reads one process at a time.
 
 The run's status is ``imported``; ``holoprof report`` and the analyses work on it as on any run.
 """
@@ -23,17 +32,21 @@ The run's status is ``imported``; ``holoprof report`` and the analyses work on i
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import os
+import re
 import sys
 import time
+from array import array
 from collections.abc import Iterator
 from typing import IO, Any, cast
 
 from holoprof.errors import HoloprofError, MissingExtraError
 
-CHUNK_ROWS = 200_000
+PARALLEL_MIN_BYTES = 64 * 2**20  # traces smaller than this in all are imported in one process
+CHUNK_ROWS = 50_000  # rows buffered per process before a Parquet chunk is written
 HOST = "kineto"
 
 
@@ -49,6 +62,12 @@ def run_import(args: argparse.Namespace) -> int:
     sys.stderr.write(
         f"holoprof: imported {args.path} into {run_dir}; see it with: holoprof report {run_dir}\n"
     )
+    for b in temporal_breakdown(run_dir):
+        sys.stderr.write(
+            f"holoprof: rank {b['rank']} device time {b['kernel_time_s'] * 1e3:.1f} ms: "
+            f"idle {b['idle_fraction']:.1%}, compute {b['compute_fraction']:.1%}, "
+            f"non-compute {b['non_compute_fraction']:.1%}\n"
+        )
     return 0
 
 
@@ -129,7 +148,126 @@ def _phase_of(name: str, cat: str) -> str | None:
 
 def _is_comm(name: str, cat: str) -> bool:
     n = name.lower()
-    return n.startswith(("c10d::", "record_param_comms", "nccl:")) or (cat == "kernel" and "nccl" in n)
+    return n.startswith(("c10d::", "record_param_comms", "nccl:", "gloo:")) or (
+        cat == "kernel" and "nccl" in n
+    )
+
+
+# Kernel classes of Holistic Trace Analysis (hta.utils.utils.get_kernel_type), so that the temporal
+# breakdown below is HTA's: communication (NCCL kernels), memory (memcpy/memset/dma), computation (the
+# rest, save names that mention Memcpy/Memset/Sync, which HTA counts as "other").
+_NCCL_KERNEL = re.compile(r"^nccl.*Kernel")
+_MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+
+
+def _is_compute_kernel(name: str) -> bool:
+    return not (_NCCL_KERNEL.match(name) or _MEMORY_KERNEL.match(name) or _NOT_COMPUTE.match(name))
+
+
+def _int_arg(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+class _Device:
+    """The device timeline of one trace, kept compact while streaming (8-byte arrays, no dicts).
+
+    GPU activities are the events with a ``stream`` (kernels, memcpy, memset, syncs on a stream) and a
+    ``correlation`` id; launches are the host events carrying a ``correlation`` (cudaLaunchKernel,
+    cudaMemcpyAsync, ...). As HTA does, only activities launched before the last ``ProfilerStep``
+    starts count (the last step is usually cut short by the profiler).
+    """
+
+    def __init__(self) -> None:
+        self.start = array("q")
+        self.end = array("q")
+        self.corr = array("q")
+        self.compute = array("b")
+        self.launch_corr = array("q")
+        self.launch_ts = array("q")
+
+    def add(self, ev: dict[str, Any], cat: str, name: str, s: int, e: int) -> None:
+        args = ev.get("args")
+        if not isinstance(args, dict) or cat in ("gpu_user_annotation", "python_function"):
+            return
+        corr = _int_arg(args.get("correlation"))
+        if corr is None:
+            return
+        stream = _int_arg(args.get("stream"))
+        if stream is not None and stream >= 0:
+            if corr >= 0:
+                self.start.append(s)
+                self.end.append(e)
+                self.corr.append(corr)
+                self.compute.append(1 if _is_compute_kernel(name) else 0)
+        else:
+            self.launch_corr.append(corr)
+            self.launch_ts.append(s)
+
+    def temporal_breakdown(self, last_step_start_ns: int | None) -> dict[str, float] | None:
+        """HTA's temporal breakdown: the span from the first activity's start to the last one's end,
+        split into idle (no activity), compute (a computation kernel runs) and non-compute (only
+        communication, memory or other activities run)."""
+        if not self.start:
+            return None
+        import duckdb
+        import pyarrow as pa
+
+        def col(a: array[int], t: pa.DataType) -> pa.Array:
+            return pa.Array.from_buffers(t, len(a), [None, pa.py_buffer(a)])
+
+        gpu = pa.table(  # noqa: F841 (read by DuckDB by name)
+            {
+                "s": col(self.start, pa.int64()),
+                "e": col(self.end, pa.int64()),
+                "corr": col(self.corr, pa.int64()),
+                "compute": col(self.compute, pa.int8()),
+            }
+        )
+        launch = pa.table(  # noqa: F841
+            {"corr": col(self.launch_corr, pa.int64()), "ts": col(self.launch_ts, pa.int64())}
+        )
+        keep = (
+            "corr IN (SELECT corr FROM launch WHERE ts < $last)" if last_step_start_ns is not None else "TRUE"
+        )
+        # merged intervals: a new one starts where an activity starts after every earlier one ended
+        sql = f"""
+            WITH k AS (SELECT s, e, compute FROM gpu WHERE {keep}),
+            m AS (SELECT s, e, compute, max(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING
+                         AND 1 PRECEDING) AS prev FROM k),
+            mc AS (SELECT s, e, max(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING
+                          AND 1 PRECEDING) AS prev FROM k WHERE compute = 1),
+            g AS (SELECT s, e, sum(CASE WHEN prev IS NULL OR s > prev THEN 1 ELSE 0 END)
+                         OVER (ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS grp FROM m),
+            gc AS (SELECT s, e, sum(CASE WHEN prev IS NULL OR s > prev THEN 1 ELSE 0 END)
+                          OVER (ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS grp FROM mc),
+            busy AS (SELECT min(s) AS a, max(e) AS b FROM g GROUP BY grp),
+            comp AS (SELECT min(s) AS a, max(e) AS b FROM gc GROUP BY grp)
+            SELECT (SELECT max(b) - min(a) FROM busy), (SELECT sum(b - a) FROM busy),
+                   (SELECT coalesce(sum(b - a), 0) FROM comp), (SELECT count(*) FROM k)"""
+        con = duckdb.connect()
+        params = {"last": last_step_start_ns} if last_step_start_ns is not None else {}
+        row = con.execute(sql, params).fetchone()
+        con.close()
+        if row is None or not row[3]:
+            return None
+        span, busy, comp, count = (int(x or 0) for x in row)
+        idle = span - busy
+        non_compute = span - comp - idle
+        frac = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
+        return {
+            "kernel_time_s": span / 1e9,
+            "idle_s": idle / 1e9,
+            "compute_s": comp / 1e9,
+            "non_compute_s": non_compute / 1e9,
+            "idle_fraction": frac(idle),
+            "compute_fraction": frac(comp),
+            "non_compute_fraction": frac(non_compute),
+            "activities": count,
+        }
 
 
 class _Writer:
@@ -159,6 +297,7 @@ class _Writer:
         if not self.rows:
             return
         n = len(self.rows)
+        self.rows.sort(key=lambda r: r[5])  # by start: chunks sorted in time prune well on read
         cols = list(zip(*self.rows, strict=True))
         names = ("tid", "span_id", "parent_id", "kind", "name", "start_ns", "end_ns", "step", "attrs")
         data: dict[str, list[Any]] = {k: [v] * n for k, v in self.base.items()}
@@ -169,179 +308,231 @@ class _Writer:
         self.rows = []
 
 
-def import_torch_trace(path: str, out: str | None = None) -> str:
-    """Import one trace file or a folder of per-rank traces into a new run directory."""
+def import_torch_trace(path: str, out: str | None = None, jobs: int | None = None) -> str:
+    """Import one trace file or a folder of per-rank traces into a new run directory.
+
+    Files are imported in parallel, ``jobs`` at a time (default: one per CPU core, at most one per file,
+    when they hold ``PARALLEL_MIN_BYTES`` or more in all; else one process).
+    """
     try:
         import ijson  # noqa: F401
     except ImportError:
         raise MissingExtraError("importing PyTorch profiler traces", "torch", "ijson")
     from holoprof.store import rundir
-    from holoprof.store.chunks import write_chunk
     from holoprof.store.compact import compact_run
 
     files = _trace_files(path)
     heads = [_header(f) for f in files]
     name = os.path.basename(os.path.normpath(path)).split(".")[0] or "torch-trace"
     run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
-    t_min: int | None = None
-    t_max = 0
-    for idx, (f, head) in enumerate(zip(files, heads, strict=True)):
-        rank = int(head.get("rank", idx if len(files) > 1 else -1))
-        world = int(head.get("world_size", len(files) if len(files) > 1 else -1))
-        base_ns = int(head.get("baseTimeNanoseconds", 0))
-        pid_main = None
-        folder = None
-        writer: _Writer | None = None
-        steps: list[tuple[int, int, int, int]] = []  # (tid, step, s, e)
-        autograd: dict[int, list[int]] = {}  # step -> [first start, last end] of backward work
-        top: list[tuple[int, int, int, str]] = []  # (tid, s, e, name) top-level cpu ops, for forward
-        for ev in _events(f):
-            if ev.get("ph") != "X":
-                continue
-            name = str(ev.get("name", ""))
-            cat = str(ev.get("cat", ""))
-            try:
-                s = int(float(ev["ts"]) * 1000) + base_ns
-                e = s + int(float(ev.get("dur", 0)) * 1000)
-            except (KeyError, TypeError, ValueError):
-                continue
-            pid = int(ev.get("pid", 0)) if str(ev.get("pid", "0")).lstrip("-").isdigit() else 0
-            tid = int(ev.get("tid", 0)) if str(ev.get("tid", "0")).lstrip("-").isdigit() else 0
-            if writer is None:
-                pid_main = pid
-                folder = os.path.join(run_dir, f"{HOST}-{rank if rank >= 0 else pid}")
-                os.makedirs(folder, mode=0o700, exist_ok=True)
-                writer = _Writer(folder, {"host": HOST, "pid": rank if rank >= 0 else pid, "rank": rank})
-            t_min = s if t_min is None else min(t_min, s)
-            t_max = max(t_max, e)
-            if name.startswith("ProfilerStep#"):
-                try:
-                    n = int(name.split("#", 1)[1])
-                except ValueError:
-                    continue
-                steps.append((tid, n, s, e))
-                writer.add(tid, "step", "step", s, e, n, None)
-                continue
-            phase = _phase_of(name, cat)
-            if phase is not None:
-                writer.add(tid, "phase", phase, s, e, -2, {"source": name.split("#")[0]})
-                continue
-            if cat in ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "python_function"):
-                args = ev.get("args") or {}
-                attrs: dict[str, Any] = {"cat": cat}
-                if cat == "kernel":
-                    attrs["device"] = args.get("device")
-                    attrs["stream"] = args.get("stream")
-                elif "Input Dims" in args:
-                    attrs["shapes"] = args.get("Input Dims")
-                writer.add(tid, "comm" if _is_comm(name, cat) else "op", name, s, e, -1, attrs)
-                if cat == "cpu_op":
-                    if name.startswith("autograd::engine::evaluate_function"):
-                        autograd.setdefault(tid, []).append(s)
-                        autograd.setdefault(-tid - 1, []).append(e)
-                    else:
-                        top.append((tid, s, e, name))
-        if writer is None or folder is None:
-            continue
-        # phases derived per step: backward = the span of autograd work, forward = what precedes it
-        for tid, n, s, e in steps:
-            bw_starts = [x for x in autograd.get(tid, []) if s <= x < e]
-            bw_ends = [x for x in autograd.get(-tid - 1, []) if s < x <= e]
-            if bw_starts and bw_ends:
-                b0, b1 = min(bw_starts), max(bw_ends)
-                writer.add(tid, "phase", "backward", b0, b1, n, {"derived": "autograd span"})
-                fw = [
-                    (a, b)
-                    for t2, a, b, nm in top
-                    if t2 == tid and s <= a and b <= b0 and not nm.startswith("Optimizer")
-                ]
-                if fw:
-                    writer.add(
-                        tid,
-                        "phase",
-                        "forward",
-                        min(a for a, _ in fw),
-                        max(b for _, b in fw),
-                        n,
-                        {"derived": "ops before backward"},
-                    )
-        writer.flush()
-        _assign_steps(folder)
-        now = time.time_ns()
-        write_chunk(
-            folder,
-            "processes",
-            {
-                "host": [HOST],
-                "pid": [rank if rank >= 0 else (pid_main or 0)],
-                "rank": [rank],
-                "ppid": [-1],
-                "local_rank": [-1],
-                "world_size": [world],
-                "role": ["rank" if rank >= 0 else "main"],
-                "argv": [json.dumps([os.path.basename(f)])],
-                "exe": [""],
-                "start_ns": [t_min or 0],
-                "end_ns": [t_max],
-                "exit_code": [0],
-                "updated_ns": [now],
-                "clock_offset_ns": [0],
-                "versions": ["{}"],
-                "dropped_events": [0],
-                "errors": ["[]"],
-                "info": [
-                    json.dumps(
-                        {
-                            "source": "agent",
-                            "imported": "torch-trace",
-                            "file": f,
-                            "backend": head.get("backend"),
-                        }
-                    )
-                ],
-            },
-            seq=10**7,
-        )
+    tasks = [
+        (run_dir, f, head, idx, len(files)) for idx, (f, head) in enumerate(zip(files, heads, strict=True))
+    ]
+    if jobs is None:
+        # worker processes cost a start-up each (~0.5 s, ~80 MB): worth it for large traces only
+        big = sum(os.path.getsize(f) for f in files) >= PARALLEL_MIN_BYTES
+        jobs = (os.cpu_count() or 1) if big else 1
+    jobs = max(1, min(jobs, len(files)))
+    if jobs == 1:
+        results = [_import_file(*t) for t in tasks]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn, not fork: the caller may hold threads (DuckDB, the agent's writer)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_import_file, *zip(*tasks, strict=True)))
+    spans = [(a, b) for a, b, _ in results if a is not None]
+    t_min = min((a for a, _ in spans), default=0)
+    t_max = max((b for _, b in spans), default=0)
+    breakdowns = [b for _, _, b in results if b is not None]
     compact_run(run_dir)
     manifest = rundir.new_manifest([f"torch-trace {path}"], name, {})
     manifest.update(
         status="imported",
-        start_ns=t_min or 0,
+        start_ns=t_min,
         end_ns=t_max,
         exit_code=0,
         launcher_pid=-1,
-        source={"format": "torch-trace", "path": os.path.abspath(path), "files": len(files)},
+        source={
+            "format": "torch-trace",
+            "path": os.path.abspath(path),
+            "files": len(files),
+            "temporal_breakdown": breakdowns,
+        },
     )
     rundir.write_manifest(run_dir, manifest)
     return run_dir
 
 
-def _assign_steps(folder: str) -> None:
-    """Give data_wait/optimizer spans (written with step -2) the index of the step that holds them."""
-    import duckdb
-    import pyarrow.parquet as pq
+def _import_file(
+    run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: int
+) -> tuple[int | None, int, dict[str, Any] | None]:
+    """One trace file into one process folder; returns (first start, last end, temporal breakdown)."""
+    from holoprof.store.chunks import write_chunk
 
+    rank = int(head.get("rank", idx if nfiles > 1 else -1))
+    world = int(head.get("world_size", nfiles if nfiles > 1 else -1))
+    base_ns = int(head.get("baseTimeNanoseconds", 0))
+    pid_main = None
+    folder = None
+    writer: _Writer | None = None
+    t_min: int | None = None
+    t_max = 0
+    step_starts: dict[int, int] = {}
+    steps: dict[int, list[tuple[int, int, int]]] = {}  # tid -> [(start, end, step)]
+    pending: list[tuple[int, str, int, int, str]] = []  # data_wait/optimizer phases, step unknown yet
+    device = _Device()
+    for ev in _events(f):
+        if ev.get("ph") != "X":
+            continue
+        name = str(ev.get("name", ""))
+        cat = str(ev.get("cat", ""))
+        try:
+            s = int(float(ev["ts"]) * 1000) + base_ns
+            e = s + int(float(ev.get("dur", 0)) * 1000)
+        except (KeyError, TypeError, ValueError):
+            continue
+        pid = int(ev.get("pid", 0)) if str(ev.get("pid", "0")).lstrip("-").isdigit() else 0
+        tid = int(ev.get("tid", 0)) if str(ev.get("tid", "0")).lstrip("-").isdigit() else 0
+        if writer is None:
+            pid_main = pid
+            folder = os.path.join(run_dir, f"{HOST}-{rank if rank >= 0 else pid}")
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            writer = _Writer(folder, {"host": HOST, "pid": rank if rank >= 0 else pid, "rank": rank})
+        t_min = s if t_min is None else min(t_min, s)
+        t_max = max(t_max, e)
+        if name.startswith("ProfilerStep#"):
+            try:
+                n = int(name.split("#", 1)[1])
+            except ValueError:
+                continue
+            step_starts[n] = s
+            steps.setdefault(tid, []).append((s, e, n))
+            writer.add(tid, "step", "step", s, e, n, None)
+            continue
+        phase = _phase_of(name, cat)
+        if phase is not None:
+            pending.append((tid, phase, s, e, name.split("#")[0]))
+            continue
+        if cat not in ("cpu_op", "user_annotation", "python_function"):
+            device.add(ev, cat, name, s, e)
+        if cat == "user_annotation" and name.startswith("gloo:"):
+            # gloo's worker thread: the time the collective's data really took to move
+            writer.add(tid, "comm", name, s, e, -1, {"cat": cat})
+            continue
+        if cat in ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "python_function"):
+            args = ev.get("args") or {}
+            attrs: dict[str, Any] = {"cat": cat}
+            if cat == "kernel":
+                attrs["device"] = args.get("device")
+                attrs["stream"] = args.get("stream")
+            elif "Input Dims" in args:
+                attrs["shapes"] = args.get("Input Dims")
+            writer.add(tid, "comm" if _is_comm(name, cat) else "op", name, s, e, -1, attrs)
+    if writer is None or folder is None:
+        return None, 0, None
+    # a phase belongs to the step of its thread that started last before it, if it starts in it
+    for tid_steps in steps.values():
+        tid_steps.sort()
+    for tid, phase, a, b, source in pending:
+        tid_steps = steps.get(tid, [])
+        i = bisect.bisect_right(tid_steps, (a, 2**63, 2**63)) - 1
+        n = tid_steps[i][2] if i >= 0 and a < tid_steps[i][1] else -1
+        writer.add(tid, "phase", phase, a, b, n, {"source": source})
+    writer.flush()
+    for tid, phase, a, b, n, how in _derived_phases(folder):
+        writer.add(tid, "phase", phase, a, b, n, {"derived": how})
+    writer.flush()
+    breakdown = device.temporal_breakdown(max(step_starts.values()) if len(step_starts) >= 2 else None)
+    del device
+    now = time.time_ns()
+    write_chunk(
+        folder,
+        "processes",
+        {
+            "host": [HOST],
+            "pid": [rank if rank >= 0 else (pid_main or 0)],
+            "rank": [rank],
+            "ppid": [-1],
+            "local_rank": [-1],
+            "world_size": [world],
+            "role": ["rank" if rank >= 0 else "main"],
+            "argv": [json.dumps([os.path.basename(f)])],
+            "exe": [""],
+            "start_ns": [t_min or 0],
+            "end_ns": [t_max],
+            "exit_code": [0],
+            "updated_ns": [now],
+            "clock_offset_ns": [0],
+            "versions": ["{}"],
+            "dropped_events": [0],
+            "errors": ["[]"],
+            "info": [
+                json.dumps(
+                    {
+                        "source": "agent",
+                        "imported": "torch-trace",
+                        "file": f,
+                        "backend": head.get("backend"),
+                        "temporal_breakdown": breakdown,
+                    }
+                )
+            ],
+        },
+        seq=10**7,
+    )
+    return t_min, t_max, None if breakdown is None else {"rank": rank, **breakdown}
+
+
+def _span_parts(folder: str) -> str:
     from holoprof.store.layout import folder_chunks
 
     parts = [p for _, p in sorted(folder_chunks(folder).get("spans", ([], []))[1])]
-    if not parts:
-        return
-    con = duckdb.connect()
-    lst = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in parts) + "]"
-    tbl = con.sql(
-        f"""WITH s AS (SELECT * FROM read_parquet({lst})),
-                 st AS (SELECT tid AS st_tid, step AS n, start_ns AS a, end_ns AS b FROM s WHERE kind = 'step')
-            SELECT s.* REPLACE (CASE WHEN s.step = -2 THEN
-                       (CASE WHEN st.n IS NOT NULL AND s.start_ns < st.b THEN st.n ELSE -1 END)
-                       ELSE s.step END AS step)
-            FROM s ASOF LEFT JOIN st ON s.tid = st.st_tid AND s.start_ns >= st.a
-            ORDER BY s.start_ns"""
-    ).to_arrow_table()
-    from holoprof import model
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in parts) + "]" if parts else ""
 
-    tbl = tbl.cast(model.arrow_schema("spans"))
-    dest = os.path.join(folder, f"spans-c{0:08d}-{len(parts) - 1:08d}.parquet")
-    pq.write_table(tbl, dest + ".tmp", compression="zstd")
-    os.replace(dest + ".tmp", dest)
-    for p in parts:
-        os.remove(p)
+
+def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
+    """Backward and forward of each step, from the ops of the step's thread (one DuckDB pass):
+    backward spans the autograd work (``autograd::engine::evaluate_function``) that starts or ends in
+    the step; forward spans the other CPU ops of the step that end before backward starts."""
+    import duckdb
+
+    lst = _span_parts(folder)
+    if not lst:
+        return []
+    con = duckdb.connect()
+    rows = con.sql(
+        f"""WITH s AS (SELECT tid, kind, name, step, start_ns, end_ns, attrs FROM read_parquet({lst})
+                       WHERE kind IN ('step', 'op', 'comm')),
+            st AS (SELECT tid, step AS n, start_ns AS a, end_ns AS b FROM s WHERE kind = 'step'),
+            ag AS (SELECT tid, start_ns, end_ns FROM s
+                   WHERE kind = 'op' AND name LIKE 'autograd::engine::evaluate_function%'),
+            bw AS (SELECT st.tid, st.n, st.a,
+                          min(ag.start_ns) FILTER (WHERE ag.start_ns >= st.a AND ag.start_ns < st.b) AS b0,
+                          max(ag.end_ns) FILTER (WHERE ag.end_ns > st.a AND ag.end_ns <= st.b) AS b1
+                   FROM st JOIN ag ON ag.tid = st.tid AND ag.start_ns <= st.b AND ag.end_ns >= st.a
+                   GROUP BY ALL HAVING b0 IS NOT NULL AND b1 IS NOT NULL),
+            -- attrs are written with "cat" first: '{{"cat": "cpu_op"...' marks CPU ops
+            fw AS (SELECT bw.tid, bw.n, min(o.start_ns) AS f0, max(o.end_ns) AS f1
+                   FROM bw JOIN s o ON o.tid = bw.tid AND o.start_ns >= bw.a AND o.end_ns <= bw.b0
+                   WHERE o.kind IN ('op', 'comm') AND o.attrs LIKE '{{"cat": "cpu_op"%'
+                     AND o.name NOT LIKE 'autograd::engine::evaluate_function%'
+                     AND o.name NOT LIKE 'Optimizer%'
+                   GROUP BY ALL)
+            SELECT tid, 'backward', b0, b1, n, 'autograd span' FROM bw
+            UNION ALL SELECT tid, 'forward', f0, f1, n, 'ops before backward' FROM fw"""
+    ).fetchall()
+    con.close()
+    return [(int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), str(r[5])) for r in rows]
+
+
+def temporal_breakdown(run_dir: str) -> list[dict[str, Any]]:
+    """The device temporal breakdown of an imported trace, per rank (empty without GPU activity):
+    ``rank``, ``kernel_time_s`` (first activity's start to last one's end), ``idle_s``, ``compute_s``,
+    ``non_compute_s`` and their ``*_fraction`` of ``kernel_time_s``, as Holistic Trace Analysis's
+    ``get_temporal_breakdown`` defines them."""
+    from holoprof.store import rundir
+
+    source = rundir.read_manifest(run_dir).get("source") or {}
+    return list(source.get("temporal_breakdown") or [])
