@@ -139,9 +139,8 @@ def inprocess_bench(args: argparse.Namespace) -> None:
         x = torch.randn(64 * total, 256)
         y = torch.randint(0, 10, (64 * total,))
         it = iter(DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True))
-        model = nn.Sequential(
-            nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-        )
+        w = args.width
+        model = nn.Sequential(nn.Linear(256, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10))
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         loss_fn = nn.CrossEntropyLoss()
 
@@ -178,8 +177,11 @@ def inprocess_bench(args: argparse.Namespace) -> None:
     def ratio(data: dict[str, list[float]], k: str) -> float:
         return statistics.median(a / b for a, b in zip(data[k], data["off"], strict=True))
 
-    print("## Memory accounting overhead, in-process interleaved (cpu_loop's model, Adam, batch 64)\n")
-    print(f"`python benchmarks/bench_memory.py --rounds-inproc {rounds} --block {block}`\n")
+    print(
+        f"## Memory accounting overhead, in-process interleaved (MLP of width {args.width}, Adam, batch 64)\n"
+    )
+    width = "" if args.width == 512 else f" --width {args.width}"
+    print(f"`python benchmarks/bench_memory.py --rounds-inproc {rounds} --block {block}{width}`\n")
     print("| measure | value | target |\n| --- | --- | --- |")
     for k in kinds:
         print(
@@ -203,6 +205,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds-inproc", type=int, default=30, help="interleaved rounds (in-process)")
     ap.add_argument("--block", type=int, default=50, help="steps per block (in-process)")
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=512,
+        help="hidden width of the in-process MLP: 512 is a 2-3 ms step; 1024 is cpu_loop.py's model (about 4x)",
+    )
     ap.add_argument("--subprocess", action="store_true", help="also compare whole runs of cpu_loop.py")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of whole runs (--subprocess)")
     ap.add_argument("--steps", type=int, default=300, help="steps of each whole run (--subprocess)")

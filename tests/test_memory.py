@@ -42,7 +42,10 @@ data = TensorDataset(torch.randn(B * steps, D), torch.randn(B * steps, OUT))
 loader = DataLoader(data, batch_size=B)
 model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, OUT))
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-for x, y in loader:
+for i, (x, y) in enumerate(loader):
+    if "--replace" in sys.argv and i == 3:
+        # a parameter's storage replaced between steps: a view of a storage twice its size
+        model[2].bias.data = torch.zeros(2 * OUT)[:OUT]
     opt.zero_grad()
     loss = ((model(x) - y) ** 2).mean()
     loss.backward()
@@ -184,6 +187,19 @@ def test_default_samples_the_first_steps_and_full_samples_every_step(
     assert snapshot(full_run.report, 5, "optimizer")["optimizer_state"] == 8 * P + 4 * PARAM_TENSORS
 
 
+def test_full_picks_up_a_replaced_parameter_storage(tmp_path: Path, mlp_script: Path) -> None:
+    # sizes are cached between steps under --memory full; a replaced storage must still be seen
+    run = traced(tmp_path, str(mlp_script), "5", "--replace", options=("--memory", "full"))
+    assert run.proc.returncode == 0, run.proc.stderr
+    for step in (0, 1, 2):
+        assert snapshot(run.report, step, "forward")["weights"] == 4 * P
+    for step in (3, 4):
+        for phase in ("forward", "backward", "optimizer"):
+            assert snapshot(run.report, step, phase)["weights"] == 4 * P + 4 * OUT
+    assert snapshot(run.report, 4, "optimizer")["optimizer_state"] == 8 * P + 4 * PARAM_TENSORS
+    assert snapshot(run.report, 4, "backward")["gradients"] == 4 * P
+
+
 def test_memory_off_records_nothing(tmp_path: Path, mlp_script: Path) -> None:
     run = traced(tmp_path, str(mlp_script), "3", options=("--memory", "off"))
     assert run.proc.returncode == 0, run.proc.stderr
@@ -231,6 +247,8 @@ def test_memory_snapshot_action_counts_tensors_by_category(sampled_run: TracedRu
     assert cats["gradients"] == 4 * P
     assert cats["optimizer_state"] == 8 * P + 4 * PARAM_TENSORS
     assert os.path.dirname(result["census"]) == os.path.join(sampled_run.run_dir, "artifacts")
+    # no GPU here: the CUDA allocator snapshot is left out, without an error
+    assert "cuda_snapshot" not in result and "cuda_error" not in result
     with open(result["census"]) as f:
         assert json.load(f)["categories"] == cats
 

@@ -50,6 +50,7 @@ from holoprof.agent.setup import post_import_finder
 
 CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer_state", "activations", "other")
 MODES: tuple[str, ...] = ("sampled", "full", "off")
+_SAMPLE_NAMES: tuple[tuple[str, str], ...] = tuple((c, f"mem.{c}_bytes") for c in CATEGORIES)
 #: Sampled mode: the first ``FIRST_STEPS`` steps, then every ``EVERY``-th step.
 FIRST_STEPS = 3
 EVERY = 200
@@ -76,12 +77,26 @@ def is_sampled(step: int, mode: str, every: int = EVERY) -> bool:
 # --- process memory (standard library) -------------------------------------------------------------
 _statm: tuple[int, int] | None = None  # (pid, fd) of /proc/<pid>/statm, kept open: a pread is cheap
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# taken at import, before the I/O collector wraps os.pread: reading our own /proc file is not the job's I/O
+_pread = getattr(os, "pread", None)
+_ref = weakref.ref
+_pid = os.getpid()  # os.getpid() is a system call: known here, and again in a forked child
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+_get_ident = threading.get_ident
 
 
 def rss_bytes() -> int:
     global _statm
     try:
-        pid = os.getpid()
+        pid = _pid
         if _statm is None or _statm[0] != pid:  # first call, or a forked child: /proc/self of this process
             if _statm is not None:
                 try:
@@ -89,8 +104,8 @@ def rss_bytes() -> int:
                 except OSError:
                     pass
             _statm = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY))
-        return int(os.pread(_statm[1], 128, 0).split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError, AttributeError):
+        return int(_pread(_statm[1], 128, 0).split()[1]) * _PAGE  # type: ignore[misc]
+    except (OSError, ValueError, IndexError, AttributeError, TypeError):
         import resource
 
         r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -145,30 +160,46 @@ class MemoryCollector(Collector):
         self._fault = os.environ.get(model.ENV_FAULT) == self.name
         self._torch: ModuleType | None = None
         self._param_cls: Any = ()
+        self._tensor_cls: Any = None
+        self._push_hooks: Any = None
+        self._pop_hooks: Any = None
+        self._pack_fn: Any = None
         self._arm_handles: list[Any] = []
         self._reset_state()
 
     def _reset_state(self) -> None:
         self._modules: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._optimizers: dict[int, Any] = {}  # id -> weak reference (a dict: seen twice a step, cheaply)
         self._depth = 0
         self._owner = 0  # thread running the outermost forward
         self._active = False  # the current outermost forward is being measured
+        self._layers = False  # this measured step attributes saved tensors to modules (per-layer list)
+        self._track = False  # the current outermost forward keeps the module stack (active and layers)
         self._stack: list[str] = []
         self._names: dict[int, str] = {}
         self._hooks_ctx: Any = None
-        self._saved: list[tuple[Any, int, int, int, str]] = []  # (ref to box, ptr, nbytes, dev, layer)
+        self._saved: list[
+            tuple[Any, tuple[int, int], bool, str]
+        ] = []  # (ref to box, storage key, GPU, layer)
         self._measure_step = -1
         self._batch_size: int | None = None
         self._device = "cpu"
         self._limit: tuple[int, str] | None = None
-        self._wcache: tuple[tuple[int, int, int], tuple[list[Any], set[tuple[int, int]], int, int]] | None = (
-            None
-        )
+        # weights: (key, (params, storage keys, bytes, GPU bytes), data_ptr of each param)
+        self._wcache: (
+            tuple[tuple[int, int, int], tuple[list[Any], set[tuple[int, int]], int, int], list[int]] | None
+        ) = None
+        # gradients: ((id, data_ptr) of each .grad, result, storage key by (id, data_ptr))
+        self._gcache: (
+            tuple[list[tuple[int, int]], tuple[set[tuple[int, int]], int, int, int], dict[Any, Any]] | None
+        ) = None
+        self._wchecked = -1  # the measured step whose parameters were checked against the cache
         self._layer_params: dict[str, int] = {}
-        self._names_cache: dict[tuple[int, int], tuple[Any, dict[int, str]]] = {}
+        # outermost modules seen: id -> [ref, epoch, has params, device, names by id() or None]
+        self._roots: dict[int, list[Any]] = {}
         self._fwd_step = -1  # the step whose "forward" snapshot was taken at its backward's start
-        self._ocache: tuple[int, tuple[set[tuple[int, int]], int, int]] | None = None
+        # optimizer state: (epoch, ids of the state's values, [(storage key, bytes, on GPU)])
+        self._ocache: tuple[int, list[int], list[tuple[tuple[int, int], int, bool]]] | None = None
 
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -199,6 +230,11 @@ class MemoryCollector(Collector):
 
         self._torch = torch
         self._param_cls = torch.nn.Parameter
+        self._tensor_cls = torch.Tensor
+        ag = getattr(torch._C, "_autograd", None)
+        self._push_hooks = getattr(ag, "_push_saved_tensors_default_hooks", None)
+        self._pop_hooks = getattr(ag, "_pop_saved_tensors_default_hooks", None)
+        self._pack_fn = self._pack
         self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(optim_mod.register_optimizer_step_post_hook(self._opt_post))
         if self.mode != "off":
@@ -228,6 +264,12 @@ class MemoryCollector(Collector):
         self._arm_handles.clear()
 
     def _push_saved_hooks(self) -> None:
+        # what torch.autograd.graph.saved_tensors_hooks does on enter and exit, without building the
+        # context manager twice a step; the context manager where these functions are missing
+        if self._push_hooks is not None and self._pop_hooks is not None:
+            self._push_hooks(self._pack_fn, _unpack)
+            self._hooks_ctx = True
+            return
         assert self._torch is not None
         ctx = self._torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         ctx.__enter__()
@@ -235,54 +277,62 @@ class MemoryCollector(Collector):
 
     def _pop_saved_hooks(self) -> None:
         ctx, self._hooks_ctx = self._hooks_ctx, None
-        if ctx is not None:
-            try:
+        if ctx is None:
+            return
+        try:
+            if ctx is True:
+                self._pop_hooks()
+            else:
                 ctx.__exit__(None, None, None)
-            except Exception:
-                pass
+        except Exception:
+            pass
 
     # -- module hooks (armed only) -----------------------------------------------------------------
+    # Both run on every module call of a measured step: the nested calls take the shortest path (a depth
+    # count, and the module stack only on the steps that record the per-layer list).
     def _fwd_pre(self, mod: Any, args: Any) -> None:
+        if self._depth:
+            if _get_ident() == self._owner:
+                self._depth += 1
+                if self._track:
+                    self._stack.append(self._names.get(id(mod)) or type(mod).__name__)
+            return
         if not self.enabled:
             return
         try:
-            if self._depth == 0:
-                self._owner = threading.get_ident()
-                self._depth = 1
-                self._begin_outermost(mod, args)
-                return
-            if threading.get_ident() != self._owner:
-                return
-            self._depth += 1
-            if self._active:
-                self._stack.append(self._names.get(id(mod)) or type(mod).__name__)
+            self._owner = _get_ident()
+            self._depth = 1
+            self._begin_outermost(mod, args)
         except Exception as exc:
             self._fail(exc)
 
     def _fwd_post(self, mod: Any, args: Any, out: Any) -> None:
-        if not self.enabled or self._depth == 0 or threading.get_ident() != self._owner:
+        if not self._depth or _get_ident() != self._owner:
+            return
+        self._depth -= 1
+        if self._depth:
+            if self._track and self._stack:
+                self._stack.pop()
+            return
+        if not self._active or not self.enabled:
             return
         try:
-            self._depth -= 1
-            if self._active and self._stack:
-                self._stack.pop()
-            if self._depth == 0 and self._active:
-                self._active = False
-                self._pop_saved_hooks()
-                # "after the forward" is taken when the backward pass starts (a pre-hook on the output's
-                # autograd node): by then every forward of the step (the model's, the loss module's) has
-                # run and all their saved tensors are alive; one snapshot per step.
-                node = _grad_fn_of(out)
-                if node is None:
-                    self._snapshot("forward")
-                else:
-                    step = self.agent.steps.index
-                    node.register_prehook(lambda grads: self._at_backward_start(step))
+            self._active = self._track = False
+            self._pop_saved_hooks()
+            # "after the forward" is taken when the backward pass starts (a pre-hook on the output's
+            # autograd node): by then every forward of the step (the model's, the loss module's) has
+            # run and all their saved tensors are alive; one snapshot per step.
+            node = _grad_fn_of(out)
+            if node is None:
+                self._snapshot("forward")
+            else:
+                step = self.agent.steps.index
+                node.register_prehook(lambda grads: self._at_backward_start(step))
         except Exception as exc:
             self._fail(exc)
 
     def _at_backward_start(self, step: int) -> None:
-        if not self.enabled or self._fwd_step == step:
+        if self._fwd_step == step or not self.enabled:
             return
         try:
             self._fwd_step = step
@@ -296,47 +346,60 @@ class MemoryCollector(Collector):
         if self._fault:
             raise RuntimeError("injected fault (HOLOPROF_FAULT_INJECT=memory)")
         step = self.agent.steps.index
-        if not torch.is_grad_enabled() or not is_sampled(step, self.mode, self.every):
+        if not is_sampled(step, self.mode, self.every) or not torch.is_grad_enabled():
             return
         if step != self._measure_step:
             self._measure_step = step
             self._prune_saved(all_dead=False)
+            self._layers = is_sampled(step, "sampled", self.every)
             self._reset_device_peak()
-        has_params = False
-        for p in mod.parameters():
-            has_params = True
-            self._device = _device_name(p.device)
-            break
-        if has_params:
-            self._modules.add(mod)
+        # what is known of this module is kept (one dict lookup a forward) and looked at again every
+        # EVERY steps: a module moved to another device, or with submodules added later, shows up there
+        epoch = step // EVERY
+        root = self._roots.get(id(mod))
+        if root is None or root[1] != epoch or root[0]() is not mod:
+            if len(self._roots) > 16:
+                self._roots.clear()
+            p = next(iter(mod.parameters()), None)
+            root = [_ref(mod), epoch, p is not None, _device_name(p.device) if p is not None else "", None]
+            self._roots[id(mod)] = root
+            if p is not None:
+                self._modules.add(mod)
+        if root[2]:
+            self._device = root[3]
             for a in args:
                 shape = getattr(a, "shape", None)
                 if shape is not None and len(shape) > 0:
                     self._batch_size = int(shape[0])
                     break
-        root = type(mod).__name__
-        key = (id(mod), self._measure_step // EVERY)
-        hit = self._names_cache.get(key)
-        if hit is None or hit[0]() is not mod:  # rebuilt every 50th step: a module added later shows up
-            names = {id(m): (f"{n} ({type(m).__name__})" if n else root) for n, m in mod.named_modules()}
-            if len(self._names_cache) > 16:
-                self._names_cache.clear()
-            hit = (weakref.ref(mod), names)
-            self._names_cache[key] = hit
-        self._names = hit[1]
-        self._stack = [root]
+        if self._layers:
+            names = root[4]
+            if names is None:
+                rname = type(mod).__name__
+                names = {id(m): (f"{n} ({type(m).__name__})" if n else rname) for n, m in mod.named_modules()}
+                root[4] = names
+            self._names = names
+            self._stack = [names.get(id(mod)) or type(mod).__name__]
+            self._track = True
+        else:
+            self._stack = []
         self._active = True
         self._push_saved_hooks()
 
     # -- saved tensors -----------------------------------------------------------------------------
     def _pack(self, t: Any) -> Any:
+        saved = self._saved
         try:
-            if len(self._saved) < MAX_SAVED_RECORDS and not isinstance(t, self._param_cls):
+            # type() first: isinstance(t, Parameter) runs Parameter's metaclass hook, in Python
+            if len(saved) < MAX_SAVED_RECORDS and (
+                type(t) is self._tensor_cls or not isinstance(t, self._param_cls)
+            ):
                 st = t.untyped_storage()
                 box = _Saved(t)
-                layer = self._stack[-1] if self._stack else "?"
-                dev = int(t.device.index or 0) if t.is_cuda else -1
-                self._saved.append((weakref.ref(box), st.data_ptr(), st.nbytes(), dev, layer))
+                stack = self._stack
+                saved.append(
+                    (_ref(box), (st.data_ptr(), st.nbytes()), t.is_cuda, stack[-1] if stack else "?")
+                )
                 return box
         except Exception as exc:
             self._fail(exc)
@@ -346,11 +409,27 @@ class MemoryCollector(Collector):
         self._saved = [] if all_dead else [s for s in self._saved if s[0]() is not None]
 
     # -- optimizer hooks (always on: one call per step) -------------------------------------------
+    def _see_optimizer(self, optimizer: Any) -> None:
+        i = id(optimizer)
+        r = self._optimizers.get(i)
+        if r is not None and r() is optimizer:
+            return
+        opts = self._optimizers
+
+        def gone(ref: Any, i: int = i) -> None:
+            if opts.get(i) is ref:
+                del opts[i]
+
+        opts[i] = _ref(optimizer, gone)
+
+    def _live_optimizers(self) -> list[Any]:
+        return [o for o in (r() for r in list(self._optimizers.values())) if o is not None]
+
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.enabled:
             return
         try:
-            self._optimizers.add(optimizer)
+            self._see_optimizer(optimizer)
             if self._measure_step == self.agent.steps.index and self.mode != "off":
                 self._snapshot("backward")
         except Exception as exc:
@@ -362,7 +441,7 @@ class MemoryCollector(Collector):
         try:
             step = self.agent.steps.index
             if self.mode != "off":
-                self._optimizers.add(optimizer)
+                self._see_optimizer(optimizer)
                 if self._measure_step == step:
                     self._snapshot("optimizer")
                 if is_sampled(step + 1, self.mode, self.every):
@@ -377,24 +456,35 @@ class MemoryCollector(Collector):
             raise SystemExit(0)  # asked for with --stop-after-steps: end the job cleanly now
 
     def _fail(self, exc: BaseException) -> None:
-        self._active = False
+        self._active = self._track = False
         self._pop_saved_hooks()
         self._depth = 0
         self._disarm()
         self.agent.fail(self, exc)
 
     # -- measuring ---------------------------------------------------------------------------------
-    def _optimizer_state(self, phase: str) -> tuple[set[tuple[int, int]], int, int]:
-        """(storage keys, bytes, bytes on a GPU) of the optimizers' state.
+    def _optimizer_state(self, phase: str) -> list[tuple[tuple[int, int], int, bool]]:
+        """[(storage key, bytes, on a GPU)] of the optimizers' state, each storage once.
 
-        The state changes only inside ``optimizer.step()``: it is counted after each step (and whenever
-        nothing is cached yet) and reused by the next step's forward and backward snapshots.
+        The state changes only inside ``optimizer.step()``, and its sizes only when a tensor in it is
+        replaced (Adam updates ``exp_avg`` in place): after each step the identities of the state's
+        values are compared with the last count's, and the tensors are counted again only when one
+        differs (and on every EVERY-th step). The forward and backward snapshots of the next step reuse
+        the count.
         """
-        if phase != "optimizer" and self._ocache is not None and self._ocache[0] == len(self._optimizers):
-            return self._ocache[1]
+        c = self._ocache
+        if phase != "optimizer" and c is not None:
+            return c[2]
+        opts = self._live_optimizers()
+        ids = [
+            id(v) for opt in opts for st in opt.state.values() if isinstance(st, dict) for v in st.values()
+        ]
+        epoch = self._measure_step // EVERY
+        if c is not None and c[0] == epoch and c[1] == ids:
+            return c[2]
         keys: set[tuple[int, int]] = set()
-        total = cuda = 0
-        for opt in list(self._optimizers):
+        entries: list[tuple[tuple[int, int], int, bool]] = []
+        for opt in opts:
             for state in list(opt.state.values()):
                 for v in _tensors(state.values() if isinstance(state, dict) else ()):
                     st = v.untyped_storage()
@@ -403,80 +493,118 @@ class MemoryCollector(Collector):
                     if k in keys:
                         continue
                     keys.add(k)
-                    total += n
-                    if v.device.type == "cuda":
-                        cuda += n
-        value = (keys, total, cuda)
+                    entries.append((k, n, bool(v.is_cuda)))
         if phase == "optimizer":
-            self._ocache = (len(self._optimizers), value)
-        return value
+            self._ocache = (epoch, ids, entries)
+        return entries
 
     def categories(self, include_per_layer: bool = False, phase: str = "optimizer") -> dict[str, Any]:
-        """Bytes per category now (storages counted once), and per layer when asked."""
-        seen: set[tuple[int, int]] = set()
-        cats = dict.fromkeys(CATEGORIES, 0)
-        counts = dict.fromkeys(CATEGORIES, 0)
-        cuda_bytes = 0
-
-        def add(t: Any, cat: str) -> int:
-            nonlocal cuda_bytes
-            st = t.untyped_storage()
-            n = int(st.nbytes())
-            key = (int(st.data_ptr()), n)
-            if key in seen:
-                return 0
-            seen.add(key)
-            cats[cat] += n
-            counts[cat] += 1
-            if t.device.type == "cuda":
-                cuda_bytes += n
-            return n
-
-        params, wkeys, wbytes, wcuda = self._weights()
-        seen.update(wkeys)
-        cats["weights"] = wbytes
-        counts["weights"] = len(wkeys)
-        cuda_bytes = wcuda
-        for p in params:
-            g = p.grad
-            if g is not None:
-                add(g, "gradients")
-        okeys, obytes, ocuda = self._optimizer_state(phase)
-        for k in okeys:
-            if k not in seen:
-                seen.add(k)
-        cats["optimizer_state"] = obytes
-        counts["optimizer_state"] = len(okeys)
-        cuda_bytes += ocuda
+        """Bytes per category now (storages counted once, in the first category that claims them:
+        weights, gradients, optimizer state, activations), and per layer when asked."""
+        params, wkeys, wbytes, cuda = self._weights()
+        gkeys, gbytes, gcount, gcuda = self._gradients(params, wkeys)
+        cuda += gcuda
+        obytes = ocount = 0
+        okeys: set[tuple[int, int]] = set()
+        for k, n, on_gpu in self._optimizer_state(phase):
+            if k in wkeys or k in gkeys or k in okeys:
+                continue
+            okeys.add(k)
+            obytes += n
+            ocount += 1
+            if on_gpu:
+                cuda += n
+        abytes = acount = 0
         per_layer: dict[str, int] = {}
+        akeys: set[tuple[int, int]] = set()
         live = [s for s in self._saved if s[0]() is not None]
         self._saved = live
-        for _ref, ptr, n, dev, layer in live:
-            key = (ptr, n)
-            if key in seen:
+        for _r, k, on_gpu, layer in live:
+            if k in wkeys or k in gkeys or k in okeys or k in akeys:
                 continue
-            seen.add(key)
-            cats["activations"] += n
-            counts["activations"] += 1
-            if dev >= 0:
-                cuda_bytes += n
-            per_layer[layer] = per_layer.get(layer, 0) + n
-        out: dict[str, Any] = {"categories": cats, "tensors": counts, "cuda_tensor_bytes": cuda_bytes}
+            akeys.add(k)
+            n = k[1]
+            abytes += n
+            acount += 1
+            if on_gpu:
+                cuda += n
+            if include_per_layer:
+                per_layer[layer] = per_layer.get(layer, 0) + n
+        cats = {
+            "weights": wbytes,
+            "gradients": gbytes,
+            "optimizer_state": obytes,
+            "activations": abytes,
+            "other": 0,
+        }
+        counts = {
+            "weights": len(wkeys),
+            "gradients": gcount,
+            "optimizer_state": ocount,
+            "activations": acount,
+            "other": 0,
+        }
+        out: dict[str, Any] = {"categories": cats, "tensors": counts, "cuda_tensor_bytes": cuda}
         if include_per_layer:
             out["per_layer"] = self._per_layer(per_layer)
         return out
 
-    def _weights(self) -> tuple[list[Any], set[tuple[int, int]], int, int]:
-        """Parameters and buffers: (params, storage keys, bytes, bytes on a GPU), cached per step.
+    def _gradients(
+        self, params: list[Any], wkeys: set[tuple[int, int]]
+    ) -> tuple[set[tuple[int, int]], int, int, int]:
+        """(storage keys, bytes, count, bytes on a GPU) of the parameters' ``.grad`` not already weights.
 
-        They do not change within a step; the cache is rebuilt on the next measured step or when a new
-        module or optimizer shows up.
+        A gradient tensor is looked at once: its storage key is kept by (id, data pointer), which holds
+        no reference to it, and the whole result is reused while every parameter has the same gradient
+        tensor (the backward and optimizer snapshots of a step, usually).
         """
-        # rebuilt when a module or an optimizer appears, and on every 50th measured step (parameters
-        # replaced in place, e.g. moved to another device, are picked up there)
+        ident = [(id(g), g.data_ptr()) for p in params if (g := p.grad) is not None]
+        c = self._gcache
+        if c is not None and c[0] == ident:
+            return c[1]
+        known = c[2] if c is not None else {}
+        keys: set[tuple[int, int]] = set()
+        total = count = cuda = 0
+        memo: dict[tuple[int, int], tuple[tuple[int, int], bool]] = {}
+        for p in params:
+            g = p.grad
+            if g is None:
+                continue
+            i = (id(g), g.data_ptr())
+            hit = known.get(i)
+            if hit is None:
+                st = g.untyped_storage()
+                hit = ((st.data_ptr(), st.nbytes()), bool(g.is_cuda))
+            memo[i] = hit
+            k = hit[0]
+            if k in wkeys or k in keys:
+                continue
+            keys.add(k)
+            total += k[1]
+            count += 1
+            if hit[1]:
+                cuda += k[1]
+        value = (keys, total, count, cuda)
+        self._gcache = (ident, value, memo)
+        return value
+
+    def _weights(self) -> tuple[list[Any], set[tuple[int, int]], int, int]:
+        """Parameters and buffers: (params, storage keys, bytes, bytes on a GPU), cached.
+
+        They do not change from step to step unless a parameter's storage is replaced (moved to another
+        device, loaded into a new tensor): the cache is rebuilt when a module or an optimizer shows up,
+        when a parameter's data pointer differs from the cached one (checked once a measured step), and
+        every EVERY steps (buffers replaced, parameters added to an optimizer).
+        """
         key = (self._measure_step // EVERY, len(self._modules), len(self._optimizers))
-        if self._wcache is not None and self._wcache[0] == key:
-            return self._wcache[1]
+        c = self._wcache
+        if c is not None and c[0] == key:
+            if self._wchecked == self._measure_step:
+                return c[1]
+            self._wchecked = self._measure_step
+            if [p.data_ptr() for p in c[1][0]] == c[2]:
+                return c[1]
+            self._roots.clear()  # the device of the model may have changed too
         params = list(self._params())
         keys: set[tuple[int, int]] = set()
         total = cuda = 0
@@ -490,7 +618,7 @@ class MemoryCollector(Collector):
                 continue
             keys.add(k)
             total += n
-            if t.device.type == "cuda":
+            if t.is_cuda:
                 cuda += n
         for m in list(self._modules):
             for name, sub in m.named_modules():
@@ -499,7 +627,8 @@ class MemoryCollector(Collector):
                 if b:
                     layer_params[label] = layer_params.get(label, 0) + b
         value = (params, keys, total, cuda)
-        self._wcache = (key, value)
+        self._wcache = (key, value, [p.data_ptr() for p in params])
+        self._wchecked = self._measure_step
         self._layer_params = layer_params
         return value
 
@@ -510,7 +639,7 @@ class MemoryCollector(Collector):
                 if id(p) not in seen:
                     seen.add(id(p))
                     yield p
-        for opt in list(self._optimizers):
+        for opt in self._live_optimizers():
             for group in opt.param_groups:
                 for p in group.get("params", ()):
                     if id(p) not in seen:
@@ -596,8 +725,9 @@ class MemoryCollector(Collector):
         attrs["cost_ns"] = t1 - t0
         self.agent.span("op", "memory", t1, t1, step, attrs)
         pid = self.agent.pid
-        for c in CATEGORIES:
-            self.agent.sample(f"mem.{c}_bytes", float(cats[c]), pid, t1)
+        sample = self.agent.sample
+        for c, name in _SAMPLE_NAMES:
+            sample(name, float(cats[c]), pid, t1)
 
     def finish(self) -> None:
         self._pop_saved_hooks()
@@ -741,13 +871,13 @@ def tensor_census(torch: ModuleType, col: MemoryCollector | None) -> dict[str, A
             known.setdefault(_key(p), "weights")
             if p.grad is not None:
                 known.setdefault(_key(p.grad), "gradients")
-        for opt in list(col._optimizers):
+        for opt in col._live_optimizers():
             for state in list(opt.state.values()):
                 for v in _tensors(state.values() if isinstance(state, dict) else ()):
                     known.setdefault(_key(v), "optimizer_state")
-        for r, ptr, n, _dev, _layer in col._saved:
+        for r, key, _gpu, _layer in col._saved:
             if r() is not None:
-                known.setdefault((ptr, n), "activations")
+                known.setdefault(key, "activations")
     cats = dict.fromkeys((*CATEGORIES[:-1], "unattributed_tensors"), 0)
     seen: set[tuple[int, int]] = set()
     by_device: dict[str, int] = {}
