@@ -193,6 +193,7 @@ class MemoryCollector(Collector):
         self._gcache: (
             tuple[list[tuple[int, int]], tuple[set[tuple[int, int]], int, int, int], dict[Any, Any]] | None
         ) = None
+        self._ostats: tuple[Any, Any, tuple[set[tuple[int, int]], int, int, int]] | None = None
         self._wchecked = -1  # the measured step whose parameters were checked against the cache
         self._layer_params: dict[str, int] = {}
         # outermost modules seen: id -> [ref, epoch, has params, device, names by id() or None]
@@ -504,16 +505,15 @@ class MemoryCollector(Collector):
         params, wkeys, wbytes, cuda = self._weights()
         gkeys, gbytes, gcount, gcuda = self._gradients(params, wkeys)
         cuda += gcuda
-        obytes = ocount = 0
-        okeys: set[tuple[int, int]] = set()
-        for k, n, on_gpu in self._optimizer_state(phase):
-            if k in wkeys or k in gkeys or k in okeys:
-                continue
-            okeys.add(k)
-            obytes += n
-            ocount += 1
-            if on_gpu:
-                cuda += n
+        entries = self._optimizer_state(phase)
+        c = self._ostats
+        if c is None or c[0] is not entries or c[1] is not wkeys:  # counted once per new state or weights
+            c = (entries, wkeys, _claim(entries, (wkeys,)))
+            self._ostats = c
+        okeys, obytes, ocount, ocuda = c[2]
+        if not gkeys.isdisjoint(okeys):  # a gradient claims a storage the state also holds (rare)
+            okeys, obytes, ocount, ocuda = _claim(entries, (wkeys, gkeys))
+        cuda += ocuda
         abytes = acount = 0
         per_layer: dict[str, int] = {}
         akeys: set[tuple[int, int]] = set()
@@ -731,6 +731,23 @@ class MemoryCollector(Collector):
 
     def finish(self) -> None:
         self._pop_saved_hooks()
+
+
+def _claim(
+    entries: list[tuple[tuple[int, int], int, bool]], taken: tuple[set[tuple[int, int]], ...]
+) -> tuple[set[tuple[int, int]], int, int, int]:
+    """(keys, bytes, count, bytes on a GPU) of the entries whose storage no earlier category holds."""
+    keys: set[tuple[int, int]] = set()
+    total = count = cuda = 0
+    for k, n, on_gpu in entries:
+        if k in keys or any(k in t for t in taken):
+            continue
+        keys.add(k)
+        total += n
+        count += 1
+        if on_gpu:
+            cuda += n
+    return keys, total, count, cuda
 
 
 def _grad_fn_of(out: Any) -> Any:
