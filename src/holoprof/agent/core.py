@@ -645,11 +645,15 @@ def start_agent(run_dir: str, role: str | None = None, options: dict[str, Any] |
     if _AGENT is not None and not _AGENT._stopped and _AGENT.pid == os.getpid():
         return _AGENT
     agent = Agent(run_dir, role=role, options=options)
-    from holoprof.agent.setup import default_collectors
+    from holoprof.agent.setup import after_collectors, default_collectors
 
     agent.collectors = default_collectors(agent)
     _AGENT = agent
     agent.start()
+    try:
+        after_collectors(agent)
+    except Exception as exc:
+        agent.fail("setup", exc)
     return agent
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import builtins
 import collections
-import gc
 import io
 import mmap
 import os
@@ -64,9 +63,6 @@ OPTION_LAYER: Final = "io_layer"
 OPTION_INCLUDE: Final = "io_include"
 OPTION_EXCLUDE: Final = "io_exclude"
 OPTION_TRACE: Final = "io_trace"
-#: Agent option (default on): one full garbage collection right after ``import torch`` (see
-#: :func:`reset_gc_clock`).
-OPTION_GC_RESET: Final = "gc_reset_after_torch"
 #: Operations kept by the Python layer's trace ring between two flushes (older ones are dropped).
 TRACE_RING: Final = 200_000
 TRACE_MAX_SECONDS: Final = 600
@@ -941,29 +937,6 @@ def _wrap_fromfile(orig: Callable[..., Any]) -> Callable[..., Any]:
     return fromfile
 
 
-# --- the garbage collector's clock -------------------------------------------------------------------
-def reset_gc_clock(_module: ModuleType | None = None) -> None:
-    """One full collection right after ``import torch`` (and the agent's torch hooks), once.
-
-    CPython runs a full (generation 2) collection after a number of allocations, counted from the
-    last one. The agent's own start-up allocations (its modules, the collectors, the hooks run at
-    ``import torch``) move that count forward, so the job's next full collection comes earlier than
-    in the untraced job. Its timing is a cliff: when it falls just before a ``DataLoader`` forks its
-    workers, each worker inherits a count at the limit and runs a full collection of the whole
-    inherited heap (all of torch's objects, ~170,000) in its first milliseconds, copying on write
-    every page it touches: ~200 ms per worker and ~80 ms in the main process, in the first epoch
-    only. A job without holoprof that keeps ~3,000 more objects alive pays exactly the same.
-
-    Collecting once here, at the end of ``import torch`` (already a second or more), restarts the
-    count from zero, so none of the agent's start-up allocations are left to pull the job's first
-    full collection forward. It costs one full collection at import (tens of milliseconds, once per
-    process that imports torch), does nothing when the job turned the collector off
-    (``gc.disable()``), and is turned off with the agent option ``gc_reset_after_torch=False``.
-    """
-    if gc.isenabled():
-        gc.collect()
-
-
 # --- the collector -----------------------------------------------------------------------------------
 def _native() -> ModuleType | None:
     try:
@@ -1021,17 +994,6 @@ class IoCollector(Collector):
             from holoprof.agent.setup import post_import_finder
 
             post_import_finder().add("numpy", self._on_numpy)
-        # The writer imports the raw chunk writer at its first flush; import it now, so that a worker
-        # forked before that flush (a DataLoader's) does not import it at its final flush, which the
-        # training loop waits for.
-        import holoprof.store.raw  # noqa: F401
-
-        if self.agent.options.get(OPTION_GC_RESET, True) and "torch" not in sys.modules:
-            from holoprof.agent.setup import post_import_finder
-
-            # registered last (this collector installs last): runs after the other collectors'
-            # torch hooks, so their allocations are behind the reset too
-            post_import_finder().add("torch", reset_gc_clock)
         if self._trace_all:
             self.trace_start()
         if os.environ.get(model.ENV_FAULT) == self.name:
