@@ -1,4 +1,9 @@
-"""Run every benchmark and write benchmarks/RESULTS.md (`make bench`)."""
+"""Run every benchmark and write their raw output to benchmarks/out/RESULTS-<date>.md (`make bench`).
+
+benchmarks/RESULTS.md is the curated record: each section there names the command that produced its
+figures, with what they mean. Compare a fresh run's output with it; it is never overwritten.
+Longer or optional benchmarks run only when named: ``python benchmarks/run_all.py bench_hta.py``.
+"""
 
 from __future__ import annotations
 
@@ -41,8 +46,12 @@ def main() -> None:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
         "Every overhead is a ratio against the untraced run in the same process or run.\n\n"
     )
-    with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
+    out_dir = os.path.join(HERE, "out")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"RESULTS-{time.strftime('%Y%m%d-%H%M%S')}.md")
+    with open(path, "w") as f:
         f.write(head + "\n".join(sections))
+    print(f"raw results written to {path}; the curated record is benchmarks/RESULTS.md", file=sys.stderr)
     print(head + "\n".join(sections))
 
 
