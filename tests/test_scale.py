@@ -87,3 +87,87 @@ def test_rounded_phase_fractions_still_sum_to_one() -> None:
     doc = _phases_doc(st)
     assert abs(sum(v["fraction"] for v in doc.values()) - 1) < 1e-12
     assert all(v["fraction"] >= 0 for v in doc.values())
+
+
+def test_a_run_generated_in_pieces_equals_one_generated_whole(tmp_path: object) -> None:
+    from holoprof.bench.synth import create_run, finish_run
+
+    whole = os.path.join(str(tmp_path), "whole")
+    pieces = os.path.join(str(tmp_path), "pieces")
+    t_whole = generate_run(whole, steps=3_000, ranks=3, chunk_steps=1_000)
+    create_run(pieces)
+    t_a = generate_run(pieces, steps=3_000, ranks=3, chunk_steps=1_000, only_ranks=range(0, 2))
+    t_b = generate_run(pieces, steps=3_000, ranks=3, chunk_steps=1_000, only_ranks=range(2, 3))
+    finish_run(pieces)
+    assert {**t_a.per_rank, **t_b.per_rank} == t_whole.per_rank
+    assert t_whole.spans == t_a.spans + t_b.spans == 3 * 3_000 * 5
+    a, b = build_report(holoprof.load(whole)), build_report(holoprof.load(pieces))
+    assert a["steps"]["per_rank"] == b["steps"]["per_rank"]
+    assert a["phases"] == b["phases"]
+    assert a["run"]["duration_s"] == b["run"]["duration_s"] > 0
+    for r in b["steps"]["per_rank"]:
+        assert r["count"] == 3_000
+    rank1 = build_report(holoprof.load(pieces, ranks=[1]))  # the report rounds to the microsecond
+    for phase, ns in t_whole.per_rank[1]["phase_ns"].items():
+        assert rank1["phases"][phase]["total_s"] == pytest.approx(ns / 1e9, abs=1e-6)
+
+
+def test_step_statistics_equal_the_plain_join_when_phases_cross_their_steps(tmp_path: object) -> None:
+    """The per-step aggregation takes a shortcut for steps whose phases lie inside them; steps with
+    phases crossing their window, repeated step indices and phases of no step take the exact join."""
+    from holoprof.analyze.steps import _join_steps, _scan_steps, _stats, outside_steps, step_processes
+    from holoprof.store.chunks import write_chunk
+
+    out = os.path.join(str(tmp_path), "run")
+    generate_run(out, steps=2_000, chunk_steps=1_000)
+    run = holoprof.load(out)
+    main = step_processes(run)[0]
+    (s5, e5), (s7, e7) = (
+        run.rows(f"SELECT start_ns, end_ns FROM spans WHERE kind = 'step' AND step = {k}")[0] for k in (5, 7)
+    )
+    extra = [  # (kind, name, start, end, step)
+        ("phase", "data_wait", s5 - 1_000_000, s5 + 500_000, 5),  # starts before its step
+        ("phase", "forward", e5 - 100, e5 + 9_000_000, 5),  # ends after it
+        ("step", "step", s7 + 10, e7 + 20, 7),  # the same step index twice
+        ("phase", "eval", e7 + 50, e7 + 4_000_000, 7),  # after both of its steps
+        ("phase", "eval", 1, 3_000_001, 10**6),  # no step has this index
+        ("phase", "custom", 5, 2_000_005, 10**6),
+        ("phase", "checkpoint", 7, 1_000_007, None),  # no index at all
+    ]
+    folder = run.chunks.folders[0]
+    n = len(extra)
+    write_chunk(
+        folder,
+        "spans",
+        {
+            "host": [main.host] * n,
+            "pid": [main.pid] * n,
+            "rank": [-1] * n,
+            "tid": [main.tid] * n,
+            "span_id": list(range(10**12, 10**12 + n)),
+            "parent_id": [0] * n,
+            "kind": [k for k, *_ in extra],
+            "name": [x[1] for x in extra],
+            "start_ns": [x[2] for x in extra],
+            "end_ns": [x[3] for x in extra],
+            "step": [x[4] for x in extra],
+            "attrs": [None] * n,
+        },
+        seq=900,
+    )
+    run = holoprof.load(out)
+    fast = _stats(_scan_steps(run, main), main, 120)
+    plain = _stats(_join_steps(run, main, fast.epochs), main, 120)
+    assert fast.count == plain.count == 2_001
+    for key in ("median_s", "p90_s", "mean_s", "per_s", "total_s", "first_start_ns", "last_end_ns"):
+        assert getattr(fast, key) == pytest.approx(getattr(plain, key), rel=1e-12), key
+    for p, ps in plain.phases.items():
+        assert fast.phases[p].total_s == pytest.approx(ps.total_s, rel=1e-12), p
+        assert fast.phases[p].median_s == pytest.approx(ps.median_s, rel=1e-12), p
+    assert len(fast.timeline) == len(plain.timeline)
+    for a, b in zip(fast.timeline, plain.timeline, strict=True):
+        assert a == pytest.approx(b, rel=1e-9)
+    by_sql = outside_steps(run, main)
+    assert outside_steps(run, main, fast) == pytest.approx(by_sql, rel=1e-12)
+    assert by_sql["custom"] == pytest.approx(0.002) and by_sql["eval"] > 0.003
+    assert by_sql["checkpoint"] == pytest.approx(0.001)

@@ -220,7 +220,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
     dropped = sum(p["dropped_events"] for p in processes)
     errors = [f"{p['host']}-{p['pid']}: {e}" for p in processes for e in p["errors"]]
     ranks = sorted({p["rank"] for p in processes if p["rank"] >= 0})
-    outside = outside_steps(run, main)
+    outside = outside_steps(run, main, st)
     return {
         "schema": model.REPORT_SCHEMA,
         "engine": "duckdb",

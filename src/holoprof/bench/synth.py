@@ -29,6 +29,8 @@ class SynthTotals:
     ranks: int = 0
     phase_ns: dict[str, int] = field(default_factory=dict)  # summed over rank 0's steps
     step_ns: int = 0  # rank 0
+    #: per generated rank: {"spans", "steps", "step_ns", "phase_ns": {phase: ns}}
+    per_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def generate_run(
@@ -38,20 +40,32 @@ def generate_run(
     chunk_steps: int = 250_000,
     seed: int = 0,
     host: str = "synth",
+    only_ranks: range | None = None,
 ) -> SynthTotals:
-    """Write a run with ``steps`` steps per rank (5 spans per step) into ``out``."""
+    """Write a run with ``steps`` steps per rank (5 spans per step) into ``out``.
+
+    ``only_ranks`` writes just those ranks of the run, so that a large run can be generated in
+    pieces (in parallel): ``out`` is created by the first piece, or earlier by :func:`create_run`;
+    call :func:`finish_run` once all pieces are written. Each rank draws from its own seeded
+    generator, so a rank's data do not depend on how the run was cut into pieces.
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    run_dir = rundir.create_run_dir(out)
-    manifest = rundir.new_manifest(["python", "synthetic.py"], "synthetic", {})
-    t0 = 1_700_000_000 * 10**9
-    rng = np.random.default_rng(seed)
+    t0 = T0_NS
+    if only_ranks is None:
+        run_dir = rundir.create_run_dir(out)
+    else:
+        run_dir = out if os.path.isfile(os.path.join(out, model.MANIFEST)) else create_run(out)
     totals = SynthTotals(steps_per_rank=steps, ranks=ranks)
     names = list(PHASE_MEANS_NS)
     schema = model.arrow_schema("spans")
-    for rank in range(ranks):
+    end = t0
+    for rank in only_ranks if only_ranks is not None else range(ranks):
+        rng = np.random.default_rng(seed + rank)
+        mine: dict[str, Any] = {"spans": 0, "steps": steps, "step_ns": 0, "phase_ns": {}}
+        totals.per_rank[rank] = mine
         pid = 10_000 + rank
         folder = os.path.join(run_dir, f"{host}-{pid}")
         os.makedirs(folder, mode=0o700)
@@ -81,10 +95,8 @@ def generate_run(
                 e_all.append(off + durs[p])
                 st_all.append(step_idx)
                 off = off + durs[p]
-                if rank == 0:
-                    totals.phase_ns[p] = totals.phase_ns.get(p, 0) + int(durs[p].sum())
-            if rank == 0:
-                totals.step_ns += int(step_len.sum())
+                mine["phase_ns"][p] = mine["phase_ns"].get(p, 0) + int(durs[p].sum())
+            mine["step_ns"] += int(step_len.sum())
             m = n * (1 + len(names))
             start = np.concatenate(s_all)
             order = np.argsort(start, kind="stable")
@@ -108,13 +120,52 @@ def generate_run(
             pq.write_table(tbl, os.path.join(folder, f"spans-{seq:08d}.parquet"), compression="zstd")
             seq += 1
             totals.spans += m
+            mine["spans"] += m
         _write_process(folder, host, pid, rank if ranks > 1 else -1, ranks, t0, clock, seq)
         _write_samples(folder, host, pid, rank if ranks > 1 else -1, t0, clock, seq + 1)
+        end = max(end, clock)
+    if 0 in totals.per_rank:
+        totals.phase_ns = dict(totals.per_rank[0]["phase_ns"])
+        totals.step_ns = int(totals.per_rank[0]["step_ns"])
+    if only_ranks is None:
+        _write_manifest(run_dir, end)
+    return totals
+
+
+#: start of every generated run (ns since the epoch)
+T0_NS = 1_700_000_000 * 10**9
+
+
+def create_run(out: str) -> str:
+    """Create an empty generated run (to be filled by :func:`generate_run` with ``only_ranks``)."""
+    run_dir = rundir.create_run_dir(out)
+    _write_manifest(run_dir, None)
+    return run_dir
+
+
+def finish_run(out: str) -> None:
+    """Record the end of a run generated in pieces (the latest end of its processes)."""
+    import pyarrow.parquet as pq
+
+    from holoprof.store.layout import find_chunks
+
+    end = max(
+        (
+            int(e)
+            for f in find_chunks(out).files["processes"]
+            for e in pq.read_table(f, columns=["end_ns"])[0]
+        ),
+        default=T0_NS,
+    )
+    _write_manifest(out, end)
+
+
+def _write_manifest(run_dir: str, end: int | None) -> None:
+    manifest = rundir.new_manifest(["python", "synthetic.py"], "synthetic", {})
     manifest.update(
-        start_ns=t0, end_ns=clock, status="finished", exit_code=0, launcher_pid=-1, synthetic=True
+        start_ns=T0_NS, end_ns=end, status="finished", exit_code=0, launcher_pid=-1, synthetic=True
     )
     rundir.write_manifest(run_dir, manifest)
-    return totals
 
 
 def _write_process(

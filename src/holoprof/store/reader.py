@@ -8,6 +8,8 @@ that cannot be read (the last chunk of a killed job) are skipped and listed in `
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -51,9 +53,14 @@ class Run:
         self.con.execute(f"SET threads TO {threads or max(1, min(os.cpu_count() or 1, 8))}")
         # Bounded memory on large runs: DuckDB spills to a private temporary directory past the limit.
         self.con.execute("SET preserve_insertion_order = false")
-        limit = os.environ.get("HOLOPROF_MEMORY_LIMIT")
-        if limit:
+        self.user_memory_limit = os.environ.get("HOLOPROF_MEMORY_LIMIT")
+        limit = self.user_memory_limit or f"{default_memory_limit(self.disk_bytes) // 2**20}MiB"
+        try:
             self.con.execute(f"SET memory_limit = {_sql_str(limit)}")
+        except duckdb.Error as exc:
+            raise HoloprofError(
+                f"HOLOPROF_MEMORY_LIMIT={limit!r} is not a memory size ({exc}); use e.g. 512MB or 2GB"
+            )
         import tempfile
 
         self._tmp = tempfile.TemporaryDirectory(prefix="holoprof-duckdb-")
@@ -136,12 +143,48 @@ class Run:
     def rows(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         return self.con.execute(query, params or []).fetchall()
 
+    @contextmanager
+    def lean_memory(self) -> Iterator[bool]:
+        """Run the queries inside with DuckDB's memory limit lowered to :func:`lean_memory_limit` (for
+        the big aggregations, whose hash tables spill to disk past it). Yields whether the limit was
+        lowered; a query that still runs out should be run again outside (at the default limit)."""
+        if self.user_memory_limit:  # the user's limit holds for every query
+            yield False
+            return
+        before = self.con.execute("SELECT current_setting('memory_limit')").fetchone()
+        self.con.execute(f"SET memory_limit = '{lean_memory_limit(self.disk_bytes) // 2**20}MiB'")
+        try:
+            yield True
+        finally:
+            self.con.execute(
+                f"SET memory_limit = {_sql_str(str(before[0]))}" if before else "RESET memory_limit"
+            )
+
     @cached_property
     def disk_bytes(self) -> int:
         return sum(os.path.getsize(f) for fs in self.chunks.files.values() for f in fs)
 
     def __repr__(self) -> str:
         return f"Run({self.path!r}, status={self.status!r})"
+
+
+#: DuckDB's memory limit when HOLOPROF_MEMORY_LIMIT is not set: twice the run's size on disk, at
+#: least 1 GiB (some analyses use operators that cannot spill) and at most 4 GiB. Past it, joins,
+#: aggregates and sorts spill to a temporary directory.
+MEMORY_FLOOR = 2**30
+MEMORY_CAP = 4 * 2**30
+#: the lower limit of the big per-step aggregations (:meth:`Run.lean_memory`): the run's size on
+#: disk, at least 128 MiB and at most 1 GiB
+LEAN_FLOOR = 128 * 2**20
+LEAN_CAP = 2**30
+
+
+def default_memory_limit(disk_bytes: int) -> int:
+    return max(MEMORY_FLOOR, min(2 * int(disk_bytes), MEMORY_CAP))
+
+
+def lean_memory_limit(disk_bytes: int) -> int:
+    return max(LEAN_FLOOR, min(int(disk_bytes), LEAN_CAP))
 
 
 @dataclass(frozen=True)
