@@ -225,3 +225,14 @@ def test_device_temporal_breakdown_is_htas_definition(device_traces: str, tmp_pa
         assert want["idle_s"] > 0 and want["compute_s"] > 0 and want["non_compute_s"] > 0
         assert b["idle_fraction"] + b["compute_fraction"] + b["non_compute_fraction"] == pytest.approx(1)
     assert _report(out)["steps"]["count"] == 4
+
+
+def test_files_imported_in_parallel_give_the_same_run(device_traces: str, tmp_path: os.PathLike[str]) -> None:
+    import holoprof
+    from holoprof.store.import_torch_trace import import_torch_trace, temporal_breakdown
+
+    one = import_torch_trace(device_traces, os.path.join(tmp_path, "one"), jobs=1)
+    two = import_torch_trace(device_traces, os.path.join(tmp_path, "two"), jobs=2)
+    q = "SELECT rank, kind, name, start_ns, end_ns, step FROM spans ORDER BY ALL"
+    assert holoprof.load(one).rows(q) == holoprof.load(two).rows(q)
+    assert temporal_breakdown(one) == temporal_breakdown(two)

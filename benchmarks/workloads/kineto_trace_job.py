@@ -77,6 +77,7 @@ def _train(rank: int, world: int, out: str, steps: int, width: int, use_gzip: bo
             prof.step()
             if i >= steps + 2:
                 break
+    dist.barrier()
     dist.destroy_process_group()
 
 

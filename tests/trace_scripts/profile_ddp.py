@@ -43,6 +43,7 @@ def train(rank: int, out: str, port: int) -> None:
             prof.step()
             if i >= 6:
                 break
+    dist.barrier()
     dist.destroy_process_group()
 
 

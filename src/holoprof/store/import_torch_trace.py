@@ -22,7 +22,7 @@ What becomes what:
   the first activity to the last), in the manifest's ``source.temporal_breakdown`` and each process's
   ``info``; see :func:`temporal_breakdown`.
 
-Files are imported in parallel processes (one per core). While streaming, only the current chunk
+``holoprof import`` reads large sets of files in parallel processes (one per core). While streaming, only the current chunk
 and compact arrays of device activities are held; the derived phases (forward, backward) are computed
 by DuckDB over the written chunks; the final compaction (as for every run) reads one process at a time.
 
@@ -58,7 +58,7 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    run_dir = import_torch_trace(args.path, args.out)
+    run_dir = import_torch_trace(args.path, args.out, jobs=None)
     sys.stderr.write(
         f"holoprof: imported {args.path} into {run_dir}; see it with: holoprof report {run_dir}\n"
     )
@@ -308,11 +308,13 @@ class _Writer:
         self.rows = []
 
 
-def import_torch_trace(path: str, out: str | None = None, jobs: int | None = None) -> str:
+def import_torch_trace(path: str, out: str | None = None, jobs: int | None = 1) -> str:
     """Import one trace file or a folder of per-rank traces into a new run directory.
 
-    Files are imported in parallel, ``jobs`` at a time (default: one per CPU core, at most one per file,
-    when they hold ``PARALLEL_MIN_BYTES`` or more in all; else one process).
+    ``jobs`` files are imported at a time, in worker processes when more than one. ``None`` picks one
+    per CPU core (at most one per file) when the files hold ``PARALLEL_MIN_BYTES`` or more in all, else
+    one; the command line does that. The default is 1 because worker processes are spawned, which
+    re-imports the caller's main module (a script without ``if __name__ == "__main__"`` would rerun).
     """
     try:
         import ijson  # noqa: F401
