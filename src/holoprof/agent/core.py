@@ -49,9 +49,14 @@ def _versions() -> dict[str, str]:
 
 
 class PhaseState(threading.local):
-    """The phase open on this thread (one at a time; nested work belongs to the outer phase)."""
+    """Per thread: the phase open (one at a time; nested work belongs to the outer phase), and the
+    thread's native id, read once (``threading.get_native_id`` is a system call on every call).
+    A forked child gets a fresh one (``Agent._init_process_state``), so no id outlives a fork."""
 
     active: str | None = None
+
+    def __init__(self) -> None:
+        self.tid = threading.get_native_id()
 
 
 class StepTracker:
@@ -255,7 +260,7 @@ class Agent:
             self.dropped += 1
             return 0
         sid = next(self._ids)
-        buf.append((threading.get_native_id(), sid, parent_id, kind, name, start_ns, end_ns, step, attrs))
+        buf.append((self.tls.tid, sid, parent_id, kind, name, start_ns, end_ns, step, attrs))
         return sid
 
     def sample(self, name: str, value: float, target_pid: int = -1, ts_ns: int | None = None) -> None:
