@@ -205,6 +205,7 @@ def test_ddp_ranks_steps_and_gloo_collectives_match_the_trace(
         assert gloo and got_gloo == pytest.approx(gloo, abs=0.002)
     doc = _report(out)
     assert doc["run"]["ranks"] == 2 and doc["steps"]["count"] == 4
+    assert doc["device"] == {}, "no device timeline, no breakdown"
 
 
 def test_device_temporal_breakdown_is_htas_definition(device_traces: str, tmp_path: os.PathLike[str]) -> None:
@@ -224,7 +225,14 @@ def test_device_temporal_breakdown_is_htas_definition(device_traces: str, tmp_pa
             assert b[k] == pytest.approx(v, abs=1e-8), k
         assert want["idle_s"] > 0 and want["compute_s"] > 0 and want["non_compute_s"] > 0
         assert b["idle_fraction"] + b["compute_fraction"] + b["non_compute_fraction"] == pytest.approx(1)
-    assert _report(out)["steps"]["count"] == 4
+    doc = _report(out)
+    assert doc["steps"]["count"] == 4
+    assert doc["device"]["temporal_breakdown"] == temporal_breakdown(out)
+    text = _cli("report", out)
+    assert text.returncode == 0, text.stderr
+    assert "Device time (imported trace)" in text.stdout
+    share = f"idle {100 * got[0]['idle_fraction']:.1f}%"
+    assert any(line.count("rank 0:") and share in line for line in text.stdout.splitlines()), text.stdout
 
 
 def test_files_imported_in_parallel_give_the_same_run(device_traces: str, tmp_path: os.PathLike[str]) -> None:

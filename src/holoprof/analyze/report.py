@@ -112,6 +112,7 @@ SECTIONS: dict[str, str] = {
     "memory": "holoprof.analyze.memory:memory_section",
     "io": "holoprof.analyze.io:io_section",
     "communication": "holoprof.analyze.comm:communication",
+    "device": "holoprof.analyze.report:device_section",
 }
 SECTION_DEFAULTS: dict[str, Any] = {
     "io": {},
@@ -119,6 +120,7 @@ SECTION_DEFAULTS: dict[str, Any] = {
     "communication": {},
     "stages": [],
     "checkpoints": {},
+    "device": {},
 }
 
 
@@ -141,6 +143,13 @@ def _extra_sections(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list
         out[key] = section
         found += fs
     return out, found, warnings
+
+
+def device_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """Device time per rank, split as Holistic Trace Analysis's temporal breakdown does (idle,
+    compute, non-compute): known for runs imported from a profiler trace with a device timeline."""
+    rows = (run.manifest.get("source") or {}).get("temporal_breakdown") or []
+    return ({"temporal_breakdown": list(rows)} if rows else {}), []
 
 
 class _DuckDBEngine:
@@ -202,7 +211,14 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
     res = eng.resources()
     loader = loader_config(run, main) if main is not None else {}
     found = findings_mod.all_findings(st, res, loader)
-    ctx = {"main": main, "steps": st, "resources": res, "loader": loader, "step_processes": procs}
+    ctx = {
+        "main": main,
+        "steps": st,
+        "resources": res,
+        "loader": loader,
+        "step_processes": procs,
+        "engine": eng,  # a section may read through it (DaskEngine.read) under --engine dask
+    }
     sections, more, section_warnings = _extra_sections(run, ctx)
     failure = (sections.get("communication") or {}).get("first_failure")
     if failure:  # a dead rank matters more than anything else in the report: say it up front

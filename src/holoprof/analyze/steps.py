@@ -57,11 +57,14 @@ def step_processes(run: Run) -> list[ProcKey]:
     """Processes that ran training steps, the main training loop first.
 
     The main loop is the process with the most steps; among ranks with equally many, the lowest
-    rank. Each process's loop thread is the thread that recorded most of its steps.
+    rank. Each process's loop thread is the thread that recorded most of its steps (the lowest thread
+    id on a tie, as the Dask engine decides).
     """
     rows = run.rows(
-        """SELECT host, pid, any_value(rank) AS rank, mode(tid) AS tid, count(*) AS n
-           FROM spans WHERE kind = 'step' GROUP BY host, pid
+        """WITH t AS (SELECT host, pid, tid, any_value(rank) AS rank, count(*) AS n
+                      FROM spans WHERE kind = 'step' GROUP BY host, pid, tid)
+           SELECT host, pid, any_value(rank) AS rank, first(tid ORDER BY n DESC, tid) AS tid, sum(n) AS n
+           FROM t GROUP BY host, pid
            ORDER BY n DESC, CASE WHEN any_value(rank) < 0 THEN 1 << 30 ELSE any_value(rank) END, pid"""
     )
     return [ProcKey(str(h), int(p), int(r if r is not None else -1), int(t)) for h, p, r, t, _ in rows]

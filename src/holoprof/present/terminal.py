@@ -215,7 +215,24 @@ _SECTION_RENDERERS: list[tuple[str, str]] = [
     ("Memory", "holoprof.present.memory:memory_group"),
     ("Communication", "holoprof.present.comm:comm_group"),
     ("I/O", "holoprof.present.io:io_group"),
+    ("Device time (imported trace)", "holoprof.present.terminal:device_group"),
 ]
+
+
+def device_group(doc: dict[str, Any]) -> Any:
+    """One line per rank: the imported trace's device time, idle / compute / non-compute."""
+    rows = (doc.get("device") or {}).get("temporal_breakdown") or []
+    if not rows:
+        return None
+    lines = [
+        Text(
+            f"rank {r.get('rank')}: {1e3 * float(r.get('kernel_time_s', 0)):.1f} ms from first to last kernel; "
+            f"idle {100 * float(r.get('idle_fraction', 0)):.1f}%, compute {100 * float(r.get('compute_fraction', 0)):.1f}%, "
+            f"non-compute {100 * float(r.get('non_compute_fraction', 0)):.1f}%"
+        )
+        for r in rows
+    ]
+    return Group(*lines)
 
 
 def _section_group(target: str, doc: dict[str, Any]) -> Any:
