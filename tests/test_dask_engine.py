@@ -85,6 +85,28 @@ def test_api_report_is_the_same_on_dask_for_a_generated_run(synth: str, client: 
     _same_report(duck, dask)
 
 
+def test_each_process_is_read_from_its_own_chunk_files_only(synth: str, client: Any) -> None:
+    """Per-process analyses read the chunk files that can hold the process (by the Parquet
+    statistics of pid), not every chunk of the run, and give DuckDB's numbers."""
+    from holoprof.analyze.engine_dask import DaskEngine
+    from holoprof.analyze.steps import step_stats
+
+    run = holoprof.load(synth)
+    eng = DaskEngine(run, client)
+    procs = eng.step_processes()
+    assert len(procs) == 3
+    every = run.chunks.files["spans"]
+    for proc in procs:
+        own = [f for f in every if os.path.basename(os.path.dirname(f)) == f"{proc.host}-{proc.pid}"]
+        assert 1 < len(own) < len(every)
+        assert eng._spans_of(proc).npartitions == len(own)
+        dask, duck = eng.step_stats(proc), step_stats(run, proc)
+        assert (dask.count, dask.epochs, dask.first_start_ns, dask.last_end_ns) == (
+            duck.count, duck.epochs, duck.first_start_ns, duck.last_end_ns,
+        )  # fmt: skip
+        assert dask.phases == duck.phases and dask.timeline == duck.timeline
+
+
 def test_api_report_and_export_are_the_same_on_dask_with_filters(
     synth: str, client: Any, tmp_path: Path
 ) -> None:

@@ -16,7 +16,10 @@ byte for byte, as the DuckDB engine's (only the small process table is read with
 
 Every chunk file is one partition, read by :func:`read_chunk` with the run's filters (time window,
 ranks, steps) pushed into the Parquet read, and with the columns a chunk lacks filled with nulls (as
-DuckDB's ``union_by_name`` does). The workers of an existing cluster need holoprof installed and
+DuckDB's ``union_by_name`` does). The per-process analyses (steps, phases, epochs) read only the
+chunk files that can hold the process's spans — those whose Parquet statistics of ``pid`` include
+it, in practice the files of its own folder — so a report of many ranks makes one pass over the
+spans in all, not one per rank. The workers of an existing cluster need holoprof installed and
 the run at the same path (a shared file system).
 """
 
@@ -161,14 +164,17 @@ class DaskEngine:
         self.dd = _import_dask()
         self.run = run
         self.client = dask_client
-        cols = ["host", "pid", "rank", "tid", "kind", "name", "start_ns", "end_ns", "step"]
-        self.spans = self.read("spans", cols)
+        self._span_cols = ["host", "pid", "rank", "tid", "kind", "name", "start_ns", "end_ns", "step"]
+        self.spans = self.read("spans", self._span_cols)
+        self._pids: list[tuple[str, int | None, int | None]] | None = None
         self.samples = self.read("samples", ["ts_ns", "name", "value", "target_pid"])
 
-    def read(self, table: str, columns: list[str], arrow: bool = False) -> Any:
+    def read(
+        self, table: str, columns: list[str], arrow: bool = False, files: list[str] | None = None
+    ) -> Any:
         """``table`` as a dask DataFrame (one partition per chunk file, the run's filters applied),
-        or None when the run has no chunk of it."""
-        files = list(self.run.chunks.files[table])
+        or None when the run has no chunk of it. ``files``: only these chunk files of the table."""
+        files = list(self.run.chunks.files[table] if files is None else files)
         if not files:
             return None
         where = self.run.filter
@@ -177,11 +183,61 @@ class DaskEngine:
             read_chunk, files, args=(table, columns, where, arrow), meta=meta, label=f"read-{table}"
         )
 
+    def _pid_ranges(self) -> list[tuple[str, int | None, int | None]]:
+        """Every spans chunk file with the smallest and largest ``pid`` its row groups' statistics
+        give (None, None where a row group has no usable statistics: the file may hold any pid)."""
+        if self._pids is None:
+            import pyarrow.parquet as pq
+
+            out: list[tuple[str, int | None, int | None]] = []
+            for path in self.run.chunks.files["spans"]:
+                md = pq.ParquetFile(path).metadata
+                lo: int | None = None
+                hi: int | None = None
+                known = True
+                for i in range(md.num_row_groups):
+                    rg = md.row_group(i)
+                    stats = None
+                    for j in range(rg.num_columns):
+                        col = rg.column(j)
+                        if col.path_in_schema == "pid":
+                            stats = col.statistics
+                            break
+                    if stats is None:
+                        if "pid" not in md.schema.names:
+                            continue  # no pid column: null pids, never one of a process
+                        known = False
+                        break
+                    if rg.num_rows == 0 or stats.null_count == rg.num_rows:
+                        continue
+                    if not stats.has_min_max:
+                        known = False
+                        break
+                    a, b = int(stats.min), int(stats.max)
+                    lo = a if lo is None else min(lo, a)
+                    hi = b if hi is None else max(hi, b)
+                if not known:
+                    out.append((path, None, None))
+                elif lo is not None and hi is not None:
+                    out.append((path, lo, hi))
+            self._pids = out
+        return self._pids
+
+    def _spans_of(self, proc: ProcKey) -> Any:
+        """The spans of one process: read from the chunk files that can hold its pid only, then
+        filtered by host and pid."""
+        files = [p for p, lo, hi in self._pid_ranges() if lo is None or hi is None or lo <= proc.pid <= hi]
+        sp = self.read("spans", self._span_cols, files=files)
+        if sp is None:  # no file can hold it: an empty frame of the same columns
+            sp = self.spans
+        return sp[(sp.host == proc.host) & (sp.pid == proc.pid)]
+
     # -- the analyses ------------------------------------------------------------------------------
     def step_processes(self) -> list[ProcKey]:
         if self.spans is None:
             return []
-        steps = self.spans[self.spans.kind == "step"]
+        sp = self.read("spans", ["host", "pid", "rank", "tid", "kind", "step"])
+        steps = sp[sp.kind == "step"]
         per_tid = steps.groupby(["host", "pid", "tid"]).agg({"rank": "first", "step": "count"}).compute()
         if per_tid.empty:
             return []
@@ -199,12 +255,15 @@ class DaskEngine:
         """The main loop's steps as a pandas DataFrame indexed by step (sorted): ``s``, ``e``,
         ``dur`` and the time of every phase in the step, ``other`` the rest — the DuckDB engine's
         ``per_step`` table, computed the same way."""
+        return self._per_step(proc)[0]
+
+    def _per_step(self, proc: ProcKey) -> tuple[Any, int]:
+        """:meth:`per_step` and the number of epoch spans of the process, in one computation."""
         import numpy as np
         import pandas as pd
 
         assert self.spans is not None
-        sp = self.spans
-        mine = sp[(sp.host == proc.host) & (sp.pid == proc.pid)]
+        mine = self._spans_of(proc)
         steps_dd = mine[(mine.kind == "step") & (mine.end_ns >= mine.start_ns)][
             ["step", "start_ns", "end_ns"]
         ].rename(columns={"start_ns": "s", "end_ns": "e"})
@@ -217,7 +276,8 @@ class DaskEngine:
             - joined.start_ns.where(joined.start_ns > joined.s, joined.s)
         )
         sums = joined.groupby(["step", "name"]).d.sum()
-        steps, sums = self.client.compute([steps_dd, sums], sync=True)
+        epochs = (mine.kind == "epoch").sum()
+        steps, sums, n_epochs = self.client.compute([steps_dd, sums, epochs], sync=True)
         table = sums.unstack(fill_value=0) if len(sums) else pd.DataFrame()
         per = steps.set_index("step").sort_index()
         per["dur"] = (per["e"] - per["s"]).astype("float64")
@@ -230,13 +290,12 @@ class DaskEngine:
         for p in _PHASE_COLS:
             per[p] = per[p] * f
         per["other"] = np.maximum(per["dur"] - measured * f, 0)
-        return per
+        return per, int(n_epochs)
 
     def step_stats(self, proc: ProcKey, timeline_points: int = 120) -> StepStats:
         import numpy as np
 
-        per = self.per_step(proc)
-        mine = self.spans[(self.spans.host == proc.host) & (self.spans.pid == proc.pid)]
+        per, epochs = self._per_step(proc)
         count = len(per)
         total = float(per["dur"].sum())
         phase_stats: dict[str, PhaseStat] = {}
@@ -263,7 +322,6 @@ class DaskEngine:
                 row = {"step": float(r["step"]), "step_s": float(r["dur"]) / NS}
                 row.update({p: float(r[p]) / NS for p in (*_PHASE_COLS, "other")})
                 timeline.append(row)
-        epochs = int((mine.kind == "epoch").sum().compute())
         return StepStats(
             proc=proc,
             count=count,
