@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -85,6 +86,36 @@ def test_parts_outside_the_compacted_range_are_read(small_run: TracedRun, tmp_pa
     write_chunk(str(folder), "spans", row, seq=int(m["last"]) + 1)
     run = holoprof.load(run_dir)
     assert run.rows("SELECT count(*) FROM spans WHERE name = 'late'")[0][0] == 1
+
+
+def test_compaction_merges_in_bounded_groups_and_keeps_every_row(
+    small_run: TracedRun, tmp_path: Path
+) -> None:
+    """A long run is compacted into several sorted files of bounded size, never loaded whole."""
+    from holoprof.store.compact import compact_run
+
+    run_dir = Path(copy_run(small_run.run_dir, tmp_path / "run"))
+    main = main_process(small_run.report)
+    folder = run_dir / f"{main['host']}-{main['pid']}"
+    (compacted,) = folder.glob("spans-c*.parquet")
+    table = pq.read_table(compacted)
+    compacted.unlink()
+    size = -(-table.num_rows // 10)
+    for i in range(10):  # ten flushes, in time order as the agent writes them
+        write_chunk(str(folder), "spans", table.slice(i * size, size).to_pydict(), seq=i)
+    assert compact_run(str(run_dir), max_rows=3 * size) == 10
+    files = sorted(folder.glob("spans-*.parquet"))
+    assert all(COMPACTED.match(f.name) for f in files), files
+    assert len(files) == 4, files  # 3 + 3 + 3 + 1 parts
+    ranges = sorted((int(m["first"]), int(m["last"])) for f in files if (m := COMPACTED.match(f.name)))
+    assert ranges[0][0] == 0 and ranges[-1][1] == 9
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges)), ranges
+    for f in files:
+        starts = pq.read_table(f).column("start_ns").to_pylist()
+        assert starts == sorted(starts), f.name
+    assert sum(pq.read_table(f).num_rows for f in files) == table.num_rows
+    assert step_count(run_dir) == 20
+    assert compact_run(str(run_dir), max_rows=3 * size) == 0, "compacted files are left as they are"
 
 
 def test_processes_view_keeps_the_newest_row_per_process(small_run: TracedRun, tmp_path: Path) -> None:
