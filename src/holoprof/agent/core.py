@@ -16,6 +16,7 @@ This module imports the standard library only, and so does the writer: it stores
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import itertools
 import json
@@ -239,7 +240,8 @@ class Agent:
         self._seq = itertools.count()
         self._last_identity: tuple[Any, ...] | None = None
         self._stop_event = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._writer_done: threading.Event | None = None  # set when the writer thread has ended
+        self._writer_ident = 0
         self._flushed_any = False
         self.dist_identity: tuple[int, int, int] | None = None  # (rank, local_rank, world_size)
 
@@ -348,10 +350,21 @@ class Agent:
         _install_sigterm(self)
 
     def _start_thread(self) -> None:
+        # A bare thread: ``threading.Thread.start`` waits until the new thread runs, which in a
+        # DataLoader worker forked onto busy cores costs milliseconds before its first batch.
         self._stop_event = threading.Event()
-        t = threading.Thread(target=self._run, name="holoprof-writer", daemon=True)
-        self._thread = t
-        t.start()
+        done = threading.Event()
+        self._writer_done = done
+
+        def body() -> None:
+            try:
+                self._writer_ident = threading.get_ident()
+                threading.current_thread().name = "holoprof-writer"
+                self._run()
+            finally:
+                done.set()
+
+        _thread.start_new_thread(body, ())
 
     def _run(self) -> None:
         stop = self._stop_event
@@ -404,9 +417,9 @@ class Agent:
         if exit_code is not None:
             self.exit_code = exit_code
         self._stop_event.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout_s)
+        done = self._writer_done
+        if done is not None and self._writer_ident != threading.get_ident():
+            done.wait(timeout_s)
         now = _perf_ns()
         for c in self.collectors:
             try:

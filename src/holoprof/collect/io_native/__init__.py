@@ -25,6 +25,7 @@ import ctypes
 import json
 import os
 import struct
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -165,6 +166,7 @@ class _Lib:
             floats = (names(m, 1) or b"").decode().strip(",").split(",")
             self.names.append((ints, floats))
         self.buf = ctypes.create_string_buffer(1 << 18)
+        self.trace_buf: ctypes.Array[ctypes.c_char] | None = None  # made at the first drain
         self.paths: dict[int, str] = {}
 
     def path_of(self, idx: int) -> str:
@@ -182,6 +184,17 @@ class _Lib:
 
 _lib: _Lib | None = None
 _lib_pid = -1
+_drain_lock = threading.Lock()
+_DRAIN_CHUNK = 4096  # trace records moved per call (160 KiB buffer)
+
+
+def _new_drain_lock() -> None:
+    global _drain_lock
+    _drain_lock = threading.Lock()  # a fork while another thread drained must not leave it held
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_drain_lock)
 _probed = False
 
 
@@ -263,7 +276,7 @@ def changes(since: int = 0) -> tuple[list[dict[str, Any]], int]:
             break
         lib.buf = ctypes.create_string_buffer(int(-n * 1.25) + (1 << 16))
     ts = time.time_ns()
-    return _decode(lib, lib.buf.raw[:n], ts), int(nxt.value)
+    return _decode(lib, ctypes.string_at(lib.buf, n), ts), int(nxt.value)
 
 
 def snapshot() -> list[dict[str, Any]]:
@@ -316,23 +329,35 @@ def trace_drain(max_records: int = 65536) -> list[dict[str, Any]]:
     lib = _get()
     if lib is None or max_records <= 0:
         return []
-    buf = ctypes.create_string_buffer(_TRACE_REC.size * int(max_records))
-    n = int(lib.trace_drain(buf, int(max_records)))
     rows: list[dict[str, Any]] = []
-    raw = buf.raw
-    for i in range(n):
-        idx, module, op, _, offset, size, start, end = _TRACE_REC.unpack_from(raw, i * _TRACE_REC.size)
-        rows.append(
-            {
-                "module": MODULES[module] if module < len(MODULES) else str(module),
-                "path": lib.path_of(idx),
-                "op": OPS[op] if op < len(OPS) else str(op),
-                "offset": offset,
-                "size_bytes": size,
-                "start_ns": start,
-                "end_ns": end,
-            }
-        )
+    size = _TRACE_REC.size
+    with _drain_lock:  # one reused buffer: every flush drains, nearly always nothing
+        buf = lib.trace_buf
+        if buf is None:
+            buf = lib.trace_buf = ctypes.create_string_buffer(size * _DRAIN_CHUNK)
+        left = int(max_records)
+        while left > 0:
+            want = min(left, _DRAIN_CHUNK)
+            n = int(lib.trace_drain(buf, want))
+            if n <= 0:
+                break
+            left -= n
+            raw = ctypes.string_at(buf, n * size)
+            for i in range(n):
+                idx, module, op, _, offset, sz, start, end = _TRACE_REC.unpack_from(raw, i * size)
+                rows.append(
+                    {
+                        "module": MODULES[module] if module < len(MODULES) else str(module),
+                        "path": lib.path_of(idx),
+                        "op": OPS[op] if op < len(OPS) else str(op),
+                        "offset": offset,
+                        "size_bytes": sz,
+                        "start_ns": start,
+                        "end_ns": end,
+                    }
+                )
+            if n < want:
+                break
     return rows
 
 
