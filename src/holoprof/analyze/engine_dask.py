@@ -164,6 +164,7 @@ class DaskEngine:
         self.dd = _import_dask()
         self.run = run
         self.client = dask_client
+        self._metas: dict[tuple[str, tuple[str, ...], bool], Any] = {}
         self._span_cols = ["host", "pid", "rank", "tid", "kind", "name", "start_ns", "end_ns", "step"]
         self.spans = self.read("spans", self._span_cols)
         self._pids: list[tuple[str, int | None, int | None]] | None = None
@@ -178,7 +179,12 @@ class DaskEngine:
         if not files:
             return None
         where = self.run.filter
-        meta = read_chunk(files[0], table, columns, where, arrow).iloc[:0]
+        key = (table, tuple(columns), arrow)
+        meta = self._metas.get(key)
+        if meta is None:
+            # a deep copy: a slice would keep the whole chunk's buffers alive with the expression
+            meta = read_chunk(files[0], table, columns, where, arrow).iloc[:0].copy(deep=True)
+            self._metas[key] = meta
         return self.dd.from_map(
             read_chunk, files, args=(table, columns, where, arrow), meta=meta, label=f"read-{table}"
         )
