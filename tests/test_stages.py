@@ -144,6 +144,35 @@ def test_stage_names_come_from_the_script_or_command(argv: list[str], name: str)
     assert process_name(argv) == name
 
 
+def test_a_command_only_the_sampler_saw_starts_after_the_sibling_that_ended_before_it() -> None:
+    """The sampler last missed ``sort`` at 0.60 s and first saw it at 0.80 s; ``prepare.py`` (traced)
+    ended at 0.66 s in between: ``sort`` started after it, so the two are not shown overlapping, and
+    both are on the critical path of the sequential script."""
+    from holoprof.analyze.stages import _Proc, _process_stages
+
+    ms = 1_000_000
+    procs = [
+        _Proc("h", 10, 1, "launcher", -1, ["holoprof"], "", 0, 5000 * ms, False),
+        _Proc("h", 11, 10, "child", -1, ["bash", "run.sh"], "", 0, 0, True),
+        _Proc("h", 12, 11, "child", -1, ["python", "prepare.py"], "", 300 * ms, 660 * ms, False),
+        _Proc("h", 13, 11, "child", -1, ["sort", "keys"], "", 100 * ms, 0, True),
+        _Proc("h", 14, 11, "child", -1, ["python", "train.py"], "", 900 * ms, 3000 * ms, False),
+    ]
+    no_counters = {"cpu_s": 0.0, "read_bytes": 0.0, "write_bytes": 0.0}
+    bounds = {
+        ("h", 11): (200 * ms, 3000 * ms, no_counters),
+        ("h", 12): (400 * ms, 600 * ms, no_counters),
+        ("h", 13): (800 * ms, 800 * ms, no_counters),
+    }
+    ticks = {"h": [200 * ms * i for i in range(16)]}
+    stages, _owner = _process_stages(procs, bounds, ticks)
+    by = {st.name: st for st in stages}
+    assert by["sort"].start_ns == 660 * ms, "not the 600 ms tick, which overlaps prepare.py"
+    assert by["sort"].end_ns == 800 * ms
+    mark_critical(stages)
+    assert by["prepare.py"].critical and by["sort"].critical and by["train.py"].critical
+
+
 def test_terminal_stage_tree_marks_the_critical_path(run: TracedRun) -> None:
     buf = io.StringIO()
     render_stages(run.report, Console(file=buf, width=110, color_system=None))

@@ -325,6 +325,24 @@ def _process_stages(
         if st is not None:
             st.pids.append(key[1])
     # nesting: the nearest ancestor that is a stage
+    # A process only the sampler saw started between the last tick that did not see it and the first
+    # that did. A sibling that ended inside that window most likely ran before it (a script runs its
+    # commands one after another): start it there rather than at the tick, which could overlap it.
+    for key, st in stages.items():
+        p = by_key[key]
+        b = bounds.get(key)
+        if not p.sampler_only or b is None:
+            continue
+        ends = [
+            o.end_ns
+            for okey, o in stages.items()
+            if okey != key
+            and by_key[okey].ppid == p.ppid
+            and okey[0] == key[0]
+            and st.start_ns < o.end_ns <= b[0]
+        ]
+        if ends:
+            st.start_ns = min(max(ends), st.end_ns)
     for key, st in stages.items():
         p = by_key[key]
         cur = by_key.get((p.host, p.ppid))
