@@ -49,6 +49,7 @@ def main() -> None:
         t0 = t1
     print(f"median_step_s {statistics.median(times[2:] or times):.6f} steps {len(times)}", flush=True)
     if distributed:
+        torch.distributed.barrier()  # leave together: gloo can abort a rank whose peer tears down first
         torch.distributed.destroy_process_group()
 
 

@@ -33,6 +33,7 @@ def train(rank: int, world_size: int) -> None:
             loss.backward()
             opt.step()
         print(f"rank {rank} final loss {loss.item():.6f}", flush=True)
+        dist.barrier()  # leave together: gloo can abort a rank whose peer tears the group down first
     finally:
         dist.destroy_process_group()
 
