@@ -45,8 +45,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from holoprof.analyze.report import build_report
     from holoprof.store.reader import load
 
-    if args.scheduler and args.engine != "dask":
-        raise HoloprofError("--scheduler goes with --engine dask")
+    check_engine_arguments(args)
     doc = build_report(load(args.run), engine=args.engine, scheduler=args.scheduler)
     if args.html:
         from holoprof.present.html import write_html
@@ -67,6 +66,26 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from holoprof.examples.demo import run_demo
 
     return run_demo(out=args.out, quick=args.quick)
+
+
+def add_engine_arguments(parser: Any) -> None:
+    """``--engine duckdb|dask`` and ``--scheduler ADDRESS``, for the commands that read a run."""
+    parser.add_argument(
+        "--engine",
+        choices=("duckdb", "dask"),
+        default="duckdb",
+        help="query engine (dask: for runs that outgrow one machine; same numbers)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="with --engine dask: an existing Dask scheduler (default: a local cluster)",
+    )
+
+
+def check_engine_arguments(args: Any) -> None:
+    if args.scheduler and args.engine != "dask":
+        raise HoloprofError("--scheduler goes with --engine dask")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,17 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run", help="a run directory")
     rp.add_argument("--json", action="store_true", help="print the report as JSON (schema holoprof.report/1)")
     rp.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
-    rp.add_argument(
-        "--engine",
-        choices=("duckdb", "dask"),
-        default="duckdb",
-        help="query engine (dask: for runs that outgrow one machine)",
-    )
-    rp.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        help="with --engine dask: an existing Dask scheduler (default: a local cluster)",
-    )
+    add_engine_arguments(rp)
     rp.set_defaults(func=_cmd_report)
 
     d = sub.add_parser("demo", help="train the bundled example traced and print its report")

@@ -32,17 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--from", dest="start_s", type=float, help="chrome: start of the window, seconds")
     parser.add_argument("--to", dest="end_s", type=float, help="chrome: end of the window, seconds")
-    parser.add_argument(
-        "--engine",
-        choices=("duckdb", "dask"),
-        default="duckdb",
-        help="query engine (dask: for runs that outgrow one machine; same output)",
-    )
-    parser.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        help="with --engine dask: an existing Dask scheduler (default: a local cluster)",
-    )
+    from holoprof.cli import add_engine_arguments
+
+    add_engine_arguments(parser)
 
 
 @contextmanager
@@ -119,11 +111,11 @@ def export_run(
 
 
 def main(args: argparse.Namespace) -> int:
+    from holoprof.cli import check_engine_arguments
     from holoprof.store.pack import open_run
     from holoprof.store.reader import load
 
-    if args.scheduler and args.engine != "dask":
-        raise HoloprofError("--scheduler goes with --engine dask")
+    check_engine_arguments(args)
     if args.start_s is not None and args.start_s < 0:
         raise HoloprofError("--from must be 0 or more seconds after the run start")
     if args.start_s is not None and args.end_s is not None and args.end_s <= args.start_s:
