@@ -171,3 +171,21 @@ def test_step_statistics_equal_the_plain_join_when_phases_cross_their_steps(tmp_
     assert outside_steps(run, main, fast) == pytest.approx(by_sql, rel=1e-12)
     assert by_sql["custom"] == pytest.approx(0.002) and by_sql["eval"] > 0.003
     assert by_sql["checkpoint"] == pytest.approx(0.001)
+
+
+def test_a_memory_limit_too_small_is_one_line_and_exit_2(synth: tuple[str, object]) -> None:
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HOLOPROF_MEMORY_LIMIT="1MB")
+    proc = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "report", synth[0], "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "HOLOPROF_MEMORY_LIMIT=1MB" in lines[0] and "higher" in lines[0], lines
+    assert os.path.isdir(synth[0])  # the run is untouched

@@ -192,6 +192,15 @@ def _add_extra(sub: Any, name: str, spec: tuple[str, str]) -> None:
     sp.set_defaults(func=mod.main)
 
 
+def _out_of_memory() -> str:
+    limit = os.environ.get("HOLOPROF_MEMORY_LIMIT")
+    where = f"HOLOPROF_MEMORY_LIMIT={limit}" if limit else "the default memory limit"
+    return (
+        f"the analysis ran out of memory under {where}; set HOLOPROF_MEMORY_LIMIT higher "
+        "(e.g. HOLOPROF_MEMORY_LIMIT=4GB) or free memory on this machine"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -205,6 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split())  # always one line, whatever a library put in it
         sys.stderr.write(f"holoprof: error: {message}\n")
         return exc.exit_code
+    except MemoryError:
+        sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
+        return 2
+    except Exception as exc:
+        if type(exc).__name__ != "OutOfMemoryException":  # DuckDB's, past its memory limit
+            raise
+        sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("holoprof: interrupted\n")
         return 130
