@@ -643,7 +643,8 @@ def workflow(run: Run) -> Workflow:
     for st in stages:
         st.gpu_s = _gpu_seconds(run, st, gpu)
         if st.steps > 0:
-            st.phases = _stage_phases(run, st)
+            with run.lean_memory():  # a join over every step of the stage: its hash table spills
+                st.phases = _stage_phases(run, st)
     train_starts = [s.start_ns for s in stages if s.steps > 0]
     first_train = min(train_starts) if train_starts else None
     for st in stages:
