@@ -85,6 +85,24 @@ def test_steps_belong_to_the_train_stage_only(run: TracedRun) -> None:
     assert stages["evaluate.py"]["phases"] == {}
 
 
+def test_train_stage_phases_from_the_step_analysis_equal_the_join(run: TracedRun) -> None:
+    from holoprof.analyze.stages import _loop_phases, workflow
+    from holoprof.analyze.steps import step_processes, step_stats
+
+    r = holoprof.load(run.run_dir)
+    loop = step_stats(r, step_processes(r)[0])
+    joined = {s.id: s for s in workflow(r).stages}
+    reused = {s.id: s for s in workflow(r, loop).stages}
+    train = [s for s in reused.values() if s.steps == loop.count and s.pid == loop.proc.pid]
+    assert len(train) == 1
+    sid = train[0].id
+    assert _loop_phases(train[0], loop) is not None, "the train stage takes the step analysis's phases"
+    assert set(reused[sid].phases) == set(joined[sid].phases)
+    for p, v in joined[sid].phases.items():
+        assert reused[sid].phases[p] == pytest.approx(v, abs=2e-6), p
+    assert sum(reused[sid].phases.values()) > 0
+
+
 def test_resources_are_attributed_to_their_stage(run: TracedRun) -> None:
     stages = by_name(run.report)
     train, prep, sort = stages["train.py"], stages["prepare.py"], stages["sort"]

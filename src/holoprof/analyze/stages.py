@@ -535,6 +535,19 @@ def _stage_phases(run: Run, st: Stage) -> dict[str, float]:
     return out
 
 
+def _loop_phases(st: Stage, loop: Any) -> dict[str, float] | None:
+    """The stage's phases from the step analysis, when the stage is the main loop's process and
+    holds every one of its steps (else None). Phases are scaled per step there (a step whose records
+    overlap), as in the report's phase breakdown."""
+    if loop is None or (st.host, st.pid) != (loop.proc.host, loop.proc.pid) or st.steps != loop.count:
+        return None
+    if not (st.start_ns <= loop.first_start_ns and loop.last_end_ns <= st.end_ns):
+        return None
+    return {
+        p: round(loop.phases[p].total_s, 6) for p in (*model.MEASURED_PHASES, "other") if p in loop.phases
+    }
+
+
 def classify(st: Stage, first_train_start_ns: int | None) -> str:
     """The kind of a stage, from the evidence recorded in it (see the module docstring)."""
     if st.steps > 0:
@@ -593,8 +606,12 @@ def _order(stages: list[Stage]) -> list[Stage]:
     return out
 
 
-def workflow(run: Run) -> Workflow:
-    """Every stage of the run, classified, with its resources and its place on the critical path."""
+def workflow(run: Run, loop: Any = None) -> Workflow:
+    """Every stage of the run, classified, with its resources and its place on the critical path.
+
+    ``loop``: the main training loop's step statistics when the report has them already
+    (``analyze.steps.StepStats``); the stage that holds all of its steps takes its phases from them
+    instead of joining every step again."""
     procs = _load_processes(run)
     bounds = _sample_bounds(run)
     facts = _span_facts(run)
@@ -643,6 +660,10 @@ def workflow(run: Run) -> Workflow:
     for st in stages:
         st.gpu_s = _gpu_seconds(run, st, gpu)
         if st.steps > 0:
+            known = _loop_phases(st, loop)
+            if known is not None:
+                st.phases = known
+                continue
             with run.lean_memory():  # a join over every step of the stage: its hash table spills
                 st.phases = _stage_phases(run, st)
     train_starts = [s.start_ns for s in stages if s.steps > 0]
@@ -698,5 +719,5 @@ def stage_doc(st: Stage, wf: Workflow) -> dict[str, Any]:
 
 def stages_section(run: Run, ctx: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
     """The ``stages`` section of the report: one entry per stage, parents before children."""
-    wf = workflow(run)
+    wf = workflow(run, ctx.get("steps"))
     return [stage_doc(s, wf) for s in wf.stages], []
