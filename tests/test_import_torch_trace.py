@@ -244,3 +244,196 @@ def test_files_imported_in_parallel_give_the_same_run(device_traces: str, tmp_pa
     q = "SELECT rank, kind, name, start_ns, end_ns, step FROM spans ORDER BY ALL"
     assert holoprof.load(one).rows(q) == holoprof.load(two).rows(q)
     assert temporal_breakdown(one) == temporal_breakdown(two)
+
+
+# Traces in the shapes of real GPU traces (hand-written here, small): the first Kineto format of a
+# V100 trace from 2021, an A100 trace re-serialized with distributedInfo after the events and
+# backward on autograd's device thread, and an H100 trace with ns-precision timestamps.
+
+
+def _write(path: str, doc: dict, gz: bool = False) -> str:
+    import gzip
+
+    data = json.dumps(doc, indent=2).encode()
+    with (gzip.open if gz else open)(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _spans(run: str, sql: str) -> list[tuple]:
+    import holoprof
+
+    return holoprof.load(run).rows(sql)
+
+
+def _breakdown(doc: dict) -> dict:
+    (b,) = doc["device"]["temporal_breakdown"]
+    return b
+
+
+def test_first_kineto_format_keeps_its_kernels_and_breakdown(tmp_path: os.PathLike[str]) -> None:
+    pid, cpu, gpu = 24572, "24572", "stream 7"
+
+    def op(cat: str, name: str, tid: str, ts: int, dur: int, **args: object) -> dict:
+        p = 0 if tid == gpu else pid
+        return {"ph": "X", "cat": cat, "name": name, "pid": p, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    events = [
+        op("Operator", "ProfilerStep#2", cpu, 1000, 500, Device=pid),
+        op("Operator", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", cpu, 1010, 40),
+        op("Runtime", "cudaMemcpyAsync", cpu, 1060, 10, cbid=41, correlation=11),
+        op("Memcpy", "Memcpy HtoD (Pageable -> Device)", gpu, 1072, 2, device=0, stream=7, correlation=11),
+        op("Operator", "aten::mm", cpu, 1100, 50, Device=pid),
+        op("Runtime", "cudaLaunchKernel", cpu, 1110, 10, cbid=211, correlation=12),
+        op("Kernel", "volta_sgemm_128x32_nt", gpu, 1130, 6, device=0, stream=7, correlation=12),
+        op("Runtime", "cudaLaunchKernel", "24610", 1200, 10, cbid=211, correlation=13),
+        op(
+            "Kernel",
+            "void at::native::vectorized_elementwise_kernel<4>",
+            gpu,
+            1215,
+            5,
+            stream=7,
+            correlation=13,
+        ),
+        {"ph": "f", "id": 13, "pid": 0, "tid": gpu, "ts": 1215, "cat": "async", "name": "launch", "bp": "e"},
+        {
+            "ph": "X",
+            "cat": "Trace",
+            "ts": 990,
+            "dur": 600,
+            "pid": "Traces",
+            "tid": "PyTorch Profiler",
+            "name": "PyTorch Profiler (0)",
+            "args": {},
+        },
+    ]
+    trace = _write(os.path.join(tmp_path, "v100.json"), {"schemaVersion": 1, "traceEvents": events})
+    out = os.path.join(tmp_path, "run")
+    r = _cli("import", "torch-trace", trace, "--out", out)
+    assert r.returncode == 0, r.stderr
+    doc = _report(out)
+    assert doc["steps"]["count"] == 1
+    b = _breakdown(doc)  # span 1072..1220 us; memcpy 2 us; kernels 6 + 5 us
+    assert b["kernel_time_s"] == pytest.approx(148e-6)
+    assert b["compute_s"] == pytest.approx(11e-6)
+    assert b["non_compute_s"] == pytest.approx(2e-6)
+    assert b["idle_s"] == pytest.approx(135e-6)
+    rows = _spans(
+        out,
+        "SELECT json_extract_string(attrs, '$.cat'), tid, count(*) FROM spans WHERE kind = 'op' GROUP BY ALL",
+    )
+    got = {(c, t): n for c, t, n in rows}
+    assert got[("kernel", 7)] == 2  # "stream 7" is the GPU row of stream 7
+    assert got[("gpu_memcpy", 7)] == 1
+    assert got[("cuda_runtime", 24572)] == 2 and got[("cuda_runtime", 24610)] == 1
+    assert got[("cpu_op", 24572)] == 1
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_distributed_info_after_the_events_and_backward_on_autograd_thread(
+    tmp_path: os.PathLike[str], gz: bool
+) -> None:
+    main, bw = 3914, 24922
+
+    def op(cat: str, name: str, tid: int, ts: int, dur: int, **args: object) -> dict:
+        return {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "pid": 0 if cat == "kernel" else main,
+            "tid": tid,
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        }
+
+    events = [
+        op("user_annotation", "ProfilerStep#552", main, 1000, 1000),
+        op("cpu_op", "aten::linear", main, 1100, 200),
+        op("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", bw, 1400, 145),
+        op("cpu_op", "aten::mm", bw, 1410, 58),
+        op("cuda_runtime", "cudaLaunchKernel", bw, 1450, 10, correlation=2131433),
+        op(
+            "kernel",
+            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm>",
+            7,
+            1500,
+            45,
+            device=0,
+            stream=7,
+            correlation=2131433,
+        ),
+    ]
+    doc = {"traceEvents": events, "distributedInfo": {"rank": 3, "world_size": 4, "backend": "nccl"}}
+    trace = _write(os.path.join(tmp_path, "rank3.json" + (".gz" if gz else "")), doc, gz)
+    out = os.path.join(tmp_path, "run")
+    r = _cli("import", "torch-trace", trace, "--out", out)
+    assert r.returncode == 0, r.stderr
+    rep = _report(out)
+    assert [(p["rank"], p["world_size"]) for p in rep["processes"]] == [(3, 4)]
+    assert _breakdown(rep)["rank"] == 3
+    assert _breakdown(rep)["compute_s"] == pytest.approx(45e-6)
+    phases = dict(
+        _spans(out, "SELECT name, sum(end_ns - start_ns) FROM spans WHERE kind = 'phase' GROUP BY ALL")
+    )
+    assert phases["backward"] == 145_000  # on autograd's thread, counted in the step of the main thread
+    assert phases["forward"] == 200_000
+
+
+def test_nanosecond_timestamps_are_rounded_not_truncated(tmp_path: os.PathLike[str]) -> None:
+    pid = 392793
+
+    def op(cat: str, name: str, tid: int, ts: float, dur: float, **args: object) -> dict:
+        return {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "pid": 0 if tid == 1 else pid,
+            "tid": tid,
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        }
+
+    events = [
+        {
+            "name": "process_name",
+            "ph": "M",
+            "ts": 88437691101.719,
+            "pid": pid,
+            "tid": 0,
+            "args": {"name": "x"},
+        },
+        op("cpu_op", "op1", pid, 88437691101.729, 0.040, **{"External id": 1}),
+        op("cuda_runtime", "cudaLaunchKernel", pid, 88437691101.729, 0.010, cbid=211, correlation=1),
+        # 1.001 * 1000 is 1000.9999999999999: truncated, the kernel would lose a nanosecond
+        op("kernel", "Kernel", 1, 88437691101.749, 1.001, device=0, stream=1, correlation=1),
+        op("cuda_sync", "Stream Wait Event", 1, 88437691102.819, 0.010, stream=1, correlation=200),
+        op("cuda_sync", "Event Sync", 1, 88437691102.839, 0.020, stream=-1, correlation=300),
+        {
+            "ph": "X",
+            "cat": "Trace",
+            "ts": 88437691101.719,
+            "dur": 0.3,
+            "pid": "Spans",
+            "tid": "Test trace",
+            "name": "Test trace (0)",
+            "args": {},
+        },
+        {"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "", "ts": 88437691102.019},
+    ]
+    doc = {"schemaVersion": 1, "baseTimeNanoseconds": 1775078550000000000, "traceEvents": events}
+    trace = _write(os.path.join(tmp_path, "h100.json"), doc)
+    out = os.path.join(tmp_path, "run")
+    r = _cli("import", "torch-trace", trace, "--out", out)
+    assert r.returncode == 0, r.stderr
+    b = _breakdown(_report(out))
+    # span: kernel start .749 to the stream wait's end 2.829; the event sync (stream -1) is no activity;
+    # HTA counts the stream wait (no Memcpy/Memset/Sync in its name) as computation
+    assert round(b["kernel_time_s"] * 1e9) == 1080
+    assert round(b["compute_s"] * 1e9) == 1011
+    assert round(b["idle_s"] * 1e9) == 69
+    assert b["non_compute_s"] == 0
+    ((kernel_ns,),) = _spans(out, "SELECT end_ns - start_ns FROM spans WHERE name = 'Kernel'")
+    assert kernel_ns == 1001

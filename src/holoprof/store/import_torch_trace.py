@@ -16,7 +16,9 @@ What becomes what:
 * collectives (``c10d::``/``record_param_comms`` CPU ops, ``gloo:`` transfers, ``nccl`` kernels) →
   ``comm`` spans;
 * every CPU op and GPU kernel → an ``op`` span (attrs: category, device, stream, input shapes);
-* ``distributedInfo`` → the process's rank and world size;
+* ``distributedInfo`` → the process's rank and world size (before or after ``traceEvents``);
+* the first Kineto format (PyTorch 1.8/1.9: categories ``Operator``, ``Kernel``, ``Memcpy``,
+  ``Runtime``; thread ids as strings, ``"stream 7"`` for GPU rows) reads as today's;
 * the device timeline (GPU activities and the launches that correlate with them) → the temporal
   breakdown of Holistic Trace Analysis per rank (idle / compute / non-compute share of the time from
   the first activity to the last), in the manifest's ``source.temporal_breakdown`` and each process's
@@ -39,6 +41,7 @@ import os
 import re
 import sys
 import time
+import zlib
 from array import array
 from collections.abc import Iterator
 from typing import IO, Any, cast
@@ -47,6 +50,7 @@ from holoprof.errors import HoloprofError, MissingExtraError
 
 PARALLEL_MIN_BYTES = 64 * 2**20  # traces smaller than this in all are imported in one process
 CHUNK_ROWS = 50_000  # rows buffered per process before a Parquet chunk is written
+TAIL_BYTES = 1 << 16  # a distributedInfo after the events is looked for in this many last bytes
 HOST = "kineto"
 
 
@@ -135,7 +139,66 @@ def _header(path: str) -> dict[str, Any]:
                 f"{path} is not a readable PyTorch profiler trace ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty'}); "
                 "pass a file written by torch.profiler's export_chrome_trace"
             )
+    if "rank" not in head:
+        head.update({k: v for k, v in _trailing_distributed_info(path).items() if k not in head})
     return head
+
+
+def _trailing_distributed_info(path: str) -> dict[str, Any]:
+    """``distributedInfo`` written after ``traceEvents`` (files re-serialized with ``json.dump``, as in
+    Holistic Trace Analysis's own test data): looked for in the file's last ``TAIL_BYTES``, without
+    parsing the events a second time (a gzipped file is decompressed once more, not parsed)."""
+    try:
+        with _open(path) as f:
+            if isinstance(f, gzip.GzipFile):
+                tail = b""
+                while chunk := f.read(1 << 22):
+                    tail = (tail + chunk)[-TAIL_BYTES:]
+            else:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - TAIL_BYTES))
+                tail = f.read()
+    except (OSError, EOFError, zlib.error, HoloprofError):
+        return {}
+    key = b'"distributedInfo"'
+    i = tail.rfind(key)
+    j = tail.find(b"{", i + len(key)) if i >= 0 else -1
+    if j < 0 or tail[i + len(key) : j].strip() != b":":
+        return {}
+    try:
+        info, _ = json.JSONDecoder().raw_decode(tail[j:].decode("utf-8", "replace"))
+    except ValueError:
+        return {}
+    head: dict[str, Any] = {}
+    if isinstance(info, dict):
+        for k, out in (("rank", "rank"), ("world_size", "world_size")):
+            if isinstance(info.get(k), int | float) and not isinstance(info.get(k), bool):
+                head[out] = int(info[k])
+        if isinstance(info.get("backend"), str):
+            head["backend"] = info["backend"]
+    return head
+
+
+# Categories of the first Kineto trace format (PyTorch 1.8/1.9), as named since.
+_LEGACY_CATS = {
+    "Operator": "cpu_op",
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "Runtime": "cuda_runtime",
+}
+_TRAILING_INT = re.compile(r"(-?\d+)\s*$")
+
+
+def _thread_id(v: Any) -> int:
+    """A thread id: an int, a string of one (the first format writes ``"24572"``), or the stream of a
+    GPU row (``"stream 7"`` in the first format); 0 otherwise."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    m = _TRAILING_INT.search(str(v))
+    return int(m.group(1)) if m else 0
 
 
 def _phase_of(name: str, cat: str) -> str | None:
@@ -390,13 +453,16 @@ def _import_file(
             continue
         name = str(ev.get("name", ""))
         cat = str(ev.get("cat", ""))
+        cat = _LEGACY_CATS.get(cat, cat)
         try:
-            s = int(float(ev["ts"]) * 1000) + base_ns
-            e = s + int(float(ev.get("dur", 0)) * 1000)
+            # rounded, not truncated: Kineto writes ns-precision microseconds ("…101.749"), and
+            # 101.749 * 1000 is 101748.999… in binary floating point
+            s = round(float(ev["ts"]) * 1000) + base_ns
+            e = s + round(float(ev.get("dur", 0)) * 1000)
         except (KeyError, TypeError, ValueError):
             continue
         pid = int(ev.get("pid", 0)) if str(ev.get("pid", "0")).lstrip("-").isdigit() else 0
-        tid = int(ev.get("tid", 0)) if str(ev.get("tid", "0")).lstrip("-").isdigit() else 0
+        tid = _thread_id(ev.get("tid", 0))
         if writer is None:
             pid_main = pid
             folder = os.path.join(run_dir, f"{HOST}-{rank if rank >= 0 else pid}")
@@ -497,7 +563,8 @@ def _span_parts(folder: str) -> str:
 def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
     """Backward and forward of each step, from the ops of the step's thread (one DuckDB pass):
     backward spans the autograd work (``autograd::engine::evaluate_function``) that starts or ends in
-    the step; forward spans the other CPU ops of the step that end before backward starts."""
+    the step, on the step's thread or on a thread with no steps (CUDA backward runs on autograd's
+    device thread); forward spans the other CPU ops of the step that end before backward starts."""
     import duckdb
 
     lst = _span_parts(folder)
@@ -513,7 +580,9 @@ def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
             bw AS (SELECT st.tid, st.n, st.a,
                           min(ag.start_ns) FILTER (WHERE ag.start_ns >= st.a AND ag.start_ns < st.b) AS b0,
                           max(ag.end_ns) FILTER (WHERE ag.end_ns > st.a AND ag.end_ns <= st.b) AS b1
-                   FROM st JOIN ag ON ag.tid = st.tid AND ag.start_ns <= st.b AND ag.end_ns >= st.a
+                   -- autograd runs on the step's thread (CPU) or on its own device thread (CUDA)
+                   FROM st JOIN ag ON (ag.tid = st.tid OR ag.tid NOT IN (SELECT tid FROM st))
+                                  AND ag.start_ns <= st.b AND ag.end_ns >= st.a
                    GROUP BY ALL HAVING b0 IS NOT NULL AND b1 IS NOT NULL),
             -- attrs are written with "cat" first: '{{"cat": "cpu_op"...' marks CPU ops
             fw AS (SELECT bw.tid, bw.n, min(o.start_ns) AS f0, max(o.end_ns) AS f1
