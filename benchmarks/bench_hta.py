@@ -19,6 +19,16 @@ it runs once more with HTA_DISABLE_NS_ROUNDING=1 (untimed) for the exact compari
 HTA is installed in its own environment (``python3 -m venv /tmp/htavenv &&
 /tmp/htavenv/bin/pip install torch==2.13.0 holistictraceanalysis``), never in holoprof's.
 Prints a JSON document and writes it to benchmarks/out/bench_hta.json.
+
+    python benchmarks/bench_hta.py --real DIR [--hta-python /tmp/htavenv/bin/python]
+
+checks agreement (untimed) on traces someone else recorded on real GPUs: DIR is one trace folder
+(the per-rank files of one job, as HTA wants) or a folder of such folders. For each, per rank: HTA's
+temporal breakdown with its default rounding and with HTA_DISABLE_NS_ROUNDING=1 against holoprof's,
+the count and total time of the GPU activities of each kind (kernel, memcpy, memset, ...) HTA keeps
+against holoprof's op spans, and the ProfilerStep durations. A failure on either side is reported,
+not raised. A file without distributedInfo is rank 0 to HTA and rank -1 (not distributed) to
+holoprof; a single such rank is paired. Writes benchmarks/out/bench_hta_real.json.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import psutil
 
@@ -56,6 +67,182 @@ for rank in ta.t.get_ranks():
 rows = [{k: (float(v) if k != "rank" else int(v)) for k, v in r.items()} for r in tb.to_dict("records")]
 json.dump({"breakdown": rows, "steps": steps, "in_process_s": elapsed}, open(sys.argv[2], "w"))
 """
+
+
+REAL_HTA_SCRIPT = r"""
+import json, sys
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+tb = ta.get_temporal_breakdown(visualize=False)
+sym = ta.t.symbol_table.get_sym_table()
+steps, acts = {}, {}
+for rank in ta.t.get_ranks():
+    df = ta.t.get_trace(rank)
+    names = df["name"].map(lambda i: sym[int(i)])
+    st = df[names.str.startswith("ProfilerStep")]
+    steps[int(rank)] = {
+        int(sym[int(n)].split("#")[1]): float(d) for n, d in zip(st["name"], st["dur"])
+    }
+    g = df[df["stream"] >= 0]
+    acts[int(rank)] = {
+        str(c): [int(n), float(d)]
+        for c, n, d in zip(*(lambda a: (a.index, a["count"], a["sum"]))(
+            g.groupby(g["cat"].map(lambda i: sym[int(i)]))["dur"].agg(["count", "sum"])))
+    }
+rows = [{k: (float(v) if k != "rank" else int(v)) for k, v in r.items()} for r in tb.to_dict("records")]
+json.dump({"breakdown": rows, "steps": steps, "activities": acts}, open(sys.argv[2], "w"))
+"""
+
+# HTA keeps the trace's own category names; the first Kineto format (PyTorch 1.8/1.9) wrote these
+LEGACY_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    return p.returncode, p.stdout, p.stderr
+
+
+def _last_error(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "failed"
+
+
+def _trace_sets(root: str) -> list[str]:
+    """DIR itself when it holds trace files, else each of its sub-folders that does."""
+
+    def has_traces(d: str) -> bool:
+        return any(f.endswith((".json", ".json.gz")) for f in os.listdir(d))
+
+    if has_traces(root):
+        return [root]
+    return [
+        os.path.join(root, d)
+        for d in sorted(os.listdir(root))
+        if os.path.isdir(os.path.join(root, d)) and has_traces(os.path.join(root, d))
+    ]
+
+
+def _real_one(trace_dir: str, hta_python: str, tmp: str) -> dict:
+    script = os.path.join(tmp, "hta_real.py")
+    with open(script, "w") as f:
+        f.write(REAL_HTA_SCRIPT)
+    out: dict = {"traces": trace_dir, "files": sorted(os.listdir(trace_dir))}
+    hta: dict[str, dict | None] = {}
+    for mode, extra in (("hta_default_rounding", {}), ("hta_exact", {"HTA_DISABLE_NS_ROUNDING": "1"})):
+        env = {k: v for k, v in os.environ.items() if k != "HTA_DISABLE_NS_ROUNDING"} | extra
+        res = os.path.join(tmp, f"{mode}.json")
+        rc, _, err = _run([hta_python, script, trace_dir, res], env)
+        if rc != 0:
+            out[f"{mode}_error"] = _last_error(err)
+            hta[mode] = None
+        else:
+            with open(res) as f:
+                hta[mode] = json.load(f)
+    run = os.path.join(tmp, "run")
+    holo = [sys.executable, "-m", "holoprof.cli"]
+    rc, _, err = _run([*holo, "import", "torch-trace", trace_dir, "--out", run])
+    if rc != 0:
+        out["holoprof_error"] = _last_error(err)
+        return out
+    rc, rep, err = _run([*holo, "report", run, "--json"])
+    if rc != 0:
+        out["holoprof_error"] = _last_error(err)
+        return out
+    ours = {int(b["rank"]): b for b in json.loads(rep).get("device", {}).get("temporal_breakdown") or []}
+    our_steps = holoprof_steps(run)
+    import holoprof
+
+    our_acts: dict[int, dict[str, list[float]]] = {}
+    for rank, cat, n, ns in holoprof.load(run).rows(
+        "SELECT rank, json_extract_string(attrs, '$.cat'), count(*), sum(end_ns - start_ns) FROM spans"
+        " WHERE kind IN ('op', 'comm') AND json_extract_string(attrs, '$.cat')"
+        " IN ('kernel', 'gpu_memcpy', 'gpu_memset') GROUP BY ALL"
+    ):
+        our_acts.setdefault(int(rank), {})[str(cat)] = [int(n), float(ns) / 1e3]
+    shutil.rmtree(run, ignore_errors=True)
+
+    def pair(rank: int, mine: dict) -> int | None:
+        if rank in mine:
+            return rank
+        return next(iter(mine)) if len(mine) == 1 and len(hta_ranks) == 1 else None
+
+    for mode, doc in hta.items():
+        if doc is None:
+            continue
+        hta_ranks = [int(r["rank"]) for r in doc["breakdown"]]
+        per_rank, worst = [], 0.0
+        for row in doc["breakdown"]:
+            r = pair(int(row["rank"]), ours)
+            o = ours.get(r) if r is not None else None
+            keys = ("idle", "compute", "non_compute", "kernel")
+            h_us = {k: row[f"{k}_time(us)"] for k in keys}
+            o_us = {k: o[f"{k}_s" if k != "kernel" else "kernel_time_s"] * 1e6 for k in keys} if o else None
+            diff = max(abs(h_us[k] - o_us[k]) for k in keys) if o_us else None
+            d = {
+                "hta_rank": int(row["rank"]),
+                "holoprof_rank": r,
+                "hta_us": h_us,
+                "holoprof_us": o_us,
+                "hta_pct": {k: row[f"{k}_time_pctg"] for k in ("idle", "compute", "non_compute")},
+                "holoprof_pct": (
+                    {k: round(100 * o[f"{k}_fraction"], 2) for k in ("idle", "compute", "non_compute")}
+                    if o
+                    else None
+                ),
+                "max_abs_diff_us": diff,
+            }
+            if diff is not None:
+                worst = max(worst, diff)
+            per_rank.append(d)
+        acts = []
+        for rank_s, cats in doc["activities"].items():
+            r = pair(int(rank_s), our_acts) if our_acts else None
+            mine = our_acts.get(r, {}) if r is not None else {}
+            for cat, (n, us) in sorted(cats.items()):
+                norm = LEGACY_CATS.get(cat, cat)
+                hp = mine.get(norm)
+                acts.append(
+                    {
+                        "hta_rank": int(rank_s),
+                        "cat": cat,
+                        "hta_count": n,
+                        "hta_total_us": us,
+                        "holoprof_count": hp[0] if hp else None,
+                        "holoprof_total_us": hp[1] if hp else None,
+                    }
+                )
+        step_diffs = []
+        for rank_s, st in doc["steps"].items():
+            r = pair(int(rank_s), our_steps)
+            for n, us in st.items():
+                got = our_steps.get(r, {}).get(int(n)) if r is not None else None
+                step_diffs.append({"rank": int(rank_s), "step": int(n), "hta_us": us, "holoprof_us": got})
+        out[mode] = {
+            "per_rank": per_rank,
+            "max_abs_diff_us": worst,
+            "gpu_activities": acts,
+            "steps": step_diffs,
+        }
+    return out
+
+
+def real(root: str, hta_python: str) -> None:
+    if not os.path.isdir(root):
+        raise SystemExit(f"--real {root}: not a folder of PyTorch profiler traces")
+    sets = _trace_sets(root)
+    if not sets:
+        raise SystemExit(f"--real {root}: no .json / .json.gz traces in it or its sub-folders")
+    results = []
+    for d in sets:
+        tmp = tempfile.mkdtemp(prefix="bench-hta-real-")
+        try:
+            results.append(_real_one(d, hta_python, tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, "bench_hta_real.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results, indent=1))
 
 
 def measure(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
@@ -101,7 +288,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--hta-python", default="/tmp/htavenv/bin/python")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--real", metavar="DIR", help="check agreement on given (real GPU) traces; no timing")
     a = ap.parse_args()
+    if a.real:
+        real(a.real, a.hta_python)
+        return
     if not os.path.isdir(a.traces) or not os.listdir(a.traces):
         os.makedirs(a.traces, exist_ok=True)
         subprocess.run(
@@ -162,7 +353,7 @@ def main() -> None:
         per_rank = []
         for row in hta["breakdown"]:
             o = ours[int(row["rank"])]
-            d = {
+            d: dict[str, Any] = {
                 "rank": int(row["rank"]),
                 "hta_us": {k: row[f"{k}_time(us)"] for k in ("idle", "compute", "non_compute", "kernel")},
                 "holoprof_us": {

@@ -273,9 +273,11 @@ def _breakdown(doc: dict) -> dict:
 
 def test_first_kineto_format_keeps_its_kernels_and_breakdown(tmp_path: os.PathLike[str]) -> None:
     pid, cpu, gpu = 24572, "24572", "stream 7"
+    epoch_us = 1621401187223000  # no baseTimeNanoseconds: epoch microseconds, x1000 past float's 2**53
 
     def op(cat: str, name: str, tid: str, ts: int, dur: int, **args: object) -> dict:
         p = 0 if tid == gpu else pid
+        ts += epoch_us
         return {"ph": "X", "cat": cat, "name": name, "pid": p, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
     events = [
@@ -296,11 +298,20 @@ def test_first_kineto_format_keeps_its_kernels_and_breakdown(tmp_path: os.PathLi
             stream=7,
             correlation=13,
         ),
-        {"ph": "f", "id": 13, "pid": 0, "tid": gpu, "ts": 1215, "cat": "async", "name": "launch", "bp": "e"},
+        {
+            "ph": "f",
+            "id": 13,
+            "pid": 0,
+            "tid": gpu,
+            "ts": epoch_us + 1215,
+            "cat": "async",
+            "name": "launch",
+            "bp": "e",
+        },
         {
             "ph": "X",
             "cat": "Trace",
-            "ts": 990,
+            "ts": epoch_us - 10,
             "dur": 600,
             "pid": "Traces",
             "tid": "PyTorch Profiler",
@@ -328,6 +339,8 @@ def test_first_kineto_format_keeps_its_kernels_and_breakdown(tmp_path: os.PathLi
     assert got[("gpu_memcpy", 7)] == 1
     assert got[("cuda_runtime", 24572)] == 2 and got[("cuda_runtime", 24610)] == 1
     assert got[("cpu_op", 24572)] == 1
+    ((step_ns,),) = _spans(out, "SELECT end_ns - start_ns FROM spans WHERE kind = 'step'")
+    assert step_ns == 500_000
 
 
 @pytest.mark.parametrize("gz", [False, True])

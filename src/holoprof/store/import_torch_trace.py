@@ -37,6 +37,7 @@ import argparse
 import bisect
 import gzip
 import json
+import math
 import os
 import re
 import sys
@@ -226,6 +227,18 @@ _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 
 def _is_compute_kernel(name: str) -> bool:
     return not (_NCCL_KERNEL.match(name) or _MEMORY_KERNEL.match(name) or _NOT_COMPUTE.match(name))
+
+
+def _ns(us: Any) -> int:
+    """Kineto's microseconds as integer nanoseconds. Integers exactly: epoch microseconds (the first
+    format has no baseTimeNanoseconds) times 1000 are past 2**53, where a float is off by up to
+    128 ns. Fractions rounded, not truncated: Kineto writes ns-precision microseconds ("…101.749")
+    and 1.001 * 1000 is 1000.999… in binary floating point."""
+    if isinstance(us, int) and not isinstance(us, bool):
+        return us * 1000
+    f = float(us)
+    whole = math.floor(f)
+    return whole * 1000 + round((f - whole) * 1000)
 
 
 def _int_arg(v: Any) -> int | None:
@@ -455,11 +468,9 @@ def _import_file(
         cat = str(ev.get("cat", ""))
         cat = _LEGACY_CATS.get(cat, cat)
         try:
-            # rounded, not truncated: Kineto writes ns-precision microseconds ("…101.749"), and
-            # 101.749 * 1000 is 101748.999… in binary floating point
-            s = round(float(ev["ts"]) * 1000) + base_ns
-            e = s + round(float(ev.get("dur", 0)) * 1000)
-        except (KeyError, TypeError, ValueError):
+            s = _ns(ev["ts"]) + base_ns
+            e = s + _ns(ev.get("dur", 0))
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
         pid = int(ev.get("pid", 0)) if str(ev.get("pid", "0")).lstrip("-").isdigit() else 0
         tid = _thread_id(ev.get("tid", 0))
