@@ -1,10 +1,12 @@
-"""The Dask engine on a real dask.distributed LocalCluster of 2 worker processes: reports, Chrome and
-TensorBoard exports and the Python API give the same numbers and the same files as DuckDB, on a
-generated run and on a real traced workflow."""
+"""The Dask engine on a real dask.distributed LocalCluster of 2 worker processes: reports (the I/O and
+communication sections included), Chrome and TensorBoard exports and the Python API give the same
+numbers and the same files as DuckDB, on a generated run, on a real traced workflow and on a real
+2-rank DDP job."""
 
 from __future__ import annotations
 
 import os
+import re
 import struct
 import sys
 from collections.abc import Iterator
@@ -14,10 +16,12 @@ from typing import Any
 import pytest
 
 import holoprof
-from conftest import TracedRun, error_lines, free_port, run_holoprof
+from conftest import TracedRun, error_lines, free_port, run_holoprof, traced
 from holoprof.bench.synth import generate_run
 from holoprof.errors import HoloprofError
 from workflows.runs import pipeline
+
+DDP_SCRIPT = str(Path(__file__).resolve().parent / "dist_scripts" / "ddp_train.py")
 
 distributed = pytest.importorskip("distributed")
 
@@ -48,6 +52,35 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> str:
 def real(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
     """A traced shell pipeline: several processes, a training loop, samples, an I/O op trace."""
     return pipeline(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    """2 ranks (torchrun, gloo), DDP gradient buckets plus a synchronous loss all_reduce per step."""
+    tmp = tmp_path_factory.mktemp("dask-ddp")
+    run = traced(
+        tmp, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-port", str(free_port()), DDP_SCRIPT,
+        env={"DDP_SYNC_ALLREDUCE": "1", "DDP_STEPS": "6"}, timeout=180,
+    )  # fmt: skip
+    assert run.proc.returncode == 0, run.proc.stderr
+    return run
+
+
+def _report_on_cluster(run: Any, client: Any) -> tuple[dict[str, Any], set[str]]:
+    """The Dask engine's report, and the names of the holoprof tasks the cluster's workers ran."""
+    with distributed.get_task_stream(client=client) as ts:
+        doc = holoprof.report(run, engine="dask", scheduler=client)
+    names = set()
+    for t in ts.data:
+        key = t["key"]
+        name = str(key[0] if isinstance(key, tuple) else key)
+        if name.startswith("holoprof-"):  # holoprof-<aggregation>-<stage>-<tokens>
+            parts = name.split("-")
+            while re.fullmatch("[0-9a-f]+", parts[-1]):
+                parts.pop()
+            names.add("-".join(parts))
+    return doc, names
 
 
 def _same_report(duck: dict[str, Any], dask: dict[str, Any]) -> None:
@@ -135,6 +168,113 @@ def test_cli_report_is_the_same_on_dask_for_a_real_run(real: TracedRun, cluster:
     assert dask["steps"]["count"] > 0 and dask["io"], "a real run with steps and I/O"
     duck = json.loads(json.dumps(holoprof.report(real.run_dir), default=str))
     _same_report(duck, dask)
+
+
+# --- the I/O and communication sections ------------------------------------------------------------
+#: the last task of each aggregation the two sections run on the cluster
+IO_TASKS = {"holoprof-io-files-final", "holoprof-io-series-final", "holoprof-io-series-group"}
+COMM_TASKS = {
+    "holoprof-comm-collectives-final",
+    "holoprof-comm-steps-group",
+    "holoprof-comm-steps-final",
+    "holoprof-comm-buckets-final",
+    "holoprof-comm-backward-final",
+}
+
+
+def _sections(run: Any, eng: Any) -> dict[str, Any]:
+    """The io and communication sections (with their findings) on ``eng``, from the context the
+    report gives them."""
+    from holoprof.analyze.comm import communication
+    from holoprof.analyze.io import io_section
+
+    procs = eng.step_processes()
+    main = procs[0] if procs else None
+    ctx = {
+        "main": main,
+        "steps": eng.step_stats(main) if main else None,
+        "step_processes": procs,
+        "engine": eng,
+    }
+    out = {}
+    for name, func in (("io", io_section), ("communication", communication)):
+        section, found = func(run, ctx)
+        out[name] = section
+        out[name + "_findings"] = [f.to_dict() for f in found]
+    return out
+
+
+def test_ddp_io_and_communication_sections_run_on_the_cluster(ddp: TracedRun, client: Any) -> None:
+    dask, tasks = _report_on_cluster(ddp.run_dir, client)
+    duck = holoprof.report(ddp.run_dir)
+    comm = duck["communication"]
+    assert sorted(r["rank"] for r in comm["per_rank"]) == [0, 1] and comm["world_size"] == 2
+    assert comm["buckets"] and comm["collectives"] and comm["exposed_s_per_step"] > 0
+    assert all(r["comm_s"] > 0 for r in comm["per_rank"])
+    assert duck["io"]["files"] > 0, "the DDP job reads its script and libraries"
+    assert dask["communication"] == comm
+    assert dask["io"] == duck["io"]
+    _same_report(duck, dask)
+    assert tasks >= IO_TASKS | COMM_TASKS, tasks
+
+
+def test_ddp_sections_with_filters_are_the_same_on_the_cluster(ddp: TracedRun, client: Any) -> None:
+    """A rank, a time window: the partitions' filters give DuckDB's views' numbers; the engine counts
+    what it ran on the cluster."""
+    from holoprof.analyze.engine_dask import DaskEngine
+    from holoprof.analyze.report import _DuckDBEngine
+
+    ran: set[str] = set()
+    for where in ({"ranks": [1], "start_s": 0.5}, {"start_s": 0.5}):
+        run = holoprof.load(ddp.run_dir, **where)
+        eng = DaskEngine(run, client)
+        dask = _sections(run, eng)
+        duck_run = holoprof.load(ddp.run_dir, **where)
+        duck = _sections(duck_run, _DuckDBEngine(duck_run))
+        assert dask == duck, where
+        ranks = [r["rank"] for r in duck["communication"]["per_rank"]]
+        assert ranks == ([1] if "ranks" in where else [0, 1]), where
+        ran |= set(eng.aggregations)
+    assert duck["io"]["files"] > 0, "the window holds I/O (of rank -1: before the process group)"
+    assert {"io-files", "io-series", "comm-steps", "comm-collectives", "comm-buckets"} <= ran, ran
+
+
+def test_failed_ranks_of_a_many_partition_run_are_found_on_the_cluster(
+    synth: str, client: Any, tmp_path: Path
+) -> None:
+    """Rank 1 exits with code 3, rank 2 leaves no exit record: their last activity (a scan of every
+    span) is merged in a tree of partial results over the run's 9 partitions."""
+    import shutil
+    import time
+
+    from holoprof.store.chunks import write_chunk
+
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(synth, run_dir)
+    for rank, code, end in ((1, 3, 1), (2, None, None)):
+        pid = 10_000 + rank
+        write_chunk(
+            os.path.join(run_dir, f"synth-{pid}"), "processes",
+            {"host": ["synth"], "pid": [pid], "rank": [rank], "world_size": [3], "role": ["rank"],
+             "start_ns": [1], "end_ns": [end], "exit_code": [code], "updated_ns": [time.time_ns()],
+             "info": ['{"source": "agent"}']},
+            seq=900,
+        )  # fmt: skip
+    dask, tasks = _report_on_cluster(run_dir, client)
+    duck = holoprof.report(run_dir)
+    failed = duck["communication"]["failed_ranks"]
+    assert [(f["rank"], f["exit_code"], f["steps"]) for f in failed] == [(2, None, 4_000), (1, 3, 4_000)]
+    assert dask["communication"] == duck["communication"]
+    _same_report(duck, dask)
+    assert {"holoprof-comm-activity-combine", "holoprof-comm-activity-final"} <= tasks, tasks
+
+
+def test_io_section_of_a_real_io_traced_run_runs_on_the_cluster(real: TracedRun, client: Any) -> None:
+    dask, tasks = _report_on_cluster(real.run_dir, client)
+    duck = holoprof.report(real.run_dir)
+    assert duck["io"]["files_read"] > 0 and duck["io"]["bandwidth_timeline"]
+    assert dask["io"] == duck["io"]
+    assert tasks >= IO_TASKS, tasks
 
 
 # --- exports ----------------------------------------------------------------------------------------

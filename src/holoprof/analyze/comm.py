@@ -1,7 +1,9 @@
 """Communication of distributed jobs: collectives, exposed and overlapped time, DDP buckets, stragglers.
 
 Pure functions of a loaded run (``communication(run, ctx)`` is the ``communication`` section of the
-report). Definitions, per step of a process:
+report). The scans of ``spans`` (per collective, per step of every rank, DDP buckets, the ranks' last
+activity) are :class:`~holoprof.analyze.engine_dask.Aggregation` queries: under ``--engine dask``
+they run on the Dask cluster, with the same SQL and the same rows. Definitions, per step of a process:
 
 * ``total``: the union of its ``comm`` spans (collectives and DDP buckets) within the step.
 * ``exposed``: communication the training loop waited for — the ``communication`` phase (synchronous
@@ -20,6 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from holoprof.analyze.engine_dask import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.analyze.steps import NS, ProcKey, StepStats, step_stats
 from holoprof.store.reader import Run
@@ -40,6 +43,7 @@ class ProcComm:
     steps: dict[int, tuple[int, int]]  # step -> (start, end)
     total: dict[int, int] = field(default_factory=dict)  # step -> comm union ns
     exposed: dict[int, int] = field(default_factory=dict)
+    bytes: dict[int, int] = field(default_factory=dict)  # step -> bytes of its collectives (no DDP buckets)
 
 
 def _union(intervals: list[tuple[int, int]]) -> int:
@@ -61,64 +65,112 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
 
 
+def _sql_str(x: str) -> str:
+    return "'" + x.replace("'", "''") + "'"
+
+
+_STEP_KEYS = "host, pid, step"
+
+
+def _per_step(keys: list[ProcKey]) -> Aggregation:
+    """Per step of each of these processes: its window (of several step spans with one index, the
+    last to start), ``total`` (the union of its comm spans clipped to the window), ``exposed`` (the
+    union of its ``communication`` phases clipped to it, plus the DDP tail: the last bucket's end
+    after the last bucket became ready, at most ``total``) and the bytes of its collectives (DDP
+    buckets aside). A union adds, for each interval in order, what extends past the ends before it.
+    The spans of a step meet in one partition (shuffled on host, pid, step) on Dask."""
+    procs = " OR ".join(f"(host = {_sql_str(k.host)} AND pid = {int(k.pid)})" for k in keys) or "false"
+    return Aggregation(
+        name="comm-steps",
+        table="spans",
+        columns=("host", "pid", "kind", "name", "start_ns", "end_ns", "step", "attrs"),
+        chunk=f"""SELECT host, pid, step, kind, name, start_ns, end_ns,
+            CASE WHEN kind = 'comm' AND name = 'ddp_bucket'
+                 THEN try_cast(json_extract(attrs, '$.ready_ns') AS BIGINT) END AS ready,
+            CASE WHEN kind = 'comm' AND name <> 'ddp_bucket'
+                 THEN try_cast(json_extract(attrs, '$.bytes') AS BIGINT) END AS bytes
+            FROM {{t}}
+            WHERE (kind = 'step' OR (step >= 0 AND (kind = 'comm' OR (kind = 'phase' AND name = 'communication'))))
+              AND ({procs})""",
+        shuffle=("host", "pid", "step"),
+        group=f"""WITH w AS (
+              SELECT {_STEP_KEYS}, start_ns AS s, end_ns AS e FROM (
+                SELECT *, row_number() OVER (PARTITION BY {_STEP_KEYS} ORDER BY start_ns DESC, end_ns DESC) AS rn
+                FROM {{t}} WHERE kind = 'step') WHERE rn = 1),
+            x AS (
+              SELECT {{t}}.*, greatest({{t}}.start_ns, w.s) AS a, least({{t}}.end_ns, w.e) AS b
+              FROM {{t}} JOIN w USING ({_STEP_KEYS}) WHERE {{t}}.kind <> 'step'),
+            u AS (
+              SELECT {_STEP_KEYS}, kind, greatest(0, b - greatest(a, coalesce(max(b) OVER (
+                  PARTITION BY {_STEP_KEYS}, kind ORDER BY a, b ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), a)))
+                AS add
+              FROM x WHERE b > a),
+            agg AS (
+              SELECT {_STEP_KEYS}, CAST(sum(add) FILTER (WHERE kind = 'comm') AS BIGINT) AS total,
+                     CAST(sum(add) FILTER (WHERE kind = 'phase') AS BIGINT) AS phase FROM u GROUP BY {_STEP_KEYS}),
+            x2 AS (
+              SELECT {_STEP_KEYS},
+                     greatest(0, max(end_ns) FILTER (WHERE name = 'ddp_bucket')
+                                 - max(coalesce(ready, start_ns)) FILTER (WHERE name = 'ddp_bucket')) AS tail,
+                     CAST(sum(bytes) AS BIGINT) AS bytes
+              FROM x WHERE kind = 'comm' GROUP BY {_STEP_KEYS})
+            SELECT {_STEP_KEYS}, w.s, w.e, coalesce(agg.total, 0) AS total,
+                   least(coalesce(agg.total, 0), coalesce(agg.phase, 0) + coalesce(x2.tail, 0)) AS exposed,
+                   coalesce(x2.bytes, 0) AS bytes
+            FROM w LEFT JOIN agg USING ({_STEP_KEYS}) LEFT JOIN x2 USING ({_STEP_KEYS})""",
+        order=_STEP_KEYS,
+        pids=tuple(sorted({int(k.pid) for k in keys})),
+    )
+
+
+def load_procs(
+    run: Run, keys: list[ProcKey], stats: list[StepStats], ctx: dict[str, Any] | None = None
+) -> list[ProcComm]:
+    """The communication of each process of ``keys`` (``stats``: its step statistics), from one
+    per-step aggregation of all of them (on the Dask cluster under ``--engine dask``)."""
+    if not keys:
+        return []
+    procs = {(k.host, k.pid): ProcComm(k, st, {}) for k, st in zip(keys, stats, strict=True)}
+    for host, pid, step, s, e, total, exposed, nbytes in aggregate(run, ctx, _per_step(keys)):
+        p = procs[(host, pid)]
+        p.steps[step] = (s, e)
+        p.total[step] = total
+        p.exposed[step] = exposed
+        p.bytes[step] = nbytes
+    return [procs[(k.host, k.pid)] for k in keys]
+
+
 def load_proc(run: Run, key: ProcKey, st: StepStats | None) -> ProcComm:
     stats = st if st is not None else step_stats(run, key, timeline_points=1)
-    steps = {
-        int(s): (int(a), int(b))
-        for s, a, b in run.rows(
-            "SELECT step, start_ns, end_ns FROM spans WHERE kind = 'step' AND host = ? AND pid = ?",
-            [key.host, key.pid],
-        )
-    }
-    proc = ProcComm(key, stats, steps)
-    comm: dict[int, list[tuple[int, int]]] = {}
-    buckets: dict[int, list[tuple[int, int]]] = {}  # step -> (ready_ns, end_ns)
-    rows = run.rows(
-        """SELECT step, name, start_ns, end_ns, try_cast(json_extract(attrs, '$.ready_ns') AS BIGINT)
-           FROM spans WHERE kind = 'comm' AND host = ? AND pid = ? AND step >= 0""",
-        [key.host, key.pid],
-    )
-    for step, name, s, e, ready in rows:
-        win = steps.get(int(step))
-        if win is None:
-            continue
-        a, b = max(int(s), win[0]), min(int(e), win[1])
-        if b > a:
-            comm.setdefault(int(step), []).append((a, b))
-        if name == "ddp_bucket":
-            buckets.setdefault(int(step), []).append((int(s) if ready is None else int(ready), int(e)))
-    phase_rows = run.rows(
-        """SELECT step, start_ns, end_ns FROM spans WHERE kind = 'phase' AND name = 'communication'
-           AND host = ? AND pid = ? AND step >= 0""",
-        [key.host, key.pid],
-    )
-    exposed_phase: dict[int, list[tuple[int, int]]] = {}
-    for step, s, e in phase_rows:
-        win = steps.get(int(step))
-        if win is None:
-            continue
-        a, b = max(int(s), win[0]), min(int(e), win[1])
-        if b > a:
-            exposed_phase.setdefault(int(step), []).append((a, b))
-    for step in steps:
-        proc.total[step] = _union(comm.get(step, []))
-        tail = 0
-        bs = buckets.get(step)
-        if bs:
-            tail = max(0, max(e for _, e in bs) - max(r for r, _ in bs))
-        proc.exposed[step] = min(proc.total[step], _union(exposed_phase.get(step, [])) + tail)
-    return proc
+    return load_procs(run, [key], [stats])[0]
 
 
-def _collectives(run: Run, main: ProcKey | None, nsteps: int) -> list[dict[str, Any]]:
-    rows = run.rows(
-        """SELECT name, count(*), coalesce(sum(try_cast(json_extract(attrs, '$.bytes') AS BIGINT)), 0),
-                  sum(end_ns - start_ns), count(DISTINCT pid),
-                  coalesce(sum(try_cast(json_extract(attrs, '$.bytes') AS BIGINT))
-                           FILTER (WHERE host = ? AND pid = ? AND step >= 0), 0)
-           FROM spans WHERE kind = 'comm' GROUP BY name ORDER BY 4 DESC""",
-        [main.host if main else "", main.pid if main else -1],
+_BYTES = "try_cast(json_extract(attrs, '$.bytes') AS BIGINT)"
+
+
+def _collectives_agg(main: ProcKey | None) -> Aggregation:
+    """Per collective: calls, bytes, time, processes, and the main loop's bytes within steps.
+    Partial results are per (collective, pid), so that the processes can be counted after a merge."""
+    return Aggregation(
+        name="comm-collectives",
+        table="spans",
+        columns=("host", "pid", "kind", "name", "start_ns", "end_ns", "step", "attrs"),
+        chunk=f"""SELECT name, pid, count(*) AS n, CAST(sum({_BYTES}) AS BIGINT) AS nbytes,
+            CAST(sum(end_ns - start_ns) AS BIGINT) AS dur,
+            CAST(sum({_BYTES}) FILTER (WHERE host = $host AND pid = $pid AND step >= 0) AS BIGINT) AS main_bytes
+            FROM {{t}} WHERE kind = 'comm' GROUP BY name, pid""",
+        combine="""SELECT name, pid, CAST(sum(n) AS BIGINT) AS n, CAST(sum(nbytes) AS BIGINT) AS nbytes,
+            CAST(sum(dur) AS BIGINT) AS dur, CAST(sum(main_bytes) AS BIGINT) AS main_bytes
+            FROM {t} GROUP BY name, pid""",
+        final="""SELECT name, CAST(sum(n) AS BIGINT) AS n, CAST(coalesce(sum(nbytes), 0) AS BIGINT) AS nbytes,
+            CAST(sum(dur) AS BIGINT) AS dur, count(pid) AS procs,
+            CAST(coalesce(sum(main_bytes), 0) AS BIGINT) AS main_bytes FROM {t} GROUP BY name""",
+        order="dur DESC, name",
+        params={"host": main.host if main else "", "pid": main.pid if main else -1},
     )
+
+
+def _collectives(rows: list[tuple[Any, ...]], nsteps: int) -> list[dict[str, Any]]:
     out = []
     for name, count, nbytes, dur, procs, main_bytes in rows:
         out.append(
@@ -134,20 +186,39 @@ def _collectives(run: Run, main: ProcKey | None, nsteps: int) -> list[dict[str, 
     return out
 
 
-def _buckets(run: Run, main: ProcKey) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    back = {
-        int(s): int(t)
-        for s, t in run.rows(
-            """SELECT step, min(start_ns) FROM spans WHERE kind = 'phase' AND name = 'backward'
-               AND host = ? AND pid = ? AND tid = ? GROUP BY step""",
-            [main.host, main.pid, main.tid],
-        )
-    }
-    rows = run.rows(
-        """SELECT step, start_ns, end_ns, attrs FROM spans WHERE kind = 'comm' AND name = 'ddp_bucket'
-           AND host = ? AND pid = ? ORDER BY start_ns""",
-        [main.host, main.pid],
+def _bucket_aggs(main: ProcKey) -> tuple[Aggregation, Aggregation]:
+    """The main loop's DDP bucket spans, in time order, and the start of its backward phase per step."""
+    params = {"host": main.host, "pid": main.pid, "tid": main.tid}
+    rows = Aggregation(
+        name="comm-buckets",
+        table="spans",
+        columns=("host", "pid", "kind", "name", "start_ns", "end_ns", "step", "attrs"),
+        chunk="""SELECT step, start_ns, end_ns, attrs FROM {t}
+            WHERE kind = 'comm' AND name = 'ddp_bucket' AND host = $host AND pid = $pid""",
+        order="start_ns, end_ns, step, attrs",
+        params=params,
+        pids=(main.pid,),
     )
+    back = Aggregation(
+        name="comm-backward",
+        table="spans",
+        columns=("host", "pid", "tid", "kind", "name", "start_ns", "step"),
+        chunk="""SELECT step, min(start_ns) AS t0 FROM {t} WHERE kind = 'phase' AND name = 'backward'
+            AND host = $host AND pid = $pid AND tid = $tid GROUP BY step""",
+        combine="SELECT step, min(t0) AS t0 FROM {t} GROUP BY step",
+        order="step",
+        params=params,
+        pids=(main.pid,),
+    )
+    return rows, back
+
+
+def _buckets(
+    run: Run, main: ProcKey, ctx: dict[str, Any] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows_agg, back_agg = _bucket_aggs(main)
+    back = {int(s): int(t) for s, t in aggregate(run, ctx, back_agg)}
+    rows = aggregate(run, ctx, rows_agg)
     by_index: dict[int, dict[str, Any]] = {}
     for step, s, e, attrs in rows:
         try:
@@ -194,7 +265,20 @@ def _buckets(run: Run, main: ProcKey) -> tuple[list[dict[str, Any]], list[dict[s
     return buckets, per_layer
 
 
-def _failures(run: Run) -> list[dict[str, Any]]:
+_NEVER = 9223372036854775807
+#: Per process: its steps, and the end of its last span other than a step (its last activity).
+_ACTIVITY = Aggregation(
+    name="comm-activity",
+    table="spans",
+    columns=("host", "pid", "kind", "end_ns"),
+    chunk="""SELECT host, pid, count(*) FILTER (WHERE kind = 'step') AS n,
+        max(end_ns) FILTER (WHERE kind <> 'step') AS last FROM {t} GROUP BY host, pid""",
+    combine="SELECT host, pid, CAST(sum(n) AS BIGINT) AS n, max(last) AS last FROM {t} GROUP BY host, pid",
+    order="host, pid",
+)
+
+
+def _failures(run: Run, ctx: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Ranks that ended with an error, the first to die first.
 
     "First" is by the last recorded activity (phases, ops, collectives), not by the exit time: a
@@ -206,17 +290,21 @@ def _failures(run: Run) -> list[dict[str, Any]]:
     Its ``exit_code`` is None and what it recorded in its last flush interval is missing.
     """
     over = run.status != "running"
-    rows = run.rows(
-        """WITH act AS (
-             SELECT host, pid, count(*) FILTER (WHERE kind = 'step') AS n,
-                    max(end_ns) FILTER (WHERE kind <> 'step') AS last
-             FROM spans GROUP BY host, pid)
-           SELECT p.rank, p.pid, p.host, p.exit_code, p.end_ns, coalesce(a.n, 0), a.last
-           FROM processes p LEFT JOIN act a ON a.host = p.host AND a.pid = p.pid
-           WHERE p.rank >= 0 AND (p.exit_code NOT IN (0, -1)
-                                  OR (? AND coalesce(p.end_ns, 0) = 0 AND coalesce(p.exit_code, -1) = -1))
-           ORDER BY coalesce(a.last, CASE WHEN p.end_ns > 0 THEN p.end_ns END, 9223372036854775807), p.rank""",
+    procs = run.rows(
+        """SELECT rank, pid, host, exit_code, end_ns FROM processes
+           WHERE rank >= 0 AND (exit_code NOT IN (0, -1)
+                                OR (? AND coalesce(end_ns, 0) = 0 AND coalesce(exit_code, -1) = -1))""",
         [over],
+    )
+    if not procs:
+        return []
+    act = {(h, p): (n, last) for h, p, n, last in aggregate(run, ctx, _ACTIVITY)}
+    rows = []
+    for r, pid, host, code, end in procs:
+        n, last = act.get((host, pid), (0, None))
+        rows.append((r, pid, host, code, end, n, last))
+    rows.sort(
+        key=lambda x: (x[6] if x[6] is not None else x[4] if x[4] and x[4] > 0 else _NEVER, x[0], x[2], x[1])
     )
     start = run.manifest.get("start_ns") or 0
     out = []
@@ -334,13 +422,22 @@ def _slower_phase(p: ProcComm, others: list[ProcComm]) -> tuple[str, float] | No
 
 
 def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    has = run.rows("SELECT count(*) FROM spans WHERE kind = 'comm'")[0][0]
-    failures = _failures(run)
-    if not has and not failures:
-        return {}, []
     main: ProcKey | None = ctx.get("main")
+    collectives = aggregate(run, ctx, _collectives_agg(main))  # a row per collective: none, no comm
+    failures = _failures(run, ctx)
+    if not collectives and not failures:
+        return {}, []
     procs_keys: list[ProcKey] = list(ctx.get("step_processes") or ([main] if main else []))
-    procs = [load_proc(run, k, ctx.get("steps") if k == main else None) for k in procs_keys]
+    eng = ctx.get("engine")
+    stats = [
+        ctx["steps"]
+        if k == main and ctx.get("steps") is not None
+        else eng.step_stats(k, timeline_points=1)
+        if eng is not None
+        else step_stats(run, k, timeline_points=1)
+        for k in procs_keys
+    ]
+    procs = load_procs(run, procs_keys, stats, ctx)
     main_proc = next((p for p in procs if p.key == main), None)
     nsteps = len(main_proc.steps) if main_proc else 0
     section: dict[str, Any] = {
@@ -350,7 +447,7 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
         "overlapped_s_per_step": 0.0,
         "exposed_s_per_step": 0.0,
         "world_size": 0,
-        "collectives": _collectives(run, main, nsteps),
+        "collectives": _collectives(collectives, nsteps),
         "per_rank": [],
         "buckets": [],
         "per_layer": [],
@@ -368,13 +465,7 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
         }
     findings: list[Finding] = []
     if main_proc is not None and nsteps:
-        per_step_bytes = run.rows(
-            """SELECT step, sum(try_cast(json_extract(attrs, '$.bytes') AS BIGINT)) FROM spans
-               WHERE kind = 'comm' AND name <> 'ddp_bucket' AND host = ? AND pid = ? AND step >= 0
-               GROUP BY step""",
-            [main_proc.key.host, main_proc.key.pid],
-        )
-        step_bytes = {int(s): int(b or 0) for s, b in per_step_bytes}
+        step_bytes = main_proc.bytes
         section["bytes_per_step"] = int(_median([float(step_bytes.get(s, 0)) for s in main_proc.steps]))
         dur = sum(e - s for s, e in main_proc.steps.values())
         total = sum(main_proc.total.values())
@@ -388,7 +479,7 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
             [main_proc.key.host, main_proc.key.pid],
         )[0][0]
         section["world_size"] = int(ws or 0)
-        buckets, per_layer = _buckets(run, main_proc.key)
+        buckets, per_layer = _buckets(run, main_proc.key, ctx)
         section["buckets"], section["per_layer"] = buckets, per_layer
         f = _comm_bound(section, main_proc)
         if f is not None:

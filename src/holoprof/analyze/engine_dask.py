@@ -5,9 +5,13 @@ engine="dask")``) reads the same Parquet files with ``dask.dataframe`` on a ``da
 cluster — a local one by default, or the scheduler given — and computes steps, the phase breakdown
 and resource summaries there, with the same definitions as the DuckDB queries (medians and p90
 interpolated the same way), so both engines give the same numbers. The heavy part (scanning and
-joining every span) runs on the cluster; only per-step sums of the main loop come back. The other
-report sections (I/O, memory, communication, stages, checkpoints, the process table) are small
-aggregates and still run on DuckDB.
+joining every span) runs on the cluster; only per-step sums of the main loop come back. The I/O and
+communication sections run their scans on the cluster too (:class:`Aggregation`: the same DuckDB
+SQL on every partition, partial results merged on the cluster): the last counters of every file and
+the read bandwidth over time from ``io_files``; per collective, per step of every rank (the union of
+its communication, the exposed part, the bytes), the DDP buckets and the ranks' last activity from
+``spans``. Only small lookups (the process table, the manifest) stay on DuckDB, as do the memory,
+stages and checkpoints sections.
 
 ``holoprof export RUN --format chrome|tensorboard --engine dask`` reads spans, samples and I/O
 operations through Dask partitions: the cluster filters them and sorts them by time (a distributed
@@ -27,8 +31,12 @@ from __future__ import annotations
 
 import logging
 import math
+import re
+import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
@@ -43,6 +51,123 @@ PART_ROWS = 250_000
 #: Rows per batch handed to an exporter.
 BATCH = 20_000
 _TIME_COL = {"spans": "start_ns", "samples": "ts_ns", "io_files": "ts_ns", "io_ops": "start_ns"}
+#: Partial results combined per task in the tree reduction of an :class:`Aggregation`.
+SPLIT_EVERY = 8
+
+
+@dataclass
+class Aggregation:
+    """A SQL aggregation over one table that either engine runs, with the same result rows.
+
+    Every stage is a DuckDB query over the relation ``{t}``. ``chunk`` reads the ``columns`` of
+    ``table`` (the run's filters applied); the result is ``final`` over what the stages before it
+    produced, ordered by ``order`` (a total order: both engines return the rows in the same order).
+
+    * DuckDB: ``final(group(chunk(table)))`` in one query over the whole table (``group`` only when
+      ``shuffle`` is set).
+    * Dask: ``chunk`` runs on every partition (chunk file) on the workers. With ``shuffle``, its rows
+      are shuffled on those columns (rows with equal keys meet in one partition) and ``group`` runs on
+      every shuffled partition. Else ``combine`` (same columns in and out; None: a concatenation)
+      merges the partial results in a tree on the cluster, and once more before ``final``. ``final``
+      runs on a worker too; only its rows come back.
+
+    So ``chunk`` must be decomposable: ``combine`` over the chunks of the parts of a table equals the
+    chunk of the whole table (sums of sums, max of maxima, arg_max over the parts' winners with
+    their keys), and ``group`` must need only rows of equal ``shuffle`` keys together. Integers are
+    exact on both paths; sums are cast to BIGINT so that the types match too. Each stage is the same
+    SQL text on both engines: one definition of every number.
+    """
+
+    name: str
+    table: str
+    columns: tuple[str, ...]
+    chunk: str
+    final: str = "SELECT * FROM {t}"
+    order: str = ""
+    combine: str | None = None
+    shuffle: tuple[str, ...] = ()
+    group: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    #: spans only: the rows are of these pids, so the Dask engine reads only the chunk files whose
+    #: statistics can hold them
+    pids: tuple[int, ...] | None = None
+
+    def final_sql(self) -> str:
+        return self.final + (f" ORDER BY {self.order}" if self.order else "")
+
+
+def _sub(sql: str, rel: str) -> str:
+    return sql.replace("{t}", rel)
+
+
+def _params(sql: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters ``sql`` uses (DuckDB refuses one it does not)."""
+    return {k: v for k, v in params.items() if re.search(rf"\${re.escape(k)}\b", sql)}
+
+
+def duckdb_rows(run: Run, agg: Aggregation) -> list[tuple[Any, ...]]:
+    """``agg`` on the DuckDB engine: one query over the run's view of the table."""
+    cols = ", ".join(agg.columns)
+    ctes = [f"_hp_in AS (SELECT {cols} FROM {agg.table})", f"_hp_chunk AS ({_sub(agg.chunk, '_hp_in')})"]
+    last = "_hp_chunk"
+    if agg.shuffle:
+        assert agg.group is not None
+        ctes.append(f"_hp_group AS ({_sub(agg.group, '_hp_chunk')})")
+        last = "_hp_group"
+    ctes.append(f"_hp_final AS ({_sub(agg.final, last)})")
+    sql = (
+        "WITH "
+        + ", ".join(ctes)
+        + " SELECT * FROM _hp_final"
+        + (f" ORDER BY {agg.order}" if agg.order else "")
+    )
+    return _table_rows(run.con.sql(sql, params=_params(sql, agg.params)).to_arrow_table())
+
+
+def aggregate(run: Run, ctx: dict[str, Any] | None, agg: Aggregation) -> list[tuple[Any, ...]]:
+    """``agg`` on the report's engine: on the Dask cluster when ``ctx["engine"]`` is a
+    :class:`DaskEngine`, else with DuckDB."""
+    eng = (ctx or {}).get("engine")
+    if isinstance(eng, DaskEngine) and eng.run is run:
+        return eng.aggregate(agg)
+    return duckdb_rows(run, agg)
+
+
+def _table_rows(tbl: Any) -> list[tuple[Any, ...]]:
+    cols = [tbl.column(i).to_pylist() for i in range(tbl.num_columns)]
+    return list(zip(*cols, strict=True)) if cols else []
+
+
+def sql_tables(parts: list[Any], sql: str, params: dict[str, Any]) -> Any:
+    """``sql`` over the concatenation of ``parts`` (pandas frames or Arrow tables) as ``{t}``, with
+    DuckDB, as an Arrow table: a stage of an :class:`Aggregation` on a worker."""
+    import duckdb
+    import pyarrow as pa
+
+    tables = [p if isinstance(p, pa.Table) else pa.Table.from_pandas(p, preserve_index=False) for p in parts]
+    tbl = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET threads TO 1")
+        con.register("_hp_t", tbl)
+        q = _sub(sql, "_hp_t")
+        return con.sql(q, params=_params(q, params)).to_arrow_table()
+    finally:
+        con.close()
+
+
+def sql_chain(parts: list[Any], sqls: list[str], params: dict[str, Any]) -> Any:
+    """:func:`sql_tables` of each query of ``sqls`` over the result of the one before."""
+    for sql in sqls:
+        parts = [sql_tables(parts, sql, params)]
+    return parts[0]
+
+
+def sql_frame(pdf: Any, sql: str, params: dict[str, Any]) -> Any:
+    """:func:`sql_tables` over one partition, as an Arrow-backed pandas frame."""
+    import pandas as pd
+
+    return sql_tables([pdf], sql, params).to_pandas(types_mapper=pd.ArrowDtype)
 
 
 def _import_dask() -> Any:
@@ -169,6 +294,8 @@ class DaskEngine:
         self.spans = self.read("spans", self._span_cols)
         self._pids: list[tuple[str, int | None, int | None]] | None = None
         self.samples = self.read("samples", ["ts_ns", "name", "value", "target_pid"])
+        #: :class:`Aggregation` names run on the cluster, with how many times
+        self.aggregations: Counter[str] = Counter()
 
     def read(
         self, table: str, columns: list[str], arrow: bool = False, files: list[str] | None = None
@@ -229,16 +356,70 @@ class DaskEngine:
             self._pids = out
         return self._pids
 
+    def _files_of(self, pids: tuple[int, ...]) -> list[str]:
+        """The spans chunk files whose pid statistics can hold one of ``pids``."""
+        return [
+            p
+            for p, lo, hi in self._pid_ranges()
+            if lo is None or hi is None or any(lo <= x <= hi for x in pids)
+        ]
+
     def _spans_of(self, proc: ProcKey) -> Any:
         """The spans of one process: read from the chunk files that can hold its pid only, then
         filtered by host and pid."""
-        files = [p for p, lo, hi in self._pid_ranges() if lo is None or hi is None or lo <= proc.pid <= hi]
+        files = self._files_of((proc.pid,))
         sp = self.read("spans", self._span_cols, files=files)
         if sp is None:  # no file can hold it: an empty frame of the same columns
             sp = self.spans
         return sp[(sp.host == proc.host) & (sp.pid == proc.pid)]
 
     # -- the analyses ------------------------------------------------------------------------------
+    def aggregate(self, agg: Aggregation) -> list[tuple[Any, ...]]:
+        """``agg`` on the cluster (see :class:`Aggregation`): the rows DuckDB gives for it."""
+        import dask
+        import pyarrow as pa
+
+        files = list(self.run.chunks.files[agg.table])
+        if agg.pids is not None and agg.table == "spans":
+            files = self._files_of(agg.pids)
+        df = self.read(agg.table, list(agg.columns), arrow=True, files=files) if files else None
+        if df is None:  # nothing to read: the stages run here on an empty table, as on DuckDB
+            schema = model.arrow_schema(agg.table)
+            empty = pa.schema([schema.field(c) for c in agg.columns]).empty_table()
+            out = sql_tables([empty], agg.chunk, agg.params)
+            if agg.shuffle:
+                assert agg.group is not None
+                out = sql_tables([out], agg.group, agg.params)
+            return _table_rows(sql_tables([out], agg.final_sql(), agg.params))
+        tag = f"holoprof-{agg.name}"
+        meta = sql_frame(df._meta, agg.chunk, agg.params)
+        parts = df.map_partitions(sql_frame, agg.chunk, agg.params, meta=meta, token=tag)
+        if agg.shuffle:
+            assert agg.group is not None
+            parts = parts.shuffle(on=list(agg.shuffle))
+            meta = sql_frame(meta, agg.group, agg.params)
+            parts = parts.map_partitions(sql_frame, agg.group, agg.params, meta=meta, token=f"{tag}-group")
+        level: list[Any] = list(parts.to_delayed())
+        run_id = uuid.uuid4().hex[:12]
+        if agg.combine is not None and not agg.shuffle:
+            depth = 0
+            while len(level) > SPLIT_EVERY:
+                level = [
+                    dask.delayed(sql_tables)(
+                        level[i : i + SPLIT_EVERY],
+                        agg.combine,
+                        agg.params,
+                        dask_key_name=f"{tag}-combine-{run_id}-{depth}-{i}",
+                    )
+                    for i in range(0, len(level), SPLIT_EVERY)
+                ]
+                depth += 1
+        last = [agg.final_sql()] if agg.combine is None or agg.shuffle else [agg.combine, agg.final_sql()]
+        final = dask.delayed(sql_chain)(level, last, agg.params, dask_key_name=f"{tag}-final-{run_id}")
+        tbl = self.client.compute(final, sync=True)
+        self.aggregations[agg.name] += 1
+        return _table_rows(tbl)
+
     def step_processes(self) -> list[ProcKey]:
         if self.spans is None:
             return []

@@ -3,7 +3,9 @@
 Pure functions of a loaded run. The ``io_files`` rows are cumulative snapshots: the last one per
 (host, pid, module, path) is the process's total for that file (``arg_max(counters, ts_ns)``).
 Counters are read with DuckDB's ``json_extract`` under their Darshan names (``POSIX_*``, ``STDIO_*``);
-both modules are summed (Darshan does not count a ``fread`` again under POSIX).
+both modules are summed (Darshan does not count a ``fread`` again under POSIX). The scans of
+``io_files`` are :class:`~holoprof.analyze.engine_dask.Aggregation` queries: under ``--engine dask``
+they run on the Dask cluster, with the same SQL and the same rows.
 
 The counters are kept per process, not per phase: "by phase" is therefore "by process role" (the
 main loop, DataLoader workers, ranks), which is what the section reports.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from holoprof import model
+from holoprof.analyze.engine_dask import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.store.reader import Run
 
@@ -78,29 +81,69 @@ _FLOATS = (
 )
 
 
-def _num(name: str, cast: str) -> str:
+def _num(name: str, cast: str, col: str = "c") -> str:
     # Darshan writes -1 for "unknown" in shared records: never let it subtract from a sum.
     return (
-        f"greatest(coalesce(TRY_CAST(json_extract_string(c, '$.POSIX_{name}') AS {cast}), "
-        f"TRY_CAST(json_extract_string(c, '$.STDIO_{name}') AS {cast}), 0), 0)"
+        f"greatest(coalesce(TRY_CAST(json_extract_string({col}, '$.POSIX_{name}') AS {cast}), "
+        f"TRY_CAST(json_extract_string({col}, '$.STDIO_{name}') AS {cast}), 0), 0)"
     )
 
 
-def _last_sql() -> str:
-    cols = [f"{_num(k, 'BIGINT')} AS {a}" for a, k in _SUMS]
-    cols += [f"{_num(k, 'DOUBLE')} AS {a}" for a, k in _FLOATS]
-    cols += [
-        f"{_num('SIZE_READ_' + b, 'BIGINT')} AS sr_{i}"
-        for i, (b, _, _) in enumerate(model.DARSHAN_SIZE_BUCKETS)
-    ]
-    return f"""
-    WITH last AS (
-        SELECT host, pid, module, path, any_value(layer) AS layer, arg_max(counters, ts_ns) AS c,
-               max(ts_ns) AS ts
-        FROM io_files GROUP BY host, pid, module, path
+_KEYS = "host, pid, module, path"
+#: The last snapshot of every (process, module, file): of the rows with counters, the newest (then the
+#: greatest counters, so that equal times give one answer), and the layer of the newest row with one.
+#: ``chunk`` keeps the winner of each part with its time, ``combine`` the winner of the winners.
+_LAST = Aggregation(
+    name="io-files",
+    table="io_files",
+    columns=("host", "pid", "module", "path", "layer", "counters", "ts_ns"),
+    chunk=f"""SELECT {_KEYS},
+        arg_max(counters, (ts_ns, counters)) AS c, max(ts_ns) FILTER (WHERE counters IS NOT NULL) AS c_ts,
+        arg_max(layer, (ts_ns, layer)) AS layer, max(ts_ns) FILTER (WHERE layer IS NOT NULL) AS layer_ts
+        FROM {{t}} GROUP BY {_KEYS}""",
+    combine=f"""SELECT {_KEYS}, arg_max(c, (c_ts, c)) AS c, max(c_ts) AS c_ts,
+        arg_max(layer, (layer_ts, layer)) AS layer, max(layer_ts) AS layer_ts
+        FROM {{t}} GROUP BY {_KEYS}""",
+    final="SELECT {keys}, layer, {cols} FROM {{t}}".format(
+        keys=_KEYS,
+        cols=", ".join(
+            [f"{_num(k, 'BIGINT')} AS {a}" for a, k in _SUMS]
+            + [f"{_num(k, 'DOUBLE')} AS {a}" for a, k in _FLOATS]
+            + [
+                f"{_num('SIZE_READ_' + b, 'BIGINT')} AS sr_{i}"
+                for i, (b, _, _) in enumerate(model.DARSHAN_SIZE_BUCKETS)
+            ]
+        ),
+    ),
+    order=_KEYS,
+)
+#: The first and last snapshot times (when the manifest has none).
+_BOUNDS = Aggregation(
+    name="io-bounds",
+    table="io_files",
+    columns=("ts_ns",),
+    chunk="SELECT min(ts_ns) AS lo, max(ts_ns) AS hi FROM {t}",
+    combine="SELECT min(lo) AS lo, max(hi) AS hi FROM {t}",
+    final="SELECT coalesce(lo, 0), coalesce(hi, 0) FROM {t}",
+)
+
+
+def _series(t0_ns: int) -> Aggregation:
+    """Bytes read between consecutive snapshots of a file, summed per second of the run: the deltas
+    need every snapshot of a file together (shuffled on the file), the sums per second do not."""
+    return Aggregation(
+        name="io-series",
+        table="io_files",
+        columns=("host", "pid", "module", "path", "ts_ns", "counters"),
+        chunk=f"SELECT {_KEYS}, ts_ns, {_num('BYTES_READ', 'BIGINT', 'counters')} AS b FROM {{t}}",
+        shuffle=("host", "pid", "module", "path"),
+        group=f"""SELECT (ts_ns - $t0) // 1000000000 AS sec, CAST(sum(greatest(db, 0)) AS BIGINT) AS b FROM (
+            SELECT ts_ns, b - coalesce(lag(b) OVER (PARTITION BY {_KEYS} ORDER BY ts_ns, b), 0) AS db
+            FROM {{t}}) GROUP BY sec""",
+        final="SELECT sec, CAST(sum(b) AS BIGINT) AS b FROM {t} GROUP BY sec",
+        order="sec",
+        params={"t0": t0_ns},
     )
-    SELECT host, pid, module, path, layer, {", ".join(cols)} FROM last
-    """
 
 
 @dataclass
@@ -114,12 +157,13 @@ class FileRow:
     size_read: list[int]
 
 
-def file_rows(run: Run) -> list[FileRow]:
-    """The last snapshot of every (process, module, file), with the counters the analyses use."""
+def file_rows(run: Run, ctx: dict[str, Any] | None = None) -> list[FileRow]:
+    """The last snapshot of every (process, module, file), with the counters the analyses use, in
+    (host, pid, module, path) order; on the Dask cluster under ``--engine dask`` (``ctx["engine"]``)."""
     out = []
     names = [a for a, _ in _SUMS] + [a for a, _ in _FLOATS]
     nb = len(model.DARSHAN_SIZE_BUCKETS)
-    for r in run.rows(_last_sql()):
+    for r in aggregate(run, ctx, _LAST):
         host, pid, module, path, layer = r[:5]
         vals = r[5 : 5 + len(names)]
         buckets = r[5 + len(names) : 5 + len(names) + nb]
@@ -232,19 +276,9 @@ def _iobench_reference(run: Run) -> tuple[float, str] | None:
     return best
 
 
-def _time_series(run: Run, t0_ns: int) -> list[list[float]]:
+def _time_series(run: Run, ctx: dict[str, Any] | None, t0_ns: int) -> list[list[float]]:
     """Read bandwidth over time: bytes read between consecutive snapshots, per second of the run."""
-    sql = f"""
-    WITH s AS (
-        SELECT host, pid, module, path, ts_ns, {_num("BYTES_READ", "BIGINT").replace("(c,", "(counters,")} AS b
-        FROM io_files
-    ), d AS (
-        SELECT ts_ns, b - coalesce(lag(b) OVER (PARTITION BY host, pid, module, path ORDER BY ts_ns), 0) AS db
-        FROM s
-    )
-    SELECT (ts_ns - $t0) // 1000000000 AS sec, sum(greatest(db, 0)) FROM d GROUP BY sec ORDER BY sec
-    """
-    rows = run.con.execute(sql, {"t0": t0_ns}).fetchall()
+    rows = aggregate(run, ctx, _series(t0_ns))
     out = []
     prev: int | None = None
     for sec, b in rows:
@@ -258,7 +292,7 @@ def _time_series(run: Run, t0_ns: int) -> list[list[float]]:
 
 
 def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    rows = file_rows(run)
+    rows = file_rows(run, ctx)
     rows += dump_rows(run, {(f.host, f.pid) for f in rows})
     rows = [f for f in rows if _touched(f) or f.v["stats"]]
     if not any(_touched(f) for f in rows):  # stat calls alone are not I/O worth a section
@@ -334,10 +368,10 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
     m = run.manifest
     start_ns = int(m.get("start_ns") or 0)
     end_ns = int(m.get("end_ns") or 0)
-    if not start_ns:
-        start_ns = int(run.rows("SELECT coalesce(min(ts_ns), 0) FROM io_files")[0][0] or 0)
-    if not end_ns:
-        end_ns = int(run.rows("SELECT coalesce(max(ts_ns), 0) FROM io_files")[0][0] or 0)
+    if not start_ns or not end_ns:
+        ((lo, hi),) = aggregate(run, ctx, _BOUNDS)
+        start_ns = start_ns or int(lo)
+        end_ns = end_ns or int(hi)
     wall_s = max(0.0, (end_ns - start_ns) / NS)
     bw_read = tot["bytes_read"] / read_t if read_t > 0 else 0.0
     bw_window = tot["bytes_read"] / window_s if window_s > 0 else 0.0
@@ -419,7 +453,7 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         if tot["reads"]
         else 0.0,
         "meta_time_fraction": round(meta_t / io_time, 4) if io_time > 0 else 0.0,
-        "bandwidth_timeline": _time_series(run, start_ns) if start_ns else [],
+        "bandwidth_timeline": _time_series(run, ctx, start_ns) if start_ns else [],
         "by_role": by_role_doc,
         "by_phase_note": "I/O counters are kept per process, not per phase: see by_role (main loop, "
         "dataloader_worker, rank)",
