@@ -429,9 +429,14 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
         return {}, []
     procs_keys: list[ProcKey] = list(ctx.get("step_processes") or ([main] if main else []))
     eng = ctx.get("engine")
+    # the step statistics of every process: those the report computed already (``rank_stats``), else
+    # on its engine (on the Dask cluster under --engine dask)
+    known: dict[ProcKey, StepStats] = dict(ctx.get("rank_stats") or {})
+    if main is not None and ctx.get("steps") is not None:
+        known[main] = ctx["steps"]
     stats = [
-        ctx["steps"]
-        if k == main and ctx.get("steps") is not None
+        known[k]
+        if k in known
         else eng.step_stats(k, timeline_points=1)
         if eng is not None
         else step_stats(run, k, timeline_points=1)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -53,6 +54,8 @@ BATCH = 20_000
 _TIME_COL = {"spans": "start_ns", "samples": "ts_ns", "io_files": "ts_ns", "io_ops": "start_ns"}
 #: Partial results combined per task in the tree reduction of an :class:`Aggregation`.
 SPLIT_EVERY = 8
+#: Rows of the table read per partition after the shuffle of an :class:`Aggregation`.
+SHUFFLE_ROWS = 1_000_000
 
 
 @dataclass
@@ -138,6 +141,9 @@ def _table_rows(tbl: Any) -> list[tuple[Any, ...]]:
     return list(zip(*cols, strict=True)) if cols else []
 
 
+_worker = threading.local()
+
+
 def sql_tables(parts: list[Any], sql: str, params: dict[str, Any]) -> Any:
     """``sql`` over the concatenation of ``parts`` (pandas frames or Arrow tables) as ``{t}``, with
     DuckDB, as an Arrow table: a stage of an :class:`Aggregation` on a worker."""
@@ -146,14 +152,17 @@ def sql_tables(parts: list[Any], sql: str, params: dict[str, Any]) -> Any:
 
     tables = [p if isinstance(p, pa.Table) else pa.Table.from_pandas(p, preserve_index=False) for p in parts]
     tbl = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-    con = duckdb.connect(":memory:")
-    try:
+    con = getattr(_worker, "con", None)
+    if con is None:  # one connection per worker thread: opening one costs more than a small stage
+        con = _worker.con = duckdb.connect(":memory:")
         con.execute("SET threads TO 1")
-        con.register("_hp_t", tbl)
-        q = _sub(sql, "_hp_t")
+    name = f"_hp_t_{uuid.uuid4().hex}"
+    con.register(name, tbl)
+    try:
+        q = _sub(sql, name)
         return con.sql(q, params=_params(q, params)).to_arrow_table()
     finally:
-        con.close()
+        con.unregister(name)
 
 
 def sql_chain(parts: list[Any], sqls: list[str], params: dict[str, Any]) -> Any:
@@ -378,6 +387,7 @@ class DaskEngine:
         """``agg`` on the cluster (see :class:`Aggregation`): the rows DuckDB gives for it."""
         import dask
         import pyarrow as pa
+        import pyarrow.parquet as pq
 
         files = list(self.run.chunks.files[agg.table])
         if agg.pids is not None and agg.table == "spans":
@@ -396,7 +406,10 @@ class DaskEngine:
         parts = df.map_partitions(sql_frame, agg.chunk, agg.params, meta=meta, token=tag)
         if agg.shuffle:
             assert agg.group is not None
-            parts = parts.shuffle(on=list(agg.shuffle))
+            # about SHUFFLE_ROWS rows of the table per shuffled partition (each is a task's overhead)
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+            out_parts = min(parts.npartitions, max(1, math.ceil(rows / SHUFFLE_ROWS)))
+            parts = parts.shuffle(on=list(agg.shuffle), npartitions=out_parts)
             meta = sql_frame(meta, agg.group, agg.params)
             parts = parts.map_partitions(sql_frame, agg.group, agg.params, meta=meta, token=f"{tag}-group")
         level: list[Any] = list(parts.to_delayed())
