@@ -193,10 +193,12 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
     main: ProcKey | None = procs[0] if procs else None
     st = eng.step_stats(main) if main is not None else None
     per_rank = []
+    rank_stats: dict[ProcKey, StepStats] = {}
     if len(procs) > 1:
         for p in procs:
             s = st if p == main else eng.step_stats(p, timeline_points=1)
             assert s is not None
+            rank_stats[p] = s
             per_rank.append(
                 {
                     "host": p.host,
@@ -217,6 +219,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
         "resources": res,
         "loader": loader,
         "step_processes": procs,
+        "rank_stats": rank_stats,  # every step process's statistics (computed once, for the sections)
         "engine": eng,  # a section may read through it (DaskEngine.read) under --engine dask
     }
     sections, more, section_warnings = _extra_sections(run, ctx)
