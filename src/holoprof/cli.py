@@ -214,11 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split())  # always one line, whatever a library put in it
         sys.stderr.write(f"holoprof: error: {message}\n")
         return exc.exit_code
-    except MemoryError:
-        sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
-        return 2
     except Exception as exc:
-        if type(exc).__name__ != "OutOfMemoryException":  # DuckDB's, past its memory limit
+        # Python's own, or DuckDB's past its memory limit
+        if not isinstance(exc, MemoryError) and type(exc).__name__ != "OutOfMemoryException":
             raise
         sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
         return 2

@@ -177,6 +177,48 @@ class _PerStep:
     unique_steps: bool  # no step index appears twice
 
 
+class _Gather:
+    """The per-step columns being gathered, batch by batch, and the window of the steps seen."""
+
+    def __init__(self) -> None:
+        self.step, self.dur = _Column(), _Column()
+        self.cols = {p: _Column() for p in _PHASE_COLS}
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def add(self, step: Any, s: Any, e: Any, phases: dict[str, Any]) -> None:
+        if len(step) == 0:
+            return
+        self.step.add(step)
+        self.dur.add(e - s)
+        for p in _PHASE_COLS:
+            self.cols[p].add(phases[p])
+        lo, hi = int(s.min()), int(e.max())
+        self.first = lo if self.first is None else min(self.first, lo)
+        self.last = hi if self.last is None else max(self.last, hi)
+
+    def add_joined(self, b: Any, step: Any) -> None:
+        """A batch of the exact join (columns step, s, e, dur and one per phase)."""
+        self.add(
+            step,
+            b.column("s").to_numpy(),
+            b.column("e").to_numpy(),
+            {p: b.column(p).to_numpy() for p in _PHASE_COLS},
+        )
+
+    def result(self, epochs: int, outside_ns: dict[str, float], unique: bool) -> _PerStep:
+        return _PerStep(
+            step=self.step.array(zeros_as_none=False),
+            dur=self.dur.array(zeros_as_none=False),
+            phases={p: c.array() for p, c in self.cols.items()},
+            first_start_ns=int(self.first or 0),
+            last_end_ns=int(self.last or 0),
+            epochs=epochs,
+            outside_ns=outside_ns,
+            unique_steps=unique,
+        )
+
+
 def _arrow_reader(cur: Any, sql: str, params: dict[str, Any]) -> Any:
     return cur.sql(sql, params=params).to_arrow_reader(_BATCH_ROWS)
 
@@ -212,9 +254,8 @@ def _scan_steps(run: Run, proc: ProcKey) -> _PerStep:
         WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND tid = $tid))
         GROUP BY step"""
     cur = run.con.cursor()
-    step_col, dur_col = _Column(), _Column()
-    cols = {p: _Column() for p in _PHASE_COLS}
-    first, last, epochs = None, None, 0
+    g = _Gather()
+    epochs = 0
     outside = dict.fromkeys(_PHASE_COLS, 0)
     fallback: list[Any] = []  # step indices to compute with the exact join
     orphan: list[Any] = []  # step indices (with phases of unknown names) that no step span has
@@ -252,14 +293,7 @@ def _scan_steps(run: Run, proc: ProcKey) -> _PerStep:
         redo = ~none & ~exact
         if redo.any():
             fallback.extend(step[redo].tolist())
-        step_col.add(step[exact])
-        dur_col.add((e - s)[exact])
-        for p in _PHASE_COLS:
-            cols[p].add(d[p].fill_null(0).to_numpy()[exact])
-        if exact.any():
-            lo, hi = int(s[exact].min()), int(e[exact].max())
-            first = lo if first is None else min(first, lo)
-            last = hi if last is None else max(last, hi)
+        g.add(step[exact], s[exact], e[exact], {p: d[p].fill_null(0).to_numpy()[exact] for p in _PHASE_COLS})
     if null_steps or len(fallback) > _FALLBACK_MAX:
         return _join_steps(run, proc, epochs)
     unique = True
@@ -269,15 +303,7 @@ def _scan_steps(run: Run, proc: ProcKey) -> _PerStep:
         cond = "step IN (SELECT step FROM hp_redo_steps)"
         sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
         for b in _arrow_reader(cur, _per_step_sql(cond) + f"SELECT step, s, e, dur, {sel} FROM raw", params):
-            if b.num_rows == 0:
-                continue
-            step_col.add(b.column("step").to_numpy())
-            dur_col.add(b.column("dur").to_numpy())
-            for p in _PHASE_COLS:
-                cols[p].add(b.column(p).to_numpy())
-            lo, hi = int(pc.min(b.column("s")).as_py()), int(pc.max(b.column("e")).as_py())
-            first = lo if first is None else min(first, lo)
-            last = hi if last is None else max(last, hi)
+            g.add_joined(b, b.column("step").to_numpy())
         unique = False
         rows = cur.execute(
             _OUTSIDE_SQL.format(extra=f" AND {cond}", pextra=f" AND p.{cond}"), params
@@ -298,52 +324,23 @@ def _scan_steps(run: Run, proc: ProcKey) -> _PerStep:
         for name, ns in rows:
             outside[str(name)] = outside.get(str(name), 0) + int(ns or 0)
     cur.close()
-    return _PerStep(
-        step=step_col.array(zeros_as_none=False),
-        dur=dur_col.array(zeros_as_none=False),
-        phases={p: c.array() for p, c in cols.items()},
-        first_start_ns=int(first or 0),
-        last_end_ns=int(last or 0),
-        epochs=epochs,
-        outside_ns={k: float(v) for k, v in outside.items() if v},
-        unique_steps=unique,
-    )
+    return g.result(epochs, {k: float(v) for k, v in outside.items() if v}, unique)
 
 
 def _join_steps(run: Run, proc: ProcKey, epochs: int) -> _PerStep:
     """The per-step table by the plain join over all steps (when the shortcut does not apply)."""
     import numpy as np
-    import pyarrow.compute as pc
 
     params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     cur = run.con.cursor()
-    step_col, dur_col = _Column(), _Column()
-    cols = {p: _Column() for p in _PHASE_COLS}
-    first, last = None, None
+    g = _Gather()
     sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
     for b in _arrow_reader(cur, _per_step_sql() + f"SELECT step, s, e, dur, {sel} FROM raw", params):
-        if b.num_rows == 0:
-            continue
         # a step span without an index sorts last, as ORDER BY step puts it
-        step_col.add(b.column("step").fill_null(np.iinfo(np.int64).max).to_numpy())
-        dur_col.add(b.column("dur").to_numpy())
-        for p in _PHASE_COLS:
-            cols[p].add(b.column(p).to_numpy())
-        lo, hi = int(pc.min(b.column("s")).as_py()), int(pc.max(b.column("e")).as_py())
-        first = lo if first is None else min(first, lo)
-        last = hi if last is None else max(last, hi)
+        g.add_joined(b, b.column("step").fill_null(np.iinfo(np.int64).max).to_numpy())
     rows = cur.execute(_OUTSIDE_SQL.format(extra="", pextra=""), params).fetchall()
     cur.close()
-    return _PerStep(
-        step=step_col.array(zeros_as_none=False),
-        dur=dur_col.array(zeros_as_none=False),
-        phases={p: c.array() for p, c in cols.items()},
-        first_start_ns=int(first or 0),
-        last_end_ns=int(last or 0),
-        epochs=epochs,
-        outside_ns={str(n): float(v or 0) for n, v in rows if v},
-        unique_steps=False,
-    )
+    return g.result(epochs, {str(n): float(v or 0) for n, v in rows if v}, False)
 
 
 def step_stats(run: Run, proc: ProcKey, timeline_points: int = 120) -> StepStats:
