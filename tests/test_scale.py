@@ -189,3 +189,34 @@ def test_a_memory_limit_too_small_is_one_line_and_exit_2(synth: tuple[str, objec
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "HOLOPROF_MEMORY_LIMIT=1MB" in lines[0] and "higher" in lines[0], lines
     assert os.path.isdir(synth[0])  # the run is untouched
+
+
+def test_the_report_on_duckdb_leaves_pandas_unimported(synth: tuple[str, object]) -> None:
+    """pyarrow would import pandas (about 50 MiB) for its array-like checks: the report never uses it,
+    gives the same document without it, and an explicit to_pandas() afterwards still works."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("pandas")
+    code = """
+import json, sys
+from holoprof.cli import pyarrow_without_pandas
+pyarrow_without_pandas()
+import holoprof
+from holoprof.analyze.report import build_report
+doc = build_report(holoprof.load(sys.argv[1]))
+imported = "pandas" in sys.modules
+import pyarrow as pa
+frame = pa.table({"a": [1, 2]}).to_pandas()
+print(json.dumps({"imported": imported, "rows": len(frame), "doc": doc}, default=str))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, synth[0]], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["imported"] is False and out["rows"] == 2
+    plain = json.loads(json.dumps(build_report(holoprof.load(synth[0])), default=str))
+    for doc in (out["doc"], plain):
+        doc["run"].pop("dir", None)
+    assert out["doc"]["steps"] == plain["steps"] and out["doc"]["phases"] == plain["phases"]
+    assert out["doc"].keys() == plain.keys()

@@ -46,6 +46,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from holoprof.store.reader import load
 
     check_engine_arguments(args)
+    if args.engine == "duckdb":
+        pyarrow_without_pandas()
     doc = build_report(load(args.run), engine=args.engine, scheduler=args.scheduler)
     if args.html:
         from holoprof.present.html import write_html
@@ -66,6 +68,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from holoprof.examples.demo import run_demo
 
     return run_demo(out=args.out, quick=args.quick)
+
+
+class _NoPandas:
+    """A finder that makes ``import pandas`` fail while it is on ``sys.meta_path``."""
+
+    @staticmethod
+    def find_spec(name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is not needed here", name=name)
+
+
+def pyarrow_without_pandas() -> None:
+    """Keep pyarrow from importing pandas (about 50 MiB and half a second) for its array-like checks.
+
+    pyarrow looks for pandas once, lazily, the first time it asks whether a value is array-like
+    (``pa.scalar``, ``fill_null``, ``to_numpy``...), and imports it if it is installed. The report on
+    DuckDB never uses pandas, so this first probe is made to fail: pyarrow remembers that answer for its
+    checks, while an explicit ``to_pandas()`` still imports pandas as usual. Only for holoprof's own
+    commands: never in a traced job, whose pyarrow must see the job's pandas.
+    """
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]
+    try:
+        pa.scalar(0)  # the first array-like check: pyarrow's one lazy probe for pandas
+    finally:
+        sys.meta_path.remove(_NoPandas)  # type: ignore[arg-type]
 
 
 def add_engine_arguments(parser: Any) -> None:
