@@ -92,11 +92,11 @@ def pyarrow_without_pandas() -> None:
         return
     import pyarrow as pa
 
-    sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]
+    sys.meta_path.insert(0, _NoPandas)
     try:
         pa.scalar(0)  # the first array-like check: pyarrow's one lazy probe for pandas
     finally:
-        sys.meta_path.remove(_NoPandas)  # type: ignore[arg-type]
+        sys.meta_path.remove(_NoPandas)
 
 
 def add_engine_arguments(parser: Any) -> None:
