@@ -15,7 +15,7 @@ from holoprof.errors import HoloprofError
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, object]:
     out = os.path.join(str(tmp_path_factory.mktemp("synth")), "run")
-    totals = generate_run(out, steps=20_000, ranks=3, chunk_steps=6_000)
+    totals = generate_run(out, steps=20_000, ranks=3, chunk_steps=6_000, comm=True, io_files=40)
     return out, totals
 
 
@@ -30,6 +30,42 @@ def test_report_totals_equal_the_generated_ones(synth: tuple[str, object]) -> No
     step_s = totals.step_ns / 1e9  # type: ignore[attr-defined]
     assert doc["steps"]["total_s"] == pytest.approx(step_s, rel=1e-6)
     assert abs(sum(p["fraction"] for p in doc["phases"].values()) - 1) < 1e-9
+
+
+def test_communication_totals_equal_the_generated_ones(synth: tuple[str, object]) -> None:
+    path, totals = synth
+    comm = build_report(holoprof.load(path))["communication"]
+    by_op = {c["op"]: c for c in comm["collectives"]}
+    assert set(by_op) == set(totals.comm) == {"ddp_bucket", "all_reduce"}  # type: ignore[attr-defined]
+    for op, t in totals.comm.items():  # type: ignore[attr-defined]
+        assert by_op[op]["count"] == t["count"] == 3 * 20_000 * (4 if op == "ddp_bucket" else 1)
+        assert by_op[op]["bytes"] == t["bytes"]
+        assert by_op[op]["total_s"] == pytest.approx(t["dur_ns"] / 1e9, abs=1e-6)
+        assert by_op[op]["processes"] == 3
+    assert comm["world_size"] == 3
+    for r in comm["per_rank"]:
+        mine = totals.per_rank[r["rank"]]  # type: ignore[attr-defined]
+        assert r["exposed_s"] == pytest.approx(mine["exposed_ns"] / 20_000 / 1e9, abs=1e-6)
+    main = totals.per_rank[0]  # type: ignore[attr-defined]
+    assert comm["total_s_per_step"] == pytest.approx(main["comm_ns"] / 20_000 / 1e9, abs=1e-6)
+    assert comm["exposed_s_per_step"] == pytest.approx(main["exposed_ns"] / 20_000 / 1e9, abs=1e-6)
+
+
+def test_io_totals_equal_the_generated_ones(synth: tuple[str, object]) -> None:
+    path, totals = synth
+    io = build_report(holoprof.load(path))["io"]
+    t = totals.io  # type: ignore[attr-defined]
+    assert io["files"] == len(t["paths"]) == 3 * 40 + 1
+    for key in ("bytes_read", "reads", "opens"):
+        assert io[key] == t[key], key
+    assert io["read_time_s"] == pytest.approx(t["read_time_s"], abs=1e-6)
+    assert io["meta_time_s"] == pytest.approx(t["meta_time_s"], abs=1e-6)
+    assert {b: n for b, n in io["read_size_histogram"].items() if n} == t["size_read"]
+    # the timeline is a rate between snapshots: over its seconds it adds up to every byte read
+    secs = [s for s, _ in io["bandwidth_timeline"]]
+    widths = [1.0] + [b - a for a, b in zip(secs, secs[1:], strict=False)]
+    read = sum(rate * w for (_, rate), w in zip(io["bandwidth_timeline"], widths, strict=True))
+    assert read == pytest.approx(t["bytes_read"], rel=1e-9)
 
 
 def test_filters_read_only_what_is_asked(synth: tuple[str, object]) -> None:
@@ -68,6 +104,9 @@ def test_dask_engine_gives_the_same_numbers_as_duckdb(synth: tuple[str, object])
     assert dask["steps"]["timeline"] == duck["steps"]["timeline"]
     assert dask["phases"] == duck["phases"]
     assert dask["resources"] == duck["resources"]
+    assert dask["communication"] == duck["communication"]
+    assert dask["io"] == duck["io"]
+    assert dask["io"]["files"] == 41 + 41 - 1  # two ranks' shards and the shared file
 
 
 def test_unknown_engine_is_refused(synth: tuple[str, object]) -> None:

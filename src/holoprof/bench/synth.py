@@ -1,9 +1,13 @@
 """Generate large, realistic runs with known totals (for benchmarks and scale tests).
 
 A generated run looks like what the agent writes: per rank a process folder with Parquet chunks of
-steps and phases (data_wait, forward, backward, optimizer, with an eval and a checkpoint every epoch),
-resource samples, and a processes row. Durations are drawn around fixed means with a seeded generator,
-and the exact totals are returned so that analyses can be checked against them.
+steps and phases (data_wait, forward, backward, optimizer), resource samples, and a processes row.
+With ``comm=True`` each step also has DDP's gradient buckets (``ddp_bucket`` comm spans overlapped with
+backward) and an exposed loss ``all_reduce`` in a ``communication`` phase; with ``io_files=N`` each
+rank reads N shard files of its own and one file shared by all ranks, recorded as Darshan-style
+``io_files`` snapshots (one mid-run, one final). Durations, read counts and sizes are drawn around
+fixed means with a seeded generator, and the exact totals are returned so that analyses can be
+checked against them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,14 @@ from holoprof.store import rundir
 #: mean phase durations (ns) of a generated step
 PHASE_MEANS_NS = {"data_wait": 2_000_000, "forward": 3_000_000, "backward": 5_000_000, "optimizer": 1_000_000}
 OTHER_NS = 500_000
+#: with ``comm=True``: the exposed loss all_reduce (a ``communication`` phase holding one comm span)
+COMM_PHASE_MEAN_NS = 1_500_000
+#: with ``comm=True``: the bytes of DDP's gradient buckets, in the order they become ready
+BUCKET_BYTES = (25 * 2**20, 25 * 2**20, 25 * 2**20, 10 * 2**20)
+LOSS_BYTES = 4
+#: with ``io_files``: the read sizes a file is read with (one size per file, drawn)
+READ_SIZES = (4096, 65536, 2**20)
+SHARED_FILE = "/data/vocab.json"
 
 
 @dataclass
@@ -29,8 +41,14 @@ class SynthTotals:
     ranks: int = 0
     phase_ns: dict[str, int] = field(default_factory=dict)  # summed over rank 0's steps
     step_ns: int = 0  # rank 0
-    #: per generated rank: {"spans", "steps", "step_ns", "phase_ns": {phase: ns}}
+    #: per generated rank: {"spans", "steps", "step_ns", "phase_ns": {phase: ns}} and, with comm,
+    #: "comm_ns" (the union of its comm spans over its steps) and "exposed_ns"
     per_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: with comm, per collective over all ranks: {"count", "bytes", "dur_ns"}
+    comm: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: with io_files, over all ranks: "paths", "bytes_read", "reads", "opens", "read_time_s",
+    #: "meta_time_s", "size_read" ({Darshan bucket: reads})
+    io: dict[str, Any] = field(default_factory=dict)
 
 
 def generate_run(
@@ -41,13 +59,17 @@ def generate_run(
     seed: int = 0,
     host: str = "synth",
     only_ranks: range | None = None,
+    comm: bool = False,
+    io_files: int = 0,
 ) -> SynthTotals:
     """Write a run with ``steps`` steps per rank (5 spans per step) into ``out``.
 
     ``only_ranks`` writes just those ranks of the run, so that a large run can be generated in
     pieces (in parallel): ``out`` is created by the first piece, or earlier by :func:`create_run`;
     call :func:`finish_run` once all pieces are written. Each rank draws from its own seeded
-    generator, so a rank's data do not depend on how the run was cut into pieces.
+    generator, so a rank's data do not depend on how the run was cut into pieces. ``comm`` and
+    ``io_files`` add communication and I/O records (see the module's docstring): 5 more spans and one
+    more phase per step with ``comm``.
     """
     import numpy as np
     import pyarrow as pa
@@ -59,7 +81,6 @@ def generate_run(
     else:
         run_dir = out if os.path.isfile(os.path.join(out, model.MANIFEST)) else create_run(out)
     totals = SynthTotals(steps_per_rank=steps, ranks=ranks)
-    names = list(PHASE_MEANS_NS)
     schema = model.arrow_schema("spans")
     end = t0
     for rank in only_ranks if only_ranks is not None else range(ranks):
@@ -76,29 +97,41 @@ def generate_run(
             durs = {
                 p: rng.integers(m // 2, m * 3 // 2, size=n, dtype=np.int64) for p, m in PHASE_MEANS_NS.items()
             }
+            if comm:
+                m_c = COMM_PHASE_MEAN_NS
+                durs["communication"] = rng.integers(m_c // 2, m_c * 3 // 2, size=n, dtype=np.int64)
             other = rng.integers(0, 2 * OTHER_NS, size=n, dtype=np.int64)
             step_len = sum(durs.values()) + other
             starts = clock + np.concatenate([[0], np.cumsum(step_len)[:-1]])
             clock = int(starts[-1] + step_len[-1])
             step_idx = np.arange(c0, c0 + n, dtype=np.int64)
             kinds, pnames, s_all, e_all, st_all = [], [], [], [], []
+            attrs: list[Any] = []
             kinds.append(np.full(n, "step", dtype=object))
             pnames.append(np.full(n, "step", dtype=object))
             s_all.append(starts)
             e_all.append(starts + step_len)
             st_all.append(step_idx)
             off = starts.copy()
-            for p in names:
+            phase_start = {}
+            for p in durs:
                 kinds.append(np.full(n, "phase", dtype=object))
                 pnames.append(np.full(n, p, dtype=object))
                 s_all.append(off)
                 e_all.append(off + durs[p])
                 st_all.append(step_idx)
+                phase_start[p] = off
                 off = off + durs[p]
                 mine["phase_ns"][p] = mine["phase_ns"].get(p, 0) + int(durs[p].sum())
+            attrs.append(pa.nulls(sum(len(k) for k in kinds), pa.string()))
+            if comm:
+                _comm_spans(
+                    rng, totals, mine, phase_start["backward"], durs["backward"], phase_start["communication"],
+                    durs["communication"], step_idx, ranks, (kinds, pnames, s_all, e_all, st_all, attrs),
+                )  # fmt: skip
             mine["step_ns"] += int(step_len.sum())
-            m = n * (1 + len(names))
             start = np.concatenate(s_all)
+            m = len(start)
             order = np.argsort(start, kind="stable")
             tbl = pa.Table.from_arrays(
                 [
@@ -113,7 +146,7 @@ def generate_run(
                     pa.array(start[order]),
                     pa.array(np.concatenate(e_all)[order]),
                     pa.array(np.concatenate(st_all)[order]),
-                    pa.nulls(m, pa.string()),
+                    pa.concat_arrays(attrs).take(pa.array(order)),
                 ],
                 schema=schema,
             )
@@ -123,6 +156,8 @@ def generate_run(
             mine["spans"] += m
         _write_process(folder, host, pid, rank if ranks > 1 else -1, ranks, t0, clock, seq)
         _write_samples(folder, host, pid, rank if ranks > 1 else -1, t0, clock, seq + 1)
+        if io_files:
+            _write_io(folder, rng, totals, host, pid, rank if ranks > 1 else -1, io_files, t0, clock, seq + 2)
         end = max(end, clock)
     if 0 in totals.per_rank:
         totals.phase_ns = dict(totals.per_rank[0]["phase_ns"])
@@ -130,6 +165,128 @@ def generate_run(
     if only_ranks is None:
         _write_manifest(run_dir, end)
     return totals
+
+
+def _comm_spans(
+    rng: Any,
+    totals: SynthTotals,
+    mine: dict[str, Any],
+    bw_start: Any,
+    bw_dur: Any,
+    cp_start: Any,
+    cp_dur: Any,
+    step_idx: Any,
+    world: int,
+    out: tuple[list[Any], ...],
+) -> None:
+    """A chunk's comm spans, appended to ``out`` (kinds, names, starts, ends, steps, attrs).
+
+    Bucket ``j`` becomes ready ``(j + 1) / 5`` into backward and takes at most a fifth of it, so the
+    buckets never overlap and all end within backward; the loss all_reduce fills the communication
+    phase. Per step, the union of the comm spans is the sum of their durations, and the exposed time
+    is the communication phase plus the last bucket (the DDP tail: from its ready time to its end)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kinds, pnames, s_all, e_all, st_all, attrs = out
+    n = len(step_idx)
+    fifth = bw_dur // 5
+    union = cp_dur.copy()
+    for j, nbytes in enumerate(BUCKET_BYTES):
+        ready = bw_start + (j + 1) * fifth
+        dur = rng.integers(fifth // 2, fifth + 1, dtype=np.int64)
+        kinds.append(np.full(n, "comm", dtype=object))
+        pnames.append(np.full(n, "ddp_bucket", dtype=object))
+        s_all.append(ready)
+        e_all.append(ready + dur)
+        st_all.append(step_idx)
+        head = f'{{"bucket_index": {j}, "bytes": {nbytes}, "world_size": {world}, "ready_ns": '
+        attrs.append(pc.binary_join_element_wise(head, pc.cast(pa.array(ready), pa.string()), "}", ""))
+        _count(totals, "ddp_bucket", n, n * nbytes, int(dur.sum()))
+        union = union + dur
+        last = dur
+    kinds.append(np.full(n, "comm", dtype=object))
+    pnames.append(np.full(n, "all_reduce", dtype=object))
+    s_all.append(cp_start)
+    e_all.append(cp_start + cp_dur)
+    st_all.append(step_idx)
+    attrs.append(
+        pa.array(np.full(n, f'{{"bytes": {LOSS_BYTES}, "group_size": {world}}}', dtype=object), pa.string())
+    )
+    _count(totals, "all_reduce", n, n * LOSS_BYTES, int(cp_dur.sum()))
+    mine["comm_ns"] = mine.get("comm_ns", 0) + int(union.sum())
+    mine["exposed_ns"] = mine.get("exposed_ns", 0) + int((cp_dur + last).sum())
+
+
+def _count(totals: SynthTotals, op: str, calls: int, nbytes: int, dur_ns: int) -> None:
+    c = totals.comm.setdefault(op, {"count": 0, "bytes": 0, "dur_ns": 0})
+    c["count"] += calls
+    c["bytes"] += nbytes
+    c["dur_ns"] += dur_ns
+
+
+def _write_io(
+    folder: str,
+    rng: Any,
+    totals: SynthTotals,
+    host: str,
+    pid: int,
+    rank: int,
+    files: int,
+    t0: int,
+    t1: int,
+    seq: int,
+) -> None:
+    """``files`` shard files of this rank and the shared file, each read with one size: a snapshot of
+    its counters half-way through the run (half its reads done) and the final one at the end."""
+    import numpy as np
+
+    from holoprof import model
+    from holoprof.store.chunks import write_chunk
+
+    tag = rank if rank >= 0 else 0
+    paths = [f"/data/shard-{tag:05d}-{i:05d}.bin" for i in range(files)] + [SHARED_FILE]
+    reads = rng.integers(50, 500, size=len(paths), dtype=np.int64)
+    sizes = rng.choice(np.array(READ_SIZES, dtype=np.int64), size=len(paths))
+    read_ns = rng.integers(1_000_000, 50_000_000, size=len(paths), dtype=np.int64)
+    meta_ns = rng.integers(10_000, 200_000, size=len(paths), dtype=np.int64)
+    mid = t0 + (t1 - t0) // 2
+    io = totals.io
+    if not io:
+        io.update(paths=set(), bytes_read=0, reads=0, opens=0, read_time_s=0.0, meta_time_s=0.0, size_read={})
+    rows: dict[str, list[Any]] = {
+        k: [] for k in ("host", "pid", "rank", "ts_ns", "module", "layer", "path", "counters")
+    }
+    for path, r, size, rt, mt in zip(
+        paths, reads.tolist(), sizes.tolist(), read_ns.tolist(), meta_ns.tolist(), strict=True
+    ):
+        bucket = next(b for b, lo, hi in model.DARSHAN_SIZE_BUCKETS if lo <= size < hi)
+        for ts, k in ((mid, r // 2), (t1, r)):
+            c = {
+                "POSIX_OPENS": 1,
+                "POSIX_READS": k,
+                "POSIX_BYTES_READ": k * size,
+                "POSIX_SEQ_READS": max(0, k - 1),
+                "POSIX_CONSEC_READS": max(0, k - 1),
+                "POSIX_MAX_BYTE_READ": max(0, k * size - 1),
+                f"POSIX_SIZE_READ_{bucket}": k,
+                "POSIX_F_READ_START_TIMESTAMP": t0 / 1e9 + 0.001,
+                "POSIX_F_READ_END_TIMESTAMP": ts / 1e9,
+                "POSIX_F_READ_TIME": rt * k / r / 1e9,
+                "POSIX_F_META_TIME": mt / 1e9,
+            }
+            for key, v in (("host", host), ("pid", pid), ("rank", rank), ("ts_ns", ts), ("module", "POSIX"),
+                           ("layer", "python"), ("path", path), ("counters", json.dumps(c))):  # fmt: skip
+                rows[key].append(v)
+        io["paths"].add(path)
+        io["bytes_read"] += r * size
+        io["reads"] += r
+        io["opens"] += 1
+        io["read_time_s"] += rt / 1e9
+        io["meta_time_s"] += mt / 1e9
+        io["size_read"][bucket] = io["size_read"].get(bucket, 0) + r
+    write_chunk(folder, "io_files", rows, seq=seq)
 
 
 #: start of every generated run (ns since the epoch)
