@@ -48,6 +48,9 @@ import psutil
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "out")
 
+#: HTA's temporal breakdown and ProfilerStep durations of a trace folder (argv[1]) into argv[2];
+#: with a third argument also the count and summed duration of the GPU activities per category (after
+#: the timed part, so that the timed comparison measures the breakdown alone)
 HTA_SCRIPT = r"""
 import json, sys, time
 t0 = time.perf_counter()
@@ -55,25 +58,6 @@ from hta.trace_analysis import TraceAnalysis
 ta = TraceAnalysis(trace_dir=sys.argv[1])
 tb = ta.get_temporal_breakdown(visualize=False)
 elapsed = time.perf_counter() - t0
-sym = ta.t.symbol_table.get_sym_table()
-steps = {}
-for rank in ta.t.get_ranks():
-    df = ta.t.get_trace(rank)
-    names = df["name"].map(lambda i: sym[int(i)])
-    st = df[names.str.startswith("ProfilerStep")]
-    steps[int(rank)] = {
-        int(sym[int(n)].split("#")[1]): float(d) for n, d in zip(st["name"], st["dur"])
-    }
-rows = [{k: (float(v) if k != "rank" else int(v)) for k, v in r.items()} for r in tb.to_dict("records")]
-json.dump({"breakdown": rows, "steps": steps, "in_process_s": elapsed}, open(sys.argv[2], "w"))
-"""
-
-
-REAL_HTA_SCRIPT = r"""
-import json, sys
-from hta.trace_analysis import TraceAnalysis
-ta = TraceAnalysis(trace_dir=sys.argv[1])
-tb = ta.get_temporal_breakdown(visualize=False)
 sym = ta.t.symbol_table.get_sym_table()
 steps, acts = {}, {}
 for rank in ta.t.get_ranks():
@@ -83,14 +67,15 @@ for rank in ta.t.get_ranks():
     steps[int(rank)] = {
         int(sym[int(n)].split("#")[1]): float(d) for n, d in zip(st["name"], st["dur"])
     }
-    g = df[df["stream"] >= 0]
-    acts[int(rank)] = {
-        str(c): [int(n), float(d)]
-        for c, n, d in zip(*(lambda a: (a.index, a["count"], a["sum"]))(
-            g.groupby(g["cat"].map(lambda i: sym[int(i)]))["dur"].agg(["count", "sum"])))
-    }
+    if len(sys.argv) > 3:
+        g = df[df["stream"] >= 0]
+        acts[int(rank)] = {
+            str(c): [int(n), float(d)]
+            for c, n, d in zip(*(lambda a: (a.index, a["count"], a["sum"]))(
+                g.groupby(g["cat"].map(lambda i: sym[int(i)]))["dur"].agg(["count", "sum"])))
+        }
 rows = [{k: (float(v) if k != "rank" else int(v)) for k, v in r.items()} for r in tb.to_dict("records")]
-json.dump({"breakdown": rows, "steps": steps, "activities": acts}, open(sys.argv[2], "w"))
+json.dump({"breakdown": rows, "steps": steps, "activities": acts, "in_process_s": elapsed}, open(sys.argv[2], "w"))
 """
 
 # HTA keeps the trace's own category names; the first Kineto format (PyTorch 1.8/1.9) wrote these
@@ -125,13 +110,13 @@ def _trace_sets(root: str) -> list[str]:
 def _real_one(trace_dir: str, hta_python: str, tmp: str) -> dict:
     script = os.path.join(tmp, "hta_real.py")
     with open(script, "w") as f:
-        f.write(REAL_HTA_SCRIPT)
+        f.write(HTA_SCRIPT)
     out: dict = {"traces": trace_dir, "files": sorted(os.listdir(trace_dir))}
     hta: dict[str, dict | None] = {}
     for mode, extra in (("hta_default_rounding", {}), ("hta_exact", {"HTA_DISABLE_NS_ROUNDING": "1"})):
         env = {k: v for k, v in os.environ.items() if k != "HTA_DISABLE_NS_ROUNDING"} | extra
         res = os.path.join(tmp, f"{mode}.json")
-        rc, _, err = _run([hta_python, script, trace_dir, res], env)
+        rc, _, err = _run([hta_python, script, trace_dir, res, "activities"], env)
         if rc != 0:
             out[f"{mode}_error"] = _last_error(err)
             hta[mode] = None
