@@ -269,12 +269,27 @@ def test_failed_ranks_of_a_many_partition_run_are_found_on_the_cluster(
     assert {"holoprof-comm-activity-combine", "holoprof-comm-activity-final"} <= tasks, tasks
 
 
-def test_io_section_of_a_real_io_traced_run_runs_on_the_cluster(real: TracedRun, client: Any) -> None:
+#: the whole-table scans of the stages, memory and checkpoints sections and of the process table
+WHOLE_RUN_TASKS = {
+    "holoprof-stages-spans-final",
+    "holoprof-stages-stage-spans-final",
+    "holoprof-stages-samples-final",
+    "holoprof-stages-ticks-final",
+    "holoprof-stages-gpu-final",
+    "holoprof-checkpoints-final",
+    "holoprof-memory-snapshots-final",
+    "holoprof-process-steps-final",
+}
+
+
+def test_io_stages_and_the_other_scans_of_a_real_run_run_on_the_cluster(real: TracedRun, client: Any) -> None:
     dask, tasks = _report_on_cluster(real.run_dir, client)
     duck = holoprof.report(real.run_dir)
     assert duck["io"]["files_read"] > 0 and duck["io"]["bandwidth_timeline"]
     assert dask["io"] == duck["io"]
-    assert tasks >= IO_TASKS, tasks
+    assert len(duck["stages"]) > 1 and any(p["steps"] > 0 for p in duck["processes"])
+    assert dask["stages"] == duck["stages"] and dask["processes"] == duck["processes"]
+    assert tasks >= IO_TASKS | WHOLE_RUN_TASKS, tasks - IO_TASKS
 
 
 # --- exports ----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -63,7 +64,7 @@ def test_io_totals_equal_the_generated_ones(synth: tuple[str, object]) -> None:
     assert {b: n for b, n in io["read_size_histogram"].items() if n} == t["size_read"]
     # the timeline is a rate between snapshots: over its seconds it adds up to every byte read
     secs = [s for s, _ in io["bandwidth_timeline"]]
-    widths = [1.0] + [b - a for a, b in zip(secs, secs[1:], strict=False)]
+    widths = [1.0] + [b - a for a, b in itertools.pairwise(secs)]
     read = sum(rate * w for (_, rate), w in zip(io["bandwidth_timeline"], widths, strict=True))
     assert read == pytest.approx(t["bytes_read"], rel=1e-9)
 

@@ -16,6 +16,7 @@ import json
 import math
 from typing import Any
 
+from holoprof.analyze.engine_dask import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.store.reader import Run
 
@@ -28,12 +29,20 @@ def young_daly_interval_s(cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * max(cost_s, 0.0) * max(mtbf_s, 0.0))
 
 
+#: The checkpoint phases of every process, in time order.
+_CHECKPOINT_ROWS = Aggregation(
+    name="checkpoints",
+    table="spans",
+    columns=("host", "pid", "tid", "kind", "name", "start_ns", "end_ns", "attrs"),
+    chunk="""SELECT host, pid, tid, start_ns, end_ns, attrs FROM {t}
+        WHERE kind = 'phase' AND name = 'checkpoint'""",
+    order="start_ns, host, pid, tid, end_ns, attrs",
+)
+
+
 def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
     main = ctx.get("main")
-    rows = run.rows(
-        """SELECT host, pid, tid, start_ns, end_ns, attrs FROM spans
-           WHERE kind = 'phase' AND name = 'checkpoint' ORDER BY start_ns"""
-    )
+    rows = aggregate(run, ctx, _CHECKPOINT_ROWS)
     if not rows:
         return {}, []
     items = []

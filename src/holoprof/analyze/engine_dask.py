@@ -124,7 +124,12 @@ def duckdb_rows(run: Run, agg: Aggregation) -> list[tuple[Any, ...]]:
         + " SELECT * FROM _hp_final"
         + (f" ORDER BY {agg.order}" if agg.order else "")
     )
-    return _table_rows(run.con.sql(sql, params=_params(sql, agg.params)).to_arrow_table())
+    # on a cursor of its own: a result left half-read on the run's connection must not block it
+    cur = run.con.cursor()
+    try:
+        return _table_rows(cur.sql(sql, params=_params(sql, agg.params)).to_arrow_table())
+    finally:
+        cur.close()
 
 
 def aggregate(run: Run, ctx: dict[str, Any] | None, agg: Aggregation) -> list[tuple[Any, ...]]:

@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from holoprof.analyze.engine_dask import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.analyze.steps import ProcKey
 from holoprof.store.reader import Run
@@ -70,15 +71,24 @@ class MemoryStats:
         return max((s.categories["activations"] for s in self.snapshots if s.step == step), default=0)
 
 
-def snapshots(run: Run, proc: ProcKey | None) -> list[Snapshot]:
+def _snapshot_rows(proc: ProcKey | None) -> Aggregation:
+    """The memory snapshot spans of ``proc`` (all processes when None), in time order."""
+    where = " AND host = $host AND pid = $pid" if proc is not None else ""
+    return Aggregation(
+        name="memory-snapshots",
+        table="spans",
+        columns=("host", "pid", "kind", "name", "start_ns", "step", "attrs"),
+        chunk=f"SELECT step, start_ns, attrs FROM {{t}} WHERE kind = 'op' AND name = 'memory'{where}",
+        order="start_ns, step, attrs",
+        params={"host": proc.host, "pid": proc.pid} if proc is not None else {},
+        pids=(proc.pid,) if proc is not None else None,
+    )
+
+
+def snapshots(run: Run, proc: ProcKey | None, ctx: dict[str, Any] | None = None) -> list[Snapshot]:
     """The memory snapshots of ``proc`` (all processes when None), the last one per (step, phase)."""
-    q = "SELECT step, start_ns, attrs FROM spans WHERE kind = 'op' AND name = 'memory'"
-    params: list[Any] = []
-    if proc is not None:
-        q += " AND host = ? AND pid = ?"
-        params = [proc.host, proc.pid]
     latest: dict[tuple[int, str], Snapshot] = {}
-    for step, ts, raw in run.rows(q + " ORDER BY start_ns", params):
+    for step, ts, raw in aggregate(run, ctx, _snapshot_rows(proc)):
         try:
             a = json.loads(raw) if raw else {}
         except ValueError:
@@ -92,10 +102,10 @@ def snapshots(run: Run, proc: ProcKey | None) -> list[Snapshot]:
     return sorted(latest.values(), key=lambda s: (s.step, PHASE_ORDER.get(s.phase, 9), s.ts_ns))
 
 
-def memory_stats(run: Run, proc: ProcKey | None) -> MemoryStats | None:
-    snaps = snapshots(run, proc)
+def memory_stats(run: Run, proc: ProcKey | None, ctx: dict[str, Any] | None = None) -> MemoryStats | None:
+    snaps = snapshots(run, proc, ctx)
     if not snaps and proc is not None:
-        snaps = snapshots(run, None)
+        snaps = snapshots(run, None, ctx)
     if not snaps:
         return None
     # Per step, each category at its largest over the step's boundaries (activations after the forward,
@@ -326,7 +336,7 @@ def section(ms: MemoryStats | None, loader: dict[str, Any]) -> dict[str, Any]:
 
 
 def memory_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    ms = memory_stats(run, ctx.get("main"))
+    ms = memory_stats(run, ctx.get("main"), ctx)
     loader = ctx.get("loader") or {}
     doc = section(ms, loader)
     if ms is None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from holoprof import model
 from holoprof.analyze import findings as findings_mod
+from holoprof.analyze.engine_dask import Aggregation, aggregate
 from holoprof.analyze.resources import Resources, resources
 from holoprof.analyze.steps import (
     NS,
@@ -51,15 +52,27 @@ def _phases_doc(st: StepStats | None) -> dict[str, Any]:
     return doc
 
 
-def _processes(run: Run) -> list[dict[str, Any]]:
+#: Steps per process (the process table's ``steps``).
+_STEP_COUNTS = Aggregation(
+    name="process-steps",
+    table="spans",
+    columns=("host", "pid", "kind"),
+    chunk="SELECT host, pid, count(*) AS n FROM {t} WHERE kind = 'step' GROUP BY host, pid",
+    combine="SELECT host, pid, CAST(sum(n) AS BIGINT) AS n FROM {t} GROUP BY host, pid",
+    order="host, pid",
+)
+
+
+def _processes(run: Run, ctx: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    steps = {(str(h), int(p)): int(n) for h, p, n in aggregate(run, ctx, _STEP_COUNTS)}
     rows = run.rows(
-        """SELECT p.host, p.pid, p.ppid, p.role, p.rank, p.local_rank, p.world_size, p.argv, p.start_ns,
-                  p.end_ns, p.exit_code, p.dropped_events, p.errors, p.info,
-                  (SELECT count(*) FROM spans s WHERE s.kind = 'step' AND s.host = p.host AND s.pid = p.pid)
-           FROM processes p WHERE p.role IS DISTINCT FROM 'launcher' ORDER BY p.start_ns, p.pid"""
+        """SELECT host, pid, ppid, role, rank, local_rank, world_size, argv, start_ns,
+                  end_ns, exit_code, dropped_events, errors, info
+           FROM processes WHERE role IS DISTINCT FROM 'launcher' ORDER BY start_ns, pid"""
     )
     out = []
-    for h, pid, ppid, role, rank, lrank, world, argv, s, e, code, dropped, errs, info, nsteps in rows:
+    for h, pid, ppid, role, rank, lrank, world, argv, s, e, code, dropped, errs, info in rows:
+        nsteps = steps.get((str(h), int(pid)), 0)
         try:
             args = json.loads(argv) if argv else []
         except ValueError:
@@ -227,7 +240,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
     if failure:  # a dead rank matters more than anything else in the report: say it up front
         section_warnings.insert(0, str(failure.get("message")))
     found = findings_mod.ordered(found + more)
-    processes = _processes(run)
+    processes = _processes(run, ctx)
     m = run.manifest
     start, end = m.get("start_ns"), m.get("end_ns")
     if not end:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
+from holoprof.analyze.engine_dask import Aggregation, aggregate
 from holoprof.store.reader import Run
 
 NS = 1e9
@@ -206,16 +207,28 @@ def _is_helper(p: _Proc) -> bool:
     return any(h in joined for h in _HELPER_ARGV)
 
 
-def _sample_bounds(run: Run) -> dict[tuple[str, int], tuple[int, int, dict[str, float]]]:
+def _sample_bounds(
+    run: Run, ctx: dict[str, Any] | None = None
+) -> dict[tuple[str, int], tuple[int, int, dict[str, float]]]:
     """Per measured process: first and last sample time and the maximum of each proc.* counter."""
     names = ", ".join(f"'{n}'" for n in _PROC_SAMPLES)
-    rows = run.rows(
-        f"""SELECT host, target_pid, min(ts_ns), max(ts_ns),
-                   max(value) FILTER (WHERE name = 'proc.cpu_s'),
-                   max(value) FILTER (WHERE name = 'proc.read_bytes'),
-                   max(value) FILTER (WHERE name = 'proc.write_bytes')
-            FROM samples WHERE target_pid >= 0 AND name IN ({names})
-            GROUP BY host, target_pid"""
+    rows = aggregate(
+        run,
+        ctx,
+        Aggregation(
+            name="stages-samples",
+            table="samples",
+            columns=("host", "target_pid", "ts_ns", "name", "value"),
+            chunk=f"""SELECT host, target_pid, min(ts_ns) AS t0, max(ts_ns) AS t1,
+                   max(value) FILTER (WHERE name = 'proc.cpu_s') AS c,
+                   max(value) FILTER (WHERE name = 'proc.read_bytes') AS r,
+                   max(value) FILTER (WHERE name = 'proc.write_bytes') AS w
+                FROM {{t}} WHERE target_pid >= 0 AND name IN ({names})
+                GROUP BY host, target_pid""",
+            combine="""SELECT host, target_pid, min(t0) AS t0, max(t1) AS t1, max(c) AS c, max(r) AS r,
+                max(w) AS w FROM {t} GROUP BY host, target_pid""",
+            order="host, target_pid",
+        ),
     )
     return {
         (str(h), int(p)): (
@@ -227,14 +240,25 @@ def _sample_bounds(run: Run) -> dict[tuple[str, int], tuple[int, int, dict[str, 
     }
 
 
-def _span_facts(run: Run) -> dict[tuple[str, int], dict[str, float]]:
-    rows = run.rows(
-        """SELECT host, pid,
-                  count(*) FILTER (WHERE kind = 'step'),
-                  coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'phase' AND name = 'eval'), 0),
-                  coalesce(sum(end_ns - start_ns) FILTER (
-                      WHERE (kind = 'phase' AND name = 'checkpoint') OR kind = 'checkpoint'), 0)
-           FROM spans GROUP BY host, pid"""
+def _span_facts(run: Run, ctx: dict[str, Any] | None = None) -> dict[tuple[str, int], dict[str, float]]:
+    rows = aggregate(
+        run,
+        ctx,
+        Aggregation(
+            name="stages-spans",
+            table="spans",
+            columns=("host", "pid", "kind", "name", "start_ns", "end_ns"),
+            chunk="""SELECT host, pid,
+                  count(*) FILTER (WHERE kind = 'step') AS n,
+                  CAST(coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'phase' AND name = 'eval'), 0)
+                       AS BIGINT) AS ev,
+                  CAST(coalesce(sum(end_ns - start_ns) FILTER (
+                      WHERE (kind = 'phase' AND name = 'checkpoint') OR kind = 'checkpoint'), 0) AS BIGINT) AS ck
+                FROM {t} GROUP BY host, pid""",
+            combine="""SELECT host, pid, CAST(sum(n) AS BIGINT) AS n, CAST(sum(ev) AS BIGINT) AS ev,
+                CAST(sum(ck) AS BIGINT) AS ck FROM {t} GROUP BY host, pid""",
+            order="host, pid",
+        ),
     )
     return {
         (str(h), int(p)): {"steps": float(n or 0), "eval_ns": float(ev or 0), "ckpt_ns": float(ck or 0)}
@@ -242,28 +266,28 @@ def _span_facts(run: Run) -> dict[tuple[str, int], dict[str, float]]:
     }
 
 
-def _traced_writes(run: Run) -> dict[tuple[str, int], int]:
-    """Bytes written per process according to the I/O collectors (last snapshot per file wins)."""
-    try:
-        rows = run.rows(
-            """SELECT host, pid, sum(coalesce(TRY_CAST(json_extract_string(counters, '$.POSIX_BYTES_WRITTEN')
-                                                        AS BIGINT), 0))
-               FROM (SELECT host, pid, counters, row_number() OVER (
-                         PARTITION BY host, pid, module, path ORDER BY ts_ns DESC) AS rn
-                     FROM io_files) WHERE rn = 1 GROUP BY host, pid"""
-        )
-    except Exception:  # an io_files table without these columns: no evidence from it
-        return {}
-    return {(str(h), int(p)): int(b or 0) for h, p, b in rows}
+def _traced_writes(run: Run, ctx: dict[str, Any] | None = None) -> dict[tuple[str, int], int]:
+    """Bytes written per process according to the I/O collectors (the last snapshot of each file)."""
+    from holoprof.analyze.io import file_rows
+
+    out: dict[tuple[str, int], int] = {}
+    for f in file_rows(run, ctx):
+        out[(f.host, f.pid)] = out.get((f.host, f.pid), 0) + int(f.v["bytes_written"])
+    return out
 
 
 # --- building ------------------------------------------------------------------------------------------
-def _ticks(run: Run) -> dict[str, list[int]]:
+def _ticks(run: Run, ctx: dict[str, Any] | None = None) -> dict[str, list[int]]:
     """The sampler's tick times per host (every tick records ``job.processes``)."""
     out: dict[str, list[int]] = {}
-    for h, t in run.rows(
-        "SELECT host, ts_ns FROM samples WHERE target_pid = -1 AND name = 'job.processes' ORDER BY host, ts_ns"
-    ):
+    ticks = Aggregation(
+        name="stages-ticks",
+        table="samples",
+        columns=("host", "target_pid", "name", "ts_ns"),
+        chunk="SELECT host, ts_ns FROM {t} WHERE target_pid = -1 AND name = 'job.processes'",
+        order="host, ts_ns",
+    )
+    for h, t in aggregate(run, ctx, ticks):
         out.setdefault(str(h), []).append(int(t))
     return out
 
@@ -361,10 +385,18 @@ def _span_stages(
     run: Run,
     process_stage: dict[tuple[str, int], Stage],
     owner: dict[tuple[str, int], tuple[str, int]],
+    ctx: dict[str, Any] | None = None,
 ) -> list[Stage]:
-    rows = run.rows(
-        """SELECT host, pid, span_id, name, start_ns, end_ns FROM spans
-           WHERE kind = 'stage' ORDER BY host, pid, start_ns, end_ns DESC"""
+    rows = aggregate(
+        run,
+        ctx,
+        Aggregation(
+            name="stages-stage-spans",
+            table="spans",
+            columns=("host", "pid", "span_id", "kind", "name", "start_ns", "end_ns"),
+            chunk="SELECT host, pid, span_id, name, start_ns, end_ns FROM {t} WHERE kind = 'stage'",
+            order="host, pid, start_ns, end_ns DESC, span_id, name",
+        ),
     )
     out: list[Stage] = []
     open_by_proc: dict[tuple[str, int], list[Stage]] = {}
@@ -478,11 +510,20 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def _gpu_by_process(run: Run) -> dict[tuple[str, int], float]:
+def _gpu_by_process(run: Run, ctx: dict[str, Any] | None = None) -> dict[tuple[str, int], float]:
     """Device seconds measured with CUDA events, per process that measured any."""
-    rows = run.rows(
-        """SELECT host, target_pid, sum(value) FROM samples
-           WHERE name LIKE 'cuda.%_ms' AND target_pid >= 0 GROUP BY host, target_pid"""
+    rows = aggregate(
+        run,
+        ctx,
+        Aggregation(
+            name="stages-gpu",
+            table="samples",
+            columns=("host", "target_pid", "name", "value"),
+            chunk="""SELECT host, target_pid, sum(value) AS v FROM {t}
+                WHERE name LIKE 'cuda.%_ms' AND target_pid >= 0 GROUP BY host, target_pid""",
+            combine="SELECT host, target_pid, sum(v) AS v FROM {t} GROUP BY host, target_pid",
+            order="host, target_pid",
+        ),
     )
     return {(str(h), int(p)): float(v or 0) / 1000.0 for h, p, v in rows}
 
@@ -606,17 +647,18 @@ def _order(stages: list[Stage]) -> list[Stage]:
     return out
 
 
-def workflow(run: Run, loop: Any = None) -> Workflow:
+def workflow(run: Run, loop: Any = None, ctx: dict[str, Any] | None = None) -> Workflow:
     """Every stage of the run, classified, with its resources and its place on the critical path.
 
     ``loop``: the main training loop's step statistics when the report has them already
     (``analyze.steps.StepStats``); the stage that holds all of its steps takes its phases from them
-    instead of joining every step again."""
+    instead of joining every step again. ``ctx``: the report's context; under ``--engine dask`` the
+    scans of whole tables run on the cluster (the queries of one stage's window stay on DuckDB)."""
     procs = _load_processes(run)
-    bounds = _sample_bounds(run)
-    facts = _span_facts(run)
-    writes = _traced_writes(run)
-    proc_stages, owner = _process_stages(procs, bounds, _ticks(run))
+    bounds = _sample_bounds(run, ctx)
+    facts = _span_facts(run, ctx)
+    writes = _traced_writes(run, ctx)
+    proc_stages, owner = _process_stages(procs, bounds, _ticks(run, ctx))
     by_key = {(s.host, s.pid): s for s in proc_stages}
     # A parent seen only by the sampler has no recorded end; it waited for its children (the shell
     # of a pipeline), so it lasts at least until they ended.
@@ -652,11 +694,11 @@ def workflow(run: Run, loop: Any = None) -> Workflow:
     peaks = _rss_peaks(run, proc_stages)
     for st in proc_stages:
         st.max_rss_bytes = peaks.get(st.id, 0)
-    span_stages = _span_stages(run, by_key, owner)
+    span_stages = _span_stages(run, by_key, owner, ctx)
     for st in span_stages:
         _window_metrics(run, st)
     stages = proc_stages + span_stages
-    gpu = _gpu_by_process(run)
+    gpu = _gpu_by_process(run, ctx)
     for st in stages:
         st.gpu_s = _gpu_seconds(run, st, gpu)
         if st.steps > 0:
@@ -719,5 +761,5 @@ def stage_doc(st: Stage, wf: Workflow) -> dict[str, Any]:
 
 def stages_section(run: Run, ctx: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
     """The ``stages`` section of the report: one entry per stage, parents before children."""
-    wf = workflow(run, ctx.get("steps"))
+    wf = workflow(run, ctx.get("steps"), ctx)
     return [stage_doc(s, wf) for s in wf.stages], []

@@ -466,8 +466,8 @@ def loader_config(run: Run, proc: ProcKey) -> dict[str, Any]:
     has = run.con.execute(
         """SELECT count(*) FROM spans WHERE kind = 'op' AND name = 'dataloader' AND host = $host AND pid = $pid""",
         {"host": proc.host, "pid": proc.pid},
-    ).fetchone()
-    if not has or not has[0]:
+    ).fetchall()
+    if not has or not has[0][0]:
         return {}
     rows = run.con.execute(
         """WITH dw AS (
