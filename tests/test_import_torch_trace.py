@@ -289,6 +289,9 @@ def test_first_kineto_format_keeps_its_kernels_and_breakdown(tmp_path: os.PathLi
         op("Runtime", "cudaLaunchKernel", cpu, 1110, 10, cbid=211, correlation=12),
         op("Kernel", "volta_sgemm_128x32_nt", gpu, 1130, 6, device=0, stream=7, correlation=12),
         op("Runtime", "cudaLaunchKernel", "24610", 1200, 10, cbid=211, correlation=13),
+        # no evaluate_function wrapper in this format: the grad_fn ops are the autograd nodes
+        op("Operator", "MmBackward", cpu, 1300, 80, Device=pid),
+        op("Operator", "torch::autograd::AccumulateGrad", cpu, 1390, 20, Device=pid),
         op(
             "Kernel",
             "void at::native::vectorized_elementwise_kernel<4>",
@@ -338,9 +341,11 @@ def test_first_kineto_format_keeps_its_kernels_and_breakdown(tmp_path: os.PathLi
     assert got[("kernel", 7)] == 2  # "stream 7" is the GPU row of stream 7
     assert got[("gpu_memcpy", 7)] == 1
     assert got[("cuda_runtime", 24572)] == 2 and got[("cuda_runtime", 24610)] == 1
-    assert got[("cpu_op", 24572)] == 1
+    assert got[("cpu_op", 24572)] == 3
     ((step_ns,),) = _spans(out, "SELECT end_ns - start_ns FROM spans WHERE kind = 'step'")
     assert step_ns == 500_000
+    assert doc["phases"]["backward"]["total_s"] == pytest.approx(110e-6)  # MmBackward to AccumulateGrad
+    assert doc["phases"]["forward"]["total_s"] > 0
 
 
 @pytest.mark.parametrize("gz", [False, True])

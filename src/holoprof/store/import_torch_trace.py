@@ -573,7 +573,8 @@ def _span_parts(folder: str) -> str:
 
 def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
     """Backward and forward of each step, from the ops of the step's thread (one DuckDB pass):
-    backward spans the autograd work (``autograd::engine::evaluate_function``) that starts or ends in
+    backward spans the autograd work (``autograd::engine::evaluate_function``; in the first Kineto
+    format, which has no such wrapper, the grad_fn ops ``*Backward*`` and ``AccumulateGrad``) that starts or ends in
     the step, on the step's thread or on a thread with no steps (CUDA backward runs on autograd's
     device thread); forward spans the other CPU ops of the step that end before backward starts."""
     import duckdb
@@ -587,7 +588,12 @@ def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
                        WHERE kind IN ('step', 'op', 'comm')),
             st AS (SELECT tid, step AS n, start_ns AS a, end_ns AS b FROM s WHERE kind = 'step'),
             ag AS (SELECT tid, start_ns, end_ns FROM s
-                   WHERE kind = 'op' AND name LIKE 'autograd::engine::evaluate_function%'),
+                   WHERE kind = 'op' AND (name LIKE 'autograd::engine::evaluate_function%'
+                     -- the first Kineto format (PyTorch 1.8/1.9) has no evaluate_function wrapper:
+                     -- its autograd nodes are the grad_fn ops themselves (MmBackward, AccumulateGrad)
+                     OR ((name LIKE '%Backward%' OR name = 'torch::autograd::AccumulateGrad')
+                         AND NOT EXISTS (SELECT 1 FROM s WHERE kind = 'op'
+                                         AND name LIKE 'autograd::engine::evaluate_function%')))),
             bw AS (SELECT st.tid, st.n, st.a,
                           min(ag.start_ns) FILTER (WHERE ag.start_ns >= st.a AND ag.start_ns < st.b) AS b0,
                           max(ag.end_ns) FILTER (WHERE ag.end_ns > st.a AND ag.end_ns <= st.b) AS b1
