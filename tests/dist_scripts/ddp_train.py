@@ -8,7 +8,7 @@ seconds into the next; the process group has a short timeout so the others fail 
 synchronous all_reduce of the loss per step, outside any phase: exposed communication),
 ``DDP_COLLECTIVES=1`` (after training: broadcast, all_gather, async all_reduce, isend/irecv, barrier),
 ``DDP_HARD_EXIT=1`` (leave with ``os._exit(0)`` once the group is destroyed: an untraced gloo process
-aborts in about one run in five at interpreter exit, "terminate called without an active exception",
+aborts in about one run in eight at interpreter exit, "terminate called without an active exception",
 after its work is done; untraced reference runs use it so that only the training is compared).
 """
 
