@@ -159,7 +159,10 @@ class FileRow:
 
 def file_rows(run: Run, ctx: dict[str, Any] | None = None) -> list[FileRow]:
     """The last snapshot of every (process, module, file), with the counters the analyses use, in
-    (host, pid, module, path) order; on the Dask cluster under ``--engine dask`` (``ctx["engine"]``)."""
+    (host, pid, module, path) order; on the Dask cluster under ``--engine dask`` (``ctx["engine"]``).
+    Kept in ``ctx`` (the stages section reads them too): one scan of ``io_files`` per report."""
+    if ctx is not None and "io_file_rows" in ctx:
+        return list(ctx["io_file_rows"])
     out = []
     names = [a for a, _ in _SUMS] + [a for a, _ in _FLOATS]
     nb = len(model.DARSHAN_SIZE_BUCKETS)
@@ -178,7 +181,9 @@ def file_rows(run: Run, ctx: dict[str, Any] | None = None) -> list[FileRow]:
                 [int(x or 0) for x in buckets],
             )
         )
-    return out
+    if ctx is not None:
+        ctx["io_file_rows"] = out
+    return list(out)
 
 
 def dump_rows(run: Run, known: set[tuple[str, int]]) -> list[FileRow]:

@@ -242,7 +242,6 @@ def _write_io(
     its counters half-way through the run (half its reads done) and the final one at the end."""
     import numpy as np
 
-    from holoprof import model
     from holoprof.store.chunks import write_chunk
 
     tag = rank if rank >= 0 else 0
