@@ -74,6 +74,27 @@ def test_steps_are_optimizer_steps(standard_run: TracedRun) -> None:
     assert main_process(standard_run.report)["steps"] == steps["count"]
 
 
+def test_a_traced_runs_steps_are_scanned_in_one_streamed_pass(standard_run: TracedRun) -> None:
+    """A compacted run holds each step's spans one after another: the report's per-step table comes
+    from one pass in file order, equal to DuckDB's aggregation by step and to the plain join."""
+    import holoprof
+    from holoprof.analyze.steps import _join_steps, _scan_steps, _stats, step_processes
+
+    run = holoprof.load(standard_run.run_dir)
+    main = step_processes(run)[0]
+    streamed = _scan_steps(run, main)
+    assert streamed.how == "stream"
+    hashed = _scan_steps(run, main, stream=False)
+    joined = _join_steps(run, main, hashed.epochs)
+    fast, by_hash, plain = (_stats(ps, main, 120) for ps in (streamed, hashed, joined))
+    assert fast.count == standard_run.report["steps"]["count"] > 0
+    assert fast == by_hash
+    assert fast.total_s == pytest.approx(plain.total_s, rel=1e-12)
+    for p, ps in plain.phases.items():
+        assert fast.phases[p].total_s == pytest.approx(ps.total_s, rel=1e-12), p
+        assert fast.phases[p].median_s == pytest.approx(ps.median_s, rel=1e-12), p
+
+
 def test_phase_fractions_cover_every_phase_and_sum_to_one(standard_run: TracedRun) -> None:
     phases = standard_run.report["phases"]
     assert set(phases) >= set(PHASES), "every phase of the design is present"

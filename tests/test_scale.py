@@ -196,7 +196,9 @@ def test_step_statistics_equal_the_plain_join_when_phases_cross_their_steps(tmp_
         seq=900,
     )
     run = holoprof.load(out)
-    fast = _stats(_scan_steps(run, main), main, 120)
+    scanned = _scan_steps(run, main)
+    assert scanned.how == "hash"  # the late chunk puts steps 5 and 7 after step 1999: not in order
+    fast = _stats(scanned, main, 120)
     plain = _stats(_join_steps(run, main, fast.epochs), main, 120)
     assert fast.count == plain.count == 2_001
     for key in ("median_s", "p90_s", "mean_s", "per_s", "total_s", "first_start_ns", "last_end_ns"):
@@ -211,6 +213,111 @@ def test_step_statistics_equal_the_plain_join_when_phases_cross_their_steps(tmp_
     assert outside_steps(run, main, fast) == pytest.approx(by_sql, rel=1e-12)
     assert by_sql["custom"] == pytest.approx(0.002) and by_sql["eval"] > 0.003
     assert by_sql["checkpoint"] == pytest.approx(0.001)
+
+
+def _assert_same_steps(a: object, b: object) -> None:
+    for key in (
+        "count",
+        "epochs",
+        "median_s",
+        "p90_s",
+        "mean_s",
+        "per_s",
+        "total_s",
+        "first_start_ns",
+        "last_end_ns",
+    ):
+        assert getattr(a, key) == pytest.approx(getattr(b, key), rel=1e-12), key
+    for p, ps in b.phases.items():  # type: ignore[attr-defined]
+        got = a.phases[p]  # type: ignore[attr-defined]
+        for key in ("total_s", "median_s", "median_share", "fraction"):
+            assert getattr(got, key) == pytest.approx(getattr(ps, key), rel=1e-12, abs=1e-15), (p, key)
+    assert len(a.timeline) == len(b.timeline)  # type: ignore[attr-defined]
+    for x, y in zip(a.timeline, b.timeline, strict=True):  # type: ignore[attr-defined]
+        assert x == pytest.approx(y, rel=1e-9)
+    assert (a.outside_ns or {}) == pytest.approx(b.outside_ns or {}, rel=1e-12)  # type: ignore[attr-defined]
+
+
+def test_the_streamed_step_scan_equals_duckdbs_aggregation_and_the_join(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After compaction a process's spans are in start order: steps are scanned in one streamed pass,
+    groups cut where the step index changes, with no hash table. Tiny batches put groups across batch
+    boundaries; the odd records (a phase crossing its step's end, a step index used twice, phases
+    with no step index or with an index no step has, epochs) keep their order and take the same
+    exact paths as in DuckDB's aggregation. A memory limit too small for the scan falls back to it."""
+    from holoprof.analyze import steps as steps_mod
+    from holoprof.analyze.steps import _join_steps, _scan_steps, _stats, step_processes
+    from holoprof.store.chunks import write_chunk
+    from holoprof.store.compact import compact_run
+
+    out = os.path.join(str(tmp_path), "run")
+    generate_run(out, steps=600, chunk_steps=200)
+    run = holoprof.load(out)
+    main = step_processes(run)[0]
+    (s0, _), (_, e5), (s7, e7), (_, e_last) = (
+        run.rows(f"SELECT start_ns, end_ns FROM spans WHERE kind = 'step' AND step = {k}")[0]
+        for k in (0, 5, 7, 599)
+    )
+    extra = [  # (kind, name, start, end, step)
+        ("epoch", "epoch", s0 - 10, e_last, 0),
+        ("phase", "forward", e5 - 100, e5 + 9_000_000, 5),  # ends after its step
+        ("step", "step", s7 + 10, e7 + 20, 7),  # the same step index twice
+        ("phase", "checkpoint", 7, 1_000_007, None),  # no index at all
+        ("phase", "custom", e_last + 5, e_last + 2_000_005, 10**6),  # an index no step has
+        ("phase", "eval", e_last + 10, e_last + 3_000_010, 10**6),
+    ]
+    n = len(extra)
+    write_chunk(
+        run.chunks.folders[0],
+        "spans",
+        {
+            "host": [main.host] * n,
+            "pid": [main.pid] * n,
+            "rank": [-1] * n,
+            "tid": [main.tid] * n,
+            "span_id": list(range(10**12, 10**12 + n)),
+            "parent_id": [0] * n,
+            "kind": [k for k, *_ in extra],
+            "name": [x[1] for x in extra],
+            "start_ns": [x[2] for x in extra],
+            "end_ns": [x[3] for x in extra],
+            "step": [x[4] for x in extra],
+            "attrs": [None] * n,
+        },
+        seq=900,
+    )
+    assert _scan_steps(holoprof.load(out), main).how == "hash"  # the late chunk is out of order
+    compact_run(out)
+    run = holoprof.load(out)
+    monkeypatch.setattr(steps_mod, "_BATCH_ROWS", 7)
+    streamed = _scan_steps(run, main)
+    assert streamed.how == "stream" and not streamed.unique_steps  # step 7 twice
+    hashed = _scan_steps(run, main, stream=False)
+    assert hashed.how == "hash"
+    joined = _join_steps(run, main, hashed.epochs)
+    fast, by_hash, plain = (_stats(ps, main, 120) for ps in (streamed, hashed, joined))
+    assert fast.count == 601 and fast.epochs == 1
+    assert fast.outside_ns == pytest.approx({"checkpoint": 1e6, "custom": 2e6, "eval": 3e6})
+    _assert_same_steps(fast, by_hash)
+    _assert_same_steps(fast, plain)
+
+
+def test_a_step_scan_out_of_its_memory_limit_gives_way_to_duckdbs_aggregation(
+    synth: tuple[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from holoprof.analyze import steps as steps_mod
+    from holoprof.analyze.steps import _scan_steps, _stats, step_processes
+
+    run = holoprof.load(synth[0])
+    for proc in step_processes(run):
+        streamed = _scan_steps(run, proc)
+        assert streamed.how == "stream"
+        with monkeypatch.context() as m:
+            m.setattr(steps_mod, "scan_memory_limit", lambda threads: 2**20)  # DuckDB runs out at 1 MiB
+            starved = _scan_steps(run, proc)
+        assert starved.how == "hash"
+        _assert_same_steps(_stats(starved, proc, 120), _stats(streamed, proc, 120))
 
 
 def test_a_memory_limit_too_small_is_one_line_and_exit_2(synth: tuple[str, object]) -> None:

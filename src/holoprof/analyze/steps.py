@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.store.reader import Run
+from holoprof.store.reader import Run, is_out_of_memory, scan_memory_limit
 
 NS = 1e9
 
@@ -122,44 +122,46 @@ _OUTSIDE_SQL = """
 
 
 class _Column:
-    """A column of per-step integers gathered batch by batch, kept as int32 where the values fit and
-    not at all while it is only zeros (most phase names never occur in a run)."""
+    """A column of per-step integers written batch by batch into one array sized for the process's
+    step spans (grown if ever too small), int32 while the values fit and int64 after. The array is
+    zero-filled by the OS page by page: a phase that never occurs (most of them) and the part never
+    written take no memory."""
 
-    def __init__(self) -> None:
-        self.parts: list[Any] = []  # arrays, or ints: a run of that many zeros
+    def __init__(self, size: int) -> None:
+        self.size = max(1, size)
+        self.a: Any = None
+        self.n = 0
         self.nonzero = False
 
     def add(self, values: Any) -> None:
         import numpy as np
 
-        if len(values) == 0:
+        k = len(values)
+        if k == 0:
             return
         lo, hi = int(values.min()), int(values.max())
-        if lo == 0 and hi == 0:
-            self.parts.append(len(values))
-            return
-        self.nonzero = True
-        fits = lo >= -(2**31) and hi < 2**31
-        self.parts.append(values.astype(np.int32) if fits else np.asarray(values, dtype=np.int64))
+        if self.n + k > self.size:
+            self.size = max(2 * self.size, self.n + k)
+            if self.a is not None:
+                grown = np.zeros(self.size, dtype=self.a.dtype)
+                grown[: self.n] = self.a[: self.n]
+                self.a = grown
+        if lo != 0 or hi != 0:
+            self.nonzero = True
+            if self.a is None:
+                self.a = np.zeros(self.size, dtype=np.int32)
+            if self.a.dtype == np.int32 and not (lo >= -(2**31) and hi < 2**31):
+                self.a = self.a.astype(np.int64)
+            self.a[self.n : self.n + k] = values
+        self.n += k
 
     def array(self, zeros_as_none: bool = True) -> Any:
         """The whole column (int32 or int64); None when it is all zeros (if ``zeros_as_none``)."""
         import numpy as np
 
-        if not self.nonzero and zeros_as_none:
-            return None
-        wide = any(not isinstance(p, int) and p.dtype == np.int64 for p in self.parts)
-        dtype = np.int64 if wide else np.int32
-        n = sum(p if isinstance(p, int) else len(p) for p in self.parts)
-        out = np.zeros(n, dtype=dtype)
-        i = 0
-        for p in self.parts:
-            if isinstance(p, int):
-                i += p
-            else:
-                out[i : i + len(p)] = p
-                i += len(p)
-        self.parts = []
+        if not self.nonzero:
+            return None if zeros_as_none else np.zeros(self.n, dtype=np.int32)
+        out, self.a = self.a[: self.n], None
         return out
 
 
@@ -175,14 +177,15 @@ class _PerStep:
     epochs: int
     outside_ns: dict[str, float]  # phase time recorded outside any step, by name
     unique_steps: bool  # no step index appears twice
+    how: str = "stream"  # how the steps were scanned: "stream" (in file order), "hash" (DuckDB), "join"
 
 
 class _Gather:
     """The per-step columns being gathered, batch by batch, and the window of the steps seen."""
 
-    def __init__(self) -> None:
-        self.step, self.dur = _Column(), _Column()
-        self.cols = {p: _Column() for p in _PHASE_COLS}
+    def __init__(self, size: int) -> None:
+        self.step, self.dur = _Column(size), _Column(size)
+        self.cols = {p: _Column(size) for p in _PHASE_COLS}
         self.first: int | None = None
         self.last: int | None = None
 
@@ -206,7 +209,7 @@ class _Gather:
             {p: b.column(p).to_numpy() for p in _PHASE_COLS},
         )
 
-    def result(self, epochs: int, outside_ns: dict[str, float], unique: bool) -> _PerStep:
+    def result(self, epochs: int, outside_ns: dict[str, float], unique: bool, how: str) -> _PerStep:
         return _PerStep(
             step=self.step.array(zeros_as_none=False),
             dur=self.dur.array(zeros_as_none=False),
@@ -216,6 +219,7 @@ class _Gather:
             epochs=epochs,
             outside_ns=outside_ns,
             unique_steps=unique,
+            how=how,
         )
 
 
@@ -223,17 +227,68 @@ def _arrow_reader(cur: Any, sql: str, params: dict[str, Any]) -> Any:
     return cur.sql(sql, params=params).to_arrow_reader(_BATCH_ROWS)
 
 
-def _scan_steps(run: Run, proc: ProcKey) -> _PerStep:
-    """One aggregation of the spans by step index gives each step's window and the summed duration
-    of each of its phases. When every phase of a step lies inside the step's window (the usual
-    case) that sum is exactly the clipped sum; the other steps (phases crossing the window, a step
-    index used twice) are computed by the exact join, restricted to them. Results stream in batches
-    into compact arrays: DuckDB's aggregate stays within its memory limit, Python holds the arrays."""
+_I64_MAX = (1 << 63) - 1
+_I64_MIN = -(1 << 63)
+#: the per-step aggregates, as both scans give them (see :class:`_Groups`)
+_MIN_FIELDS = ("s", "p_lo", "p_min")
+_MAX_FIELDS = ("e", "p_hi")
+_SUM_FIELDS = ("n_step", "n_unknown", *_PHASE_COLS)
+
+
+class _Unsorted(Exception):
+    """The spans of a step are not one contiguous run in file order: the streamed pass gives up."""
+
+
+class _Groups:
+    """What one scan of a process's step, epoch and phase spans tells, group by group (a group: the
+    spans of one step index). Both scans feed it: the streamed pass (:func:`_stream_groups`) and
+    DuckDB's aggregation by step. Steps whose phases lie inside their window go to the per-step
+    columns; the others are listed for the exact join."""
+
+    def __init__(self, size: int) -> None:
+        self.g = _Gather(size)
+        self.epochs = 0
+        self.outside = dict.fromkeys(_PHASE_COLS, 0)
+        self.fallback: list[Any] = []  # step indices to compute with the exact join
+        self.orphan: list[Any] = []  # step indices (with phases of unknown names) that no step span has
+        self.orphan_null = False
+        self.null_steps = False  # step spans without an index: only the plain join handles them
+
+    def null_group(self, n_step: int, n_unknown: int, sums: dict[str, int]) -> None:
+        """The spans without a step index (their phases are all outside any step)."""
+        self.null_steps = self.null_steps or n_step > 0
+        self.orphan_null = self.orphan_null or n_unknown > 0
+        for p in _PHASE_COLS:
+            self.outside[p] += int(sums.get(p, 0))
+
+    def add(self, d: dict[str, Any]) -> None:
+        """Groups with a step index: numpy arrays ``step`` and the fields above, where a min or max
+        over no span is the int64 bound that cannot win (s: max, e: min, ...)."""
+        import numpy as np
+
+        step, n_step = d["step"], d["n_step"]
+        s = np.where(n_step > 0, d["s"], 0)
+        e = np.where(n_step > 0, d["e"], -1)
+        p_min = np.where(d["p_min"] == _I64_MAX, 0, d["p_min"])
+        none = n_step == 0
+        exact = (n_step == 1) & (s <= e) & (p_min >= 0) & (d["p_lo"] >= s) & (d["p_hi"] <= e)
+        if none.any():  # phases whose step index no step span has: all outside
+            for p in _PHASE_COLS:
+                self.outside[p] += int(d[p][none].sum())
+            self.orphan.extend(step[none & (d["n_unknown"] > 0)].tolist())
+        redo = ~none & ~exact
+        if redo.any():
+            self.fallback.extend(step[redo].tolist())
+        self.g.add(step[exact], s[exact], e[exact], {p: d[p][exact] for p in _PHASE_COLS})
+
+
+def _sql_groups(cur: Any, params: dict[str, Any], acc: _Groups) -> None:
+    """DuckDB's aggregation of the spans by step index (any order on disk; a hash table of one entry
+    per step, which spills past the memory limit)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     known = ", ".join(f"'{p}'" for p in _PHASE_COLS)
     sums = ",\n".join(
         f"sum(end_ns - start_ns) FILTER (WHERE kind = 'phase' AND name = '{p}')::BIGINT AS {p}"
@@ -253,49 +308,129 @@ def _scan_steps(run: Run, proc: ProcKey) -> _PerStep:
         FROM spans
         WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND tid = $tid))
         GROUP BY step"""
-    cur = run.con.cursor()
-    g = _Gather()
-    epochs = 0
-    outside = dict.fromkeys(_PHASE_COLS, 0)
-    fallback: list[Any] = []  # step indices to compute with the exact join
-    orphan: list[Any] = []  # step indices (with phases of unknown names) that no step span has
-    orphan_null = False
-    null_steps = False
+    fill = {"s": _I64_MAX, "p_lo": _I64_MAX, "p_min": _I64_MAX, "e": _I64_MIN, "p_hi": _I64_MIN}
     for b in _arrow_reader(cur, sql, params):
-        d = {name: b.column(i) for i, name in enumerate(b.schema.names)}
-        epochs += int(pc.sum(d["n_epoch"]).as_py() or 0)
-        step = d["step"].to_numpy(zero_copy_only=False)  # float with NaN where null
-        n_step = d["n_step"].to_numpy()
-        if d["step"].null_count:
-            nulls = np.asarray(d["step"].is_null())
-            if (n_step[nulls] > 0).any():
-                null_steps = True  # steps without an index: only the plain join handles them
-            if (d["n_unknown"].to_numpy()[nulls] > 0).any():
-                orphan_null = True
-            for p in _PHASE_COLS:
-                outside[p] += int(pc.sum(d[p].filter(pa.array(nulls))).as_py() or 0)
-            keep = pa.array(~nulls)
-            d = {k: v.filter(keep) for k, v in d.items()}
-            step = d["step"].to_numpy()
-            n_step = d["n_step"].to_numpy()
-        s = d["s"].fill_null(0).to_numpy()
-        e = d["e"].fill_null(-1).to_numpy()
-        p_lo = d["p_lo"].fill_null(np.iinfo(np.int64).max).to_numpy()
-        p_hi = d["p_hi"].fill_null(np.iinfo(np.int64).min).to_numpy()
-        p_min = d["p_min"].fill_null(0).to_numpy()
-        none = n_step == 0
-        exact = (n_step == 1) & (s <= e) & (p_min >= 0) & (p_lo >= s) & (p_hi <= e)
-        if none.any():  # phases whose step index no step span has: all outside
-            for p in _PHASE_COLS:
-                outside[p] += int(np.nansum(d[p].fill_null(0).to_numpy()[none]))
-            unknown = none & (d["n_unknown"].to_numpy() > 0)
-            orphan.extend(step[unknown].tolist())
-        redo = ~none & ~exact
-        if redo.any():
-            fallback.extend(step[redo].tolist())
-        g.add(step[exact], s[exact], e[exact], {p: d[p].fill_null(0).to_numpy()[exact] for p in _PHASE_COLS})
-    if null_steps or len(fallback) > _FALLBACK_MAX:
-        return _join_steps(run, proc, epochs)
+        cols = {name: b.column(i) for i, name in enumerate(b.schema.names)}
+        acc.epochs += int(pc.sum(cols["n_epoch"]).as_py() or 0)
+        if cols["step"].null_count:
+            nulls = pa.array(np.asarray(cols["step"].is_null()))
+            at = {k: pc.sum(v.filter(nulls)).as_py() or 0 for k, v in cols.items() if k in _SUM_FIELDS}
+            acc.null_group(at["n_step"], at["n_unknown"], at)
+            cols = {k: v.filter(pc.invert(nulls)) for k, v in cols.items()}
+        acc.add({k: v.fill_null(fill.get(k, 0)).to_numpy() for k, v in cols.items() if k != "n_epoch"})
+
+
+def _stream_groups(run: Run, cur: Any, params: dict[str, Any], acc: _Groups) -> None:
+    """The same groups from one streamed pass over the spans in file order, with no hash table: after
+    compaction a process's spans are sorted by start time, so the spans of a step (its step span, then
+    its phases) follow one another and each group is cut where the step index changes. Memory is
+    one batch. Raises :class:`_Unsorted` as soon as a step index goes back (a step's spans split)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    codes = " ".join(f"WHEN '{p}' THEN {i + 2}" for i, p in enumerate(_PHASE_COLS))
+    sql = f"""
+        SELECT step, (CASE kind WHEN 'step' THEN 0 WHEN 'epoch' THEN 1
+                      ELSE CASE name {codes} ELSE -1 END END)::TINYINT AS c, start_ns, end_ns
+        FROM spans
+        WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND tid = $tid))"""
+    carry: dict[str, Any] | None = None  # the batch's last group: it may go on in the next batch
+    with run.ordered():
+        for b in _arrow_reader(cur, sql, params):
+            code = b.column(1).to_numpy()
+            start, end = b.column(2).to_numpy(), b.column(3).to_numpy()
+            acc.epochs += int(np.count_nonzero(code == 1))
+            col = b.column(0)
+            keep = code != 1
+            if col.null_count:
+                nulls = np.asarray(col.is_null())
+                at = nulls & keep
+                dur = end[at] - start[at]
+                sums = {p: int(dur[code[at] == i + 2].sum()) for i, p in enumerate(_PHASE_COLS)}
+                acc.null_group(
+                    int(np.count_nonzero(code[at] == 0)), int(np.count_nonzero(code[at] == -1)), sums
+                )
+                keep &= ~nulls
+                col = pc.fill_null(col, 0)
+            step = col.to_numpy()
+            if not keep.all():
+                step, code, start, end = step[keep], code[keep], start[keep], end[keep]
+            if len(step) == 0:
+                continue
+            if (step[1:] < step[:-1]).any() or (carry is not None and step[0] < carry["step"][0]):
+                raise _Unsorted
+            g = _segments(step, code, start, end)
+            if carry is not None:
+                if g["step"][0] == carry["step"][0]:
+                    for k in _MIN_FIELDS:
+                        g[k][0] = min(g[k][0], carry[k][0])
+                    for k in _MAX_FIELDS:
+                        g[k][0] = max(g[k][0], carry[k][0])
+                    for k in _SUM_FIELDS:
+                        g[k][0] += carry[k][0]
+                else:
+                    acc.add(carry)
+            carry = {k: v[-1:].copy() for k, v in g.items()}
+            acc.add({k: v[:-1] for k, v in g.items()})
+    if carry is not None:
+        acc.add(carry)
+
+
+def _segments(step: Any, code: Any, start: Any, end: Any) -> dict[str, Any]:
+    """The groups of a batch sorted by step index (one per run of equal indices)."""
+    import numpy as np
+
+    at = np.concatenate(([0], np.flatnonzero(step[1:] != step[:-1]) + 1))
+    is_step = code == 0
+    dur = end - start
+    g: dict[str, Any] = {
+        "step": step[at],
+        "n_step": np.add.reduceat(is_step.astype(np.int64), at),
+        "n_unknown": np.add.reduceat((code == -1).astype(np.int64), at),
+        "s": np.minimum.reduceat(np.where(is_step, start, _I64_MAX), at),
+        "e": np.maximum.reduceat(np.where(is_step, end, _I64_MIN), at),
+        "p_lo": np.minimum.reduceat(np.where(is_step, _I64_MAX, start), at),
+        "p_hi": np.maximum.reduceat(np.where(is_step, _I64_MIN, end), at),
+        "p_min": np.minimum.reduceat(np.where(is_step, _I64_MAX, dur), at),
+    }
+    seen = np.bincount(code + 1, minlength=len(_PHASE_COLS) + 3)
+    for i, p in enumerate(_PHASE_COLS):
+        if seen[i + 3]:
+            g[p] = np.add.reduceat(np.where(code == i + 2, dur, 0), at)
+        else:
+            g[p] = np.zeros(len(at), dtype=np.int64)
+    return g
+
+
+def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
+    """One scan of the spans by step index gives each step's window and the summed duration of each
+    of its phases. When every phase of a step lies inside the step's window (the usual case) that sum
+    is exactly the clipped sum; the other steps (phases crossing the window, a step index used twice)
+    are computed by the exact join, restricted to them. The scan is one streamed pass in file order
+    when each step's spans are contiguous there (runs compacted by holoprof), else DuckDB's
+    aggregation by step; either way results go batch by batch into compact arrays."""
+    import pyarrow as pa
+
+    params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
+    known = ", ".join(f"'{p}'" for p in _PHASE_COLS)
+    cur = run.con.cursor()
+    size = _step_spans(run, proc)
+    acc = _Groups(size)
+    how = "stream"
+    try:
+        if not stream:
+            raise _Unsorted
+        with run.lean_memory(scan_memory_limit(1)):
+            _stream_groups(run, cur, params, acc)
+    except Exception as exc:  # spans out of order, or a scan that needs more memory than foreseen
+        if not isinstance(exc, _Unsorted) and not is_out_of_memory(exc):
+            raise
+        acc = _Groups(size)
+        how = "hash"
+        _sql_groups(cur, params, acc)
+    epochs, outside, fallback, orphan = acc.epochs, acc.outside, acc.fallback, acc.orphan
+    if acc.null_steps or len(fallback) > _FALLBACK_MAX:
+        return _join_steps(run, proc, epochs, size)
     unique = True
     if fallback:
         # the exact join for those steps only: a step index repeated gives one row per step span
@@ -303,86 +438,104 @@ def _scan_steps(run: Run, proc: ProcKey) -> _PerStep:
         cond = "step IN (SELECT step FROM hp_redo_steps)"
         sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
         for b in _arrow_reader(cur, _per_step_sql(cond) + f"SELECT step, s, e, dur, {sel} FROM raw", params):
-            g.add_joined(b, b.column("step").to_numpy())
+            acc.g.add_joined(b, b.column("step").to_numpy())
         unique = False
         rows = cur.execute(
             _OUTSIDE_SQL.format(extra=f" AND {cond}", pextra=f" AND p.{cond}"), params
         ).fetchall()
         for name, ns in rows:
             outside[str(name)] = outside.get(str(name), 0) + int(ns or 0)
-    if orphan or orphan_null:
+    if orphan or acc.orphan_null:
         # phases of names outside the known ones, whose step no step span has: by name
         cur.register("hp_orphan_steps", pa.table({"step": pa.array(orphan, pa.int64())}))
         rows = cur.execute(
             f"""SELECT name, sum(end_ns - start_ns) FROM spans
                 WHERE kind = 'phase' AND host = $host AND pid = $pid AND tid = $tid
                   AND name NOT IN ({known})
-                  AND (step IN (SELECT step FROM hp_orphan_steps){" OR step IS NULL" if orphan_null else ""})
+                  AND (step IN (SELECT step FROM hp_orphan_steps){" OR step IS NULL" if acc.orphan_null else ""})
                 GROUP BY name""",
             params,
         ).fetchall()
         for name, ns in rows:
             outside[str(name)] = outside.get(str(name), 0) + int(ns or 0)
     cur.close()
-    return g.result(epochs, {k: float(v) for k, v in outside.items() if v}, unique)
+    return acc.g.result(epochs, {k: float(v) for k, v in outside.items() if v}, unique, how)
 
 
-def _join_steps(run: Run, proc: ProcKey, epochs: int) -> _PerStep:
+def _step_spans(run: Run, proc: ProcKey) -> int:
+    """How many step spans ``proc`` recorded: at most one per-step row each."""
+    rows = run.con.execute(
+        "SELECT count(*) FROM spans WHERE kind = 'step' AND host = $host AND pid = $pid",
+        {"host": proc.host, "pid": proc.pid},
+    ).fetchall()
+    return int(rows[0][0]) if rows else 0
+
+
+def _join_steps(run: Run, proc: ProcKey, epochs: int, size: int | None = None) -> _PerStep:
     """The per-step table by the plain join over all steps (when the shortcut does not apply)."""
     import numpy as np
 
     params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     cur = run.con.cursor()
-    g = _Gather()
+    g = _Gather(_step_spans(run, proc) if size is None else size)
     sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
     for b in _arrow_reader(cur, _per_step_sql() + f"SELECT step, s, e, dur, {sel} FROM raw", params):
         # a step span without an index sorts last, as ORDER BY step puts it
         g.add_joined(b, b.column("step").fill_null(np.iinfo(np.int64).max).to_numpy())
     rows = cur.execute(_OUTSIDE_SQL.format(extra="", pextra=""), params).fetchall()
     cur.close()
-    return g.result(epochs, {str(n): float(v or 0) for n, v in rows if v}, False)
+    return g.result(epochs, {str(n): float(v or 0) for n, v in rows if v}, False, "join")
 
 
 def step_stats(run: Run, proc: ProcKey, timeline_points: int = 120) -> StepStats:
     """Step and phase statistics of ``proc``'s training loop (medians over its steps)."""
-    import duckdb
-
     try:
         with run.lean_memory() as lowered:
             ps = _scan_steps(run, proc)
-    except duckdb.OutOfMemoryException:
-        if not lowered:
+    except Exception as exc:
+        if not lowered or not is_out_of_memory(exc):
             raise
         ps = _scan_steps(run, proc)  # again at the run's default limit
     return _stats(ps, proc, timeline_points)
 
 
 def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
+    """Statistics of the per-step arrays. Written for memory: per phase at most one array the size
+    of a column is made at a time (the arrays of a long run are tens of MiB each)."""
     import numpy as np
 
     count = len(ps.step)
     dur = ps.dur
     present = {p: v for p, v in ps.phases.items() if v is not None}
-    measured: Any = None
-    for v in present.values():
-        measured = v.astype(np.int64) if measured is None else measured + v
     f: Any = None  # per-step scale factor where the phases add up to more than the step
-    if measured is not None:
+    other: Any = dur
+    if present:
+        measured: Any = None
+        for v in present.values():
+            if measured is None:
+                measured = v.astype(np.int64)
+            else:
+                measured += v
         over = (measured > dur) & (measured > 0)
         if over.any():
             f = np.ones(count)
             f[over] = dur[over] / measured[over]
+            other = np.maximum(dur - measured * f, 0)
+        else:  # never more than the step: the rest of it fits the step's type
+            np.subtract(dur, measured, out=measured)
+            np.maximum(measured, 0, out=measured)
+            other = measured.astype(dur.dtype)
+        del measured, over
 
     def values(p: str) -> Any:
         if p == "other":
-            if measured is None:
-                return dur
-            return np.maximum(dur - measured, 0) if f is None else np.maximum(dur - measured * f, 0)
+            return other
         v = present.get(p)
         return v if v is None or f is None else v * f
 
     total = float(dur.sum(dtype=np.int64)) if count else 0.0
-    safe_dur = np.maximum(dur, 1) if count else dur
+    safe_dur = dur if not count or int(dur.min()) >= 1 else np.maximum(dur, 1)
+    share = np.empty(count)  # one buffer for every phase's per-step share of its step
     phases: dict[str, PhaseStat] = {}
     for p in (*_PHASE_COLS, "other"):
         v = values(p)
@@ -390,12 +543,14 @@ def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
             phases[p] = PhaseStat(fraction=0.0, total_s=0.0, median_s=0.0, median_share=0.0)
             continue
         tot = float(v.sum(dtype=np.int64 if v.dtype.kind == "i" else np.float64))
+        np.divide(v, safe_dur, out=share)
         phases[p] = PhaseStat(
             fraction=(tot / total) if total > 0 else 0.0,
             total_s=tot / NS,
             median_s=float(np.median(v)) / NS,
-            median_share=float(np.median(v / safe_dur)),
+            median_share=float(np.median(share, overwrite_input=True)),
         )
+    del share
     # make the fractions sum to exactly 1 despite float rounding: put the residue on `other`
     if total > 0:
         residue = 1.0 - sum(ps_.fraction for ps_ in phases.values())
@@ -406,23 +561,35 @@ def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
     if count:
         k = max(1, -(-count // timeline_points))
         nb = -(-count // k)
-        lo = int(ps.step.min())
-        if ps.unique_steps and int(ps.step.max()) - lo + 1 == count:
-            bucket = (ps.step - lo) // k  # indices 0..n-1 with none missing: the rank is the index
-            starts = lo + np.arange(nb, dtype=np.int64) * k
+        at = np.arange(0, count, k)
+        names = ["step", "step_s", *_PHASE_COLS, "other"]
+        cols: dict[str, Any] = {}
+        if ps.unique_steps and bool((ps.step[1:] > ps.step[:-1]).all()):
+            # in step order already (the streamed scan): buckets are runs of k entries
+            n_in = np.diff(np.append(at, count)).astype(np.float64)
+            cols["step"] = ps.step[at].astype(np.float64)
+            for name, v in (("step_s", dur), *((p, values(p)) for p in (*_PHASE_COLS, "other"))):
+                cols[name] = (
+                    np.zeros(nb)
+                    if v is None
+                    else np.add.reduceat(v, at, dtype=np.int64 if v.dtype.kind == "i" else np.float64)
+                    / n_in
+                    / 1e9
+                )
         else:
             order = np.argsort(ps.step, kind="stable")
             bucket = np.empty(count, dtype=np.int64)
             bucket[order] = np.arange(count, dtype=np.int64) // k
-            starts = np.minimum.reduceat(ps.step[order], np.arange(0, count, k))
+            cols["step"] = np.minimum.reduceat(ps.step[order], at).astype(np.float64)
             del order
-        n_in = np.bincount(bucket, minlength=nb).astype(np.float64)
-        cols: dict[str, Any] = {"step": starts.astype(np.float64)}
-        cols["step_s"] = np.bincount(bucket, weights=dur, minlength=nb) / n_in / 1e9
-        for p in (*_PHASE_COLS, "other"):
-            v = values(p)
-            cols[p] = np.zeros(nb) if v is None else np.bincount(bucket, weights=v, minlength=nb) / n_in / 1e9
-        names = ["step", "step_s", *_PHASE_COLS, "other"]
+            n_in = np.bincount(bucket, minlength=nb).astype(np.float64)
+            cols["step_s"] = np.bincount(bucket, weights=dur, minlength=nb) / n_in / 1e9
+            for p in (*_PHASE_COLS, "other"):
+                v = values(p)
+                cols[p] = (
+                    np.zeros(nb) if v is None else np.bincount(bucket, weights=v, minlength=nb) / n_in / 1e9
+                )
+            del bucket
         timeline = [{n: float(cols[n][i]) for n in names} for i in range(nb)]
     return StepStats(
         proc=proc,

@@ -50,7 +50,8 @@ class Run:
             )
         self.filter = where or Filter()
         self.con = duckdb.connect(":memory:")
-        self.con.execute(f"SET threads TO {threads or max(1, min(os.cpu_count() or 1, 8))}")
+        self.threads = threads or max(1, min(os.cpu_count() or 1, 8))
+        self.con.execute(f"SET threads TO {self.threads}")
         # Bounded memory on large runs: DuckDB spills to a private temporary directory past the limit.
         self.con.execute("SET preserve_insertion_order = false")
         self.user_memory_limit = os.environ.get("HOLOPROF_MEMORY_LIMIT")
@@ -144,21 +145,38 @@ class Run:
         return self.con.execute(query, params or []).fetchall()
 
     @contextmanager
-    def lean_memory(self) -> Iterator[bool]:
-        """Run the queries inside with DuckDB's memory limit lowered to :func:`lean_memory_limit` (for
-        the big aggregations, whose hash tables spill to disk past it). Yields whether the limit was
-        lowered; a query that still runs out should be run again outside (at the default limit)."""
+    def lean_memory(self, limit: int | None = None) -> Iterator[bool]:
+        """Run the queries inside with DuckDB's memory limit lowered to ``limit`` bytes, by default
+        :func:`lean_memory_limit` (for the big aggregations, whose hash tables spill to disk past it).
+        Yields whether the limit was lowered; a query that still runs out should be run again outside
+        (at the default limit). DuckDB keeps what it has read in memory up to its limit, so a
+        streamed scan is lean under a small one (:func:`scan_memory_limit`)."""
         if self.user_memory_limit:  # the user's limit holds for every query
             yield False
             return
         before = self.con.execute("SELECT current_setting('memory_limit')").fetchone()
-        self.con.execute(f"SET memory_limit = '{lean_memory_limit(self.disk_bytes) // 2**20}MiB'")
+        limit = lean_memory_limit(self.disk_bytes) if limit is None else limit
+        self.con.execute(f"SET memory_limit = '{max(1, limit // 2**20)}MiB'")
         try:
             yield True
         finally:
             self.con.execute(
                 f"SET memory_limit = {_sql_str(str(before[0]))}" if before else "RESET memory_limit"
             )
+
+    @contextmanager
+    def ordered(self) -> Iterator[None]:
+        """Run the queries inside with their rows in file order, on one thread: a streamed scan in
+        order gains little from a second reader (0.54 s against 0.78 s for 10 M spans) and would hold
+        its row groups too (20 MiB more). Insertion order is off otherwise, as it costs the parallel
+        operators memory."""
+        self.con.execute("SET preserve_insertion_order = true")
+        self.con.execute("SET threads = 1")
+        try:
+            yield
+        finally:
+            self.con.execute("SET preserve_insertion_order = false")
+            self.con.execute(f"SET threads = {self.threads}")
 
     @cached_property
     def disk_bytes(self) -> int:
@@ -185,6 +203,19 @@ def default_memory_limit(disk_bytes: int) -> int:
 
 def lean_memory_limit(disk_bytes: int) -> int:
     return max(LEAN_FLOOR, min(int(disk_bytes), LEAN_CAP))
+
+
+def scan_memory_limit(threads: int) -> int:
+    """DuckDB's limit for a streamed scan that keeps nothing (a Parquet reader per thread): 32 MiB
+    and 16 MiB per thread. Given more, DuckDB keeps what it read up to the limit."""
+    return (32 + 16 * max(1, threads)) * 2**20
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """DuckDB ran out of its memory limit (raised as is, or through an Arrow stream as OSError)."""
+    return type(exc).__name__ == "OutOfMemoryException" or (
+        isinstance(exc, OSError) and "Out of Memory Error" in str(exc)
+    )
 
 
 @dataclass(frozen=True)
