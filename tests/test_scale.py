@@ -152,11 +152,36 @@ def test_a_run_generated_in_pieces_equals_one_generated_whole(tmp_path: object) 
         assert rank1["phases"][phase]["total_s"] == pytest.approx(ns / 1e9, abs=1e-6)
 
 
+def _late_chunk(run: object, main: object, extra: list[tuple[object, ...]]) -> None:
+    """Spans (kind, name, start, end, step) of ``main``'s loop thread, as one chunk written last."""
+    from holoprof.store.chunks import write_chunk
+
+    n = len(extra)
+    write_chunk(
+        run.chunks.folders[0],  # type: ignore[attr-defined]
+        "spans",
+        {
+            "host": [main.host] * n,  # type: ignore[attr-defined]
+            "pid": [main.pid] * n,  # type: ignore[attr-defined]
+            "rank": [-1] * n,
+            "tid": [main.tid] * n,  # type: ignore[attr-defined]
+            "span_id": list(range(10**12, 10**12 + n)),
+            "parent_id": [0] * n,
+            "kind": [x[0] for x in extra],
+            "name": [x[1] for x in extra],
+            "start_ns": [x[2] for x in extra],
+            "end_ns": [x[3] for x in extra],
+            "step": [x[4] for x in extra],
+            "attrs": [None] * n,
+        },
+        seq=900,
+    )
+
+
 def test_step_statistics_equal_the_plain_join_when_phases_cross_their_steps(tmp_path: object) -> None:
     """The per-step aggregation takes a shortcut for steps whose phases lie inside them; steps with
     phases crossing their window, repeated step indices and phases of no step take the exact join."""
     from holoprof.analyze.steps import _join_steps, _scan_steps, _stats, outside_steps, step_processes
-    from holoprof.store.chunks import write_chunk
 
     out = os.path.join(str(tmp_path), "run")
     generate_run(out, steps=2_000, chunk_steps=1_000)
@@ -174,27 +199,7 @@ def test_step_statistics_equal_the_plain_join_when_phases_cross_their_steps(tmp_
         ("phase", "custom", 5, 2_000_005, 10**6),
         ("phase", "checkpoint", 7, 1_000_007, None),  # no index at all
     ]
-    folder = run.chunks.folders[0]
-    n = len(extra)
-    write_chunk(
-        folder,
-        "spans",
-        {
-            "host": [main.host] * n,
-            "pid": [main.pid] * n,
-            "rank": [-1] * n,
-            "tid": [main.tid] * n,
-            "span_id": list(range(10**12, 10**12 + n)),
-            "parent_id": [0] * n,
-            "kind": [k for k, *_ in extra],
-            "name": [x[1] for x in extra],
-            "start_ns": [x[2] for x in extra],
-            "end_ns": [x[3] for x in extra],
-            "step": [x[4] for x in extra],
-            "attrs": [None] * n,
-        },
-        seq=900,
-    )
+    _late_chunk(run, main, extra)
     run = holoprof.load(out)
     scanned = _scan_steps(run, main)
     assert scanned.how == "hash"  # the late chunk puts steps 5 and 7 after step 1999: not in order
@@ -248,7 +253,6 @@ def test_the_streamed_step_scan_equals_duckdbs_aggregation_and_the_join(
     exact paths as in DuckDB's aggregation. A memory limit too small for the scan falls back to it."""
     from holoprof.analyze import steps as steps_mod
     from holoprof.analyze.steps import _join_steps, _scan_steps, _stats, step_processes
-    from holoprof.store.chunks import write_chunk
     from holoprof.store.compact import compact_run
 
     out = os.path.join(str(tmp_path), "run")
@@ -267,26 +271,7 @@ def test_the_streamed_step_scan_equals_duckdbs_aggregation_and_the_join(
         ("phase", "custom", e_last + 5, e_last + 2_000_005, 10**6),  # an index no step has
         ("phase", "eval", e_last + 10, e_last + 3_000_010, 10**6),
     ]
-    n = len(extra)
-    write_chunk(
-        run.chunks.folders[0],
-        "spans",
-        {
-            "host": [main.host] * n,
-            "pid": [main.pid] * n,
-            "rank": [-1] * n,
-            "tid": [main.tid] * n,
-            "span_id": list(range(10**12, 10**12 + n)),
-            "parent_id": [0] * n,
-            "kind": [k for k, *_ in extra],
-            "name": [x[1] for x in extra],
-            "start_ns": [x[2] for x in extra],
-            "end_ns": [x[3] for x in extra],
-            "step": [x[4] for x in extra],
-            "attrs": [None] * n,
-        },
-        seq=900,
-    )
+    _late_chunk(run, main, extra)
     assert _scan_steps(holoprof.load(out), main).how == "hash"  # the late chunk is out of order
     compact_run(out)
     run = holoprof.load(out)
