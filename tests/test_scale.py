@@ -288,6 +288,31 @@ def test_the_streamed_step_scan_equals_duckdbs_aggregation_and_the_join(
     _assert_same_steps(fast, plain)
 
 
+def test_a_span_without_an_end_and_the_memory_limit_after_a_report(tmp_path: object) -> None:
+    """A span without an end cannot take the streamed pass: DuckDB's aggregation skips it, as before.
+    The lowered limits of the scans are undone exactly: the run's limit is the same after a report."""
+    from holoprof.analyze.steps import _scan_steps, _stats, step_processes
+    from holoprof.store.compact import compact_run
+
+    out = os.path.join(str(tmp_path), "run")
+    generate_run(out, steps=300, chunk_steps=100)
+    run = holoprof.load(out)
+    main = step_processes(run)[0]
+    s3 = run.rows("SELECT start_ns FROM spans WHERE kind = 'step' AND step = 3")[0][0]
+    _late_chunk(run, main, [("phase", "eval", s3 + 10, None, 3)])
+    compact_run(out)
+    run = holoprof.load(out)
+    run.con.execute("SET memory_limit = '1900MiB'")  # read back as 1.8 GiB
+    run.memory_limit = "1900MiB"
+    limit = run.con.execute("SELECT current_setting('memory_limit')").fetchone()
+    scanned = _scan_steps(run, main)
+    assert scanned.how == "hash"
+    _assert_same_steps(_stats(scanned, main, 120), _stats(_scan_steps(run, main, stream=False), main, 120))
+    build_report(run)
+    assert run.con.execute("SELECT current_setting('memory_limit')").fetchone() == limit
+    assert run.memory_limit == "1900MiB"
+
+
 def test_a_step_scan_out_of_its_memory_limit_gives_way_to_duckdbs_aggregation(
     synth: tuple[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -127,11 +127,12 @@ def duckdb_rows(run: Run, agg: Aggregation) -> list[tuple[Any, ...]]:
     # on a cursor of its own: a result left half-read on the run's connection must not block it
     cur = run.con.cursor()
     try:
+        lowered = False
         try:  # most aggregations have few groups: DuckDB then needs little more than its readers
-            with run.lean_memory(scan_memory_limit(run.threads)):
+            with run.lean_memory(scan_memory_limit(run.threads)) as lowered:
                 tbl = cur.sql(sql, params=_params(sql, agg.params)).to_arrow_table()
         except Exception as exc:
-            if not is_out_of_memory(exc):
+            if not lowered or not is_out_of_memory(exc):
                 raise
             tbl = cur.sql(sql, params=_params(sql, agg.params)).to_arrow_table()
         return _table_rows(tbl)

@@ -236,7 +236,8 @@ _SUM_FIELDS = ("n_step", "n_unknown", *_PHASE_COLS)
 
 
 class _Unsorted(Exception):
-    """The spans of a step are not one contiguous run in file order: the streamed pass gives up."""
+    """The streamed pass cannot take these spans (a step's spans not one after another in file order, a
+    span without a start or an end): DuckDB's aggregation by step runs instead."""
 
 
 class _Groups:
@@ -337,6 +338,8 @@ def _stream_groups(run: Run, cur: Any, params: dict[str, Any], acc: _Groups) -> 
     carry: dict[str, Any] | None = None  # the batch's last group: it may go on in the next batch
     with run.ordered():
         for b in _arrow_reader(cur, sql, params):
+            if b.column(2).null_count or b.column(3).null_count:
+                raise _Unsorted  # a span without a start or an end: DuckDB's aggregation skips it
             code = b.column(1).to_numpy()
             start, end = b.column(2).to_numpy(), b.column(3).to_numpy()
             acc.epochs += int(np.count_nonzero(code == 1))
@@ -521,10 +524,11 @@ def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
             f = np.ones(count)
             f[over] = dur[over] / measured[over]
             other = np.maximum(dur - measured * f, 0)
-        else:  # never more than the step: the rest of it fits the step's type
+        else:
+            fits = int(measured.min()) >= 0  # then the rest of a step is within it: in the step's type
             np.subtract(dur, measured, out=measured)
             np.maximum(measured, 0, out=measured)
-            other = measured.astype(dur.dtype)
+            other = measured.astype(dur.dtype) if fits else measured
         del measured, over
 
     def values(p: str) -> Any:

@@ -58,6 +58,7 @@ class Run:
         limit = self.user_memory_limit or f"{default_memory_limit(self.disk_bytes) // 2**20}MiB"
         try:
             self.con.execute(f"SET memory_limit = {_sql_str(limit)}")
+            self.memory_limit = limit  # as set: DuckDB reads it back rounded
         except duckdb.Error as exc:
             raise HoloprofError(
                 f"HOLOPROF_MEMORY_LIMIT={limit!r} is not a memory size ({exc}); use e.g. 512MB or 2GB"
@@ -154,15 +155,15 @@ class Run:
         if self.user_memory_limit:  # the user's limit holds for every query
             yield False
             return
-        before = self.con.execute("SELECT current_setting('memory_limit')").fetchone()
+        before = self.memory_limit
         limit = lean_memory_limit(self.disk_bytes) if limit is None else limit
-        self.con.execute(f"SET memory_limit = '{max(1, limit // 2**20)}MiB'")
+        self.memory_limit = f"{max(1, limit // 2**20)}MiB"
+        self.con.execute(f"SET memory_limit = {_sql_str(self.memory_limit)}")
         try:
             yield True
         finally:
-            self.con.execute(
-                f"SET memory_limit = {_sql_str(str(before[0]))}" if before else "RESET memory_limit"
-            )
+            self.memory_limit = before
+            self.con.execute(f"SET memory_limit = {_sql_str(before)}")
 
     @contextmanager
     def ordered(self) -> Iterator[None]:
@@ -170,13 +171,17 @@ class Run:
         order gains little from a second reader (0.54 s against 0.78 s for 10 M spans) and would hold
         its row groups too (20 MiB more). Insertion order is off otherwise, as it costs the parallel
         operators memory."""
+        row = self.con.execute(
+            "SELECT current_setting('preserve_insertion_order'), current_setting('threads')"
+        ).fetchone()
+        order, threads = (bool(row[0]), int(row[1])) if row else (False, self.threads)
         self.con.execute("SET preserve_insertion_order = true")
         self.con.execute("SET threads = 1")
         try:
             yield
         finally:
-            self.con.execute("SET preserve_insertion_order = false")
-            self.con.execute(f"SET threads = {self.threads}")
+            self.con.execute(f"SET preserve_insertion_order = {str(order).lower()}")
+            self.con.execute(f"SET threads = {threads}")
 
     @cached_property
     def disk_bytes(self) -> int:
