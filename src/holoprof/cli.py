@@ -247,7 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except Exception as exc:
         # Python's own, or DuckDB's past its memory limit
-        if not isinstance(exc, MemoryError) and type(exc).__name__ != "OutOfMemoryException":
+        from holoprof.store.reader import is_out_of_memory
+
+        if not isinstance(exc, MemoryError) and not is_out_of_memory(exc):
             raise
         sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
         return 2

@@ -44,7 +44,7 @@ from holoprof import model
 from holoprof.analyze.resources import Resources, SeriesStat
 from holoprof.analyze.steps import NS, PhaseStat, ProcKey, StepStats
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store.reader import Filter, Run, is_out_of_memory, scan_memory_limit
+from holoprof.store.reader import Filter, Run, scan_memory_limit
 
 _PHASE_COLS = list(model.MEASURED_PHASES)
 #: Rows per partition of a sorted export stream (what the client holds at a time).
@@ -127,14 +127,11 @@ def duckdb_rows(run: Run, agg: Aggregation) -> list[tuple[Any, ...]]:
     # on a cursor of its own: a result left half-read on the run's connection must not block it
     cur = run.con.cursor()
     try:
-        lowered = False
-        try:  # most aggregations have few groups: DuckDB then needs little more than its readers
-            with run.lean_memory(scan_memory_limit(run.threads)) as lowered:
-                tbl = cur.sql(sql, params=_params(sql, agg.params)).to_arrow_table()
-        except Exception as exc:
-            if not lowered or not is_out_of_memory(exc):
-                raise
-            tbl = cur.sql(sql, params=_params(sql, agg.params)).to_arrow_table()
+        # most aggregations have few groups: DuckDB then needs little more than its readers
+        tbl = run.lean(
+            lambda: cur.sql(sql, params=_params(sql, agg.params)).to_arrow_table(),
+            scan_memory_limit(run.threads),
+        )
         return _table_rows(tbl)
     finally:
         cur.close()

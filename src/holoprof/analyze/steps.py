@@ -177,7 +177,7 @@ class _PerStep:
     epochs: int
     outside_ns: dict[str, float]  # phase time recorded outside any step, by name
     unique_steps: bool  # no step index appears twice
-    how: str = "stream"  # how the steps were scanned: "stream" (in file order), "hash" (DuckDB), "join"
+    how: str  # how the steps were scanned: "stream" (in file order), "hash" (DuckDB), "join"
 
 
 class _Gather:
@@ -419,17 +419,16 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
     cur = run.con.cursor()
     size = _step_spans(run, proc)
     acc = _Groups(size)
-    how = "stream"
-    try:
-        if not stream:
-            raise _Unsorted
-        with run.lean_memory(scan_memory_limit(1)):
-            _stream_groups(run, cur, params, acc)
-    except Exception as exc:  # spans out of order, or a scan that needs more memory than foreseen
-        if not isinstance(exc, _Unsorted) and not is_out_of_memory(exc):
-            raise
-        acc = _Groups(size)
-        how = "hash"
+    how = "stream" if stream else "hash"
+    if stream:
+        try:
+            with run.lean_memory(scan_memory_limit(1)):  # one thread: see Run.ordered
+                _stream_groups(run, cur, params, acc)
+        except Exception as exc:  # spans out of order, or a scan that needs more memory than foreseen
+            if not isinstance(exc, _Unsorted) and not is_out_of_memory(exc):
+                raise
+            acc, how = _Groups(size), "hash"
+    if how == "hash":
         _sql_groups(cur, params, acc)
     epochs, outside, fallback, orphan = acc.epochs, acc.outside, acc.fallback, acc.orphan
     if acc.null_steps or len(fallback) > _FALLBACK_MAX:
@@ -492,14 +491,7 @@ def _join_steps(run: Run, proc: ProcKey, epochs: int, size: int | None = None) -
 
 def step_stats(run: Run, proc: ProcKey, timeline_points: int = 120) -> StepStats:
     """Step and phase statistics of ``proc``'s training loop (medians over its steps)."""
-    try:
-        with run.lean_memory() as lowered:
-            ps = _scan_steps(run, proc)
-    except Exception as exc:
-        if not lowered or not is_out_of_memory(exc):
-            raise
-        ps = _scan_steps(run, proc)  # again at the run's default limit
-    return _stats(ps, proc, timeline_points)
+    return _stats(run.lean(lambda: _scan_steps(run, proc)), proc, timeline_points)
 
 
 def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
@@ -568,18 +560,11 @@ def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
         at = np.arange(0, count, k)
         names = ["step", "step_s", *_PHASE_COLS, "other"]
         cols: dict[str, Any] = {}
+        bucket: Any = None
         if ps.unique_steps and bool((ps.step[1:] > ps.step[:-1]).all()):
             # in step order already (the streamed scan): buckets are runs of k entries
             n_in = np.diff(np.append(at, count)).astype(np.float64)
             cols["step"] = ps.step[at].astype(np.float64)
-            for name, v in (("step_s", dur), *((p, values(p)) for p in (*_PHASE_COLS, "other"))):
-                cols[name] = (
-                    np.zeros(nb)
-                    if v is None
-                    else np.add.reduceat(v, at, dtype=np.int64 if v.dtype.kind == "i" else np.float64)
-                    / n_in
-                    / 1e9
-                )
         else:
             order = np.argsort(ps.step, kind="stable")
             bucket = np.empty(count, dtype=np.int64)
@@ -587,13 +572,15 @@ def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
             cols["step"] = np.minimum.reduceat(ps.step[order], at).astype(np.float64)
             del order
             n_in = np.bincount(bucket, minlength=nb).astype(np.float64)
-            cols["step_s"] = np.bincount(bucket, weights=dur, minlength=nb) / n_in / 1e9
-            for p in (*_PHASE_COLS, "other"):
-                v = values(p)
-                cols[p] = (
-                    np.zeros(nb) if v is None else np.bincount(bucket, weights=v, minlength=nb) / n_in / 1e9
-                )
-            del bucket
+
+        def bucket_sums(v: Any) -> Any:
+            if bucket is not None:
+                return np.bincount(bucket, weights=v, minlength=nb)
+            return np.add.reduceat(v, at, dtype=np.int64 if v.dtype.kind == "i" else np.float64)
+
+        for name, v in (("step_s", dur), *((p, values(p)) for p in (*_PHASE_COLS, "other"))):
+            cols[name] = np.zeros(nb) if v is None else bucket_sums(v) / n_in / 1e9
+        del bucket
         timeline = [{n: float(cols[n][i]) for n in names} for i in range(nb)]
     return StepStats(
         proc=proc,

@@ -8,15 +8,17 @@ that cannot be read (the last chunk of a killed job) are skipped and listed in `
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from holoprof import model
 from holoprof.errors import HoloprofError, MissingExtraError
 from holoprof.store import layout, rundir
+
+T = TypeVar("T")
 
 
 def _sql_str(s: str) -> str:
@@ -164,6 +166,17 @@ class Run:
         finally:
             self.memory_limit = before
             self.con.execute(f"SET memory_limit = {_sql_str(before)}")
+
+    def lean(self, query: Callable[[], T], limit: int | None = None) -> T:
+        """``query()`` under :meth:`lean_memory`, and again at the run's limit if it runs out there."""
+        lowered = False
+        try:
+            with self.lean_memory(limit) as lowered:
+                return query()
+        except Exception as exc:
+            if not lowered or not is_out_of_memory(exc):
+                raise
+        return query()
 
     @contextmanager
     def ordered(self) -> Iterator[None]:
