@@ -79,6 +79,11 @@ def _train(rank: int, world: int, out: str, steps: int, width: int, use_gzip: bo
                 break
     dist.barrier()
     dist.destroy_process_group()
+    # gloo can abort a process at interpreter exit after its group is gone (a teardown race in torch):
+    # the traces are written, so leave at once
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 DEVICE = {
