@@ -246,6 +246,64 @@ def test_files_imported_in_parallel_give_the_same_run(device_traces: str, tmp_pa
     assert temporal_breakdown(one) == temporal_breakdown(two)
 
 
+_FORKED = """
+import sys
+from holoprof.store import import_torch_trace as m
+forked = m._single_threaded()  # a fresh interpreter: nothing has started a thread yet
+try:
+    m.import_torch_trace(sys.argv[1], sys.argv[2], jobs=2)
+except m.HoloprofError as exc:
+    print("error:", exc)
+print("forked" if forked else "spawned")
+"""
+
+
+def test_files_imported_in_forked_workers_give_the_same_run(
+    device_traces: str, tmp_path: os.PathLike[str]
+) -> None:
+    import holoprof
+    from holoprof.store.import_torch_trace import import_torch_trace, temporal_breakdown
+
+    one = import_torch_trace(device_traces, os.path.join(tmp_path, "one"), jobs=1)
+    two = os.path.join(tmp_path, "two")
+    p = subprocess.run([sys.executable, "-c", _FORKED, device_traces, two], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.split() == ["forked"], p.stdout + p.stderr
+    q = "SELECT rank, kind, name, start_ns, end_ns, step FROM spans ORDER BY ALL"
+    assert holoprof.load(one).rows(q) == holoprof.load(two).rows(q)
+    assert temporal_breakdown(one) == temporal_breakdown(two)
+
+
+def test_a_bad_file_in_a_forked_worker_is_named(device_traces: str, tmp_path: os.PathLike[str]) -> None:
+    folder = os.path.join(tmp_path, "traces")
+    os.makedirs(folder)
+    shutil.copy(os.path.join(device_traces, sorted(os.listdir(device_traces))[0]), folder)
+    with open(os.path.join(folder, "rank9.pt.trace.json"), "w") as f:
+        f.write('{"traceEvents": [{"ph": "X", "name": ')
+    p = subprocess.run(
+        [sys.executable, "-c", _FORKED, folder, os.path.join(tmp_path, "run")], capture_output=True, text=True
+    )
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and lines[-1] == "forked", p.stdout + p.stderr
+    assert (
+        lines[0].startswith("error: ")
+        and "rank9.pt.trace.json is not a readable PyTorch profiler" in lines[0]
+    )
+
+
+def test_the_import_prints_the_short_report_unless_told_not_to(
+    traces: str, tmp_path: os.PathLike[str]
+) -> None:
+    trace = os.path.join(traces, "rank0.json")
+    shown = _cli("import", "torch-trace", trace, "--out", os.path.join(tmp_path, "a"))
+    quiet = _cli("import", "torch-trace", trace, "--out", os.path.join(tmp_path, "b"), "--no-report")
+    assert shown.returncode == 0 and quiet.returncode == 0, shown.stderr + quiet.stderr
+    for r in (shown, quiet):
+        assert r.stderr.startswith(f"holoprof: imported {trace} into ")
+        assert "see it again with: holoprof report" in r.stderr.splitlines()[-1]
+    assert "Where each step's time goes" in shown.stderr
+    assert "Where each step's time goes" not in quiet.stderr
+
+
 # Traces in the shapes of real GPU traces (hand-written here, small): the first Kineto format of a
 # V100 trace from 2021, an A100 trace re-serialized with distributedInfo after the events and
 # backward on autograd's device thread, and an H100 trace with ns-precision timestamps.

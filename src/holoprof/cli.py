@@ -14,6 +14,7 @@ from typing import Any
 
 from holoprof import __version__
 from holoprof.errors import HoloprofError
+from holoprof.store.chunks import pyarrow_without_pandas
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,35 +71,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out=args.out, quick=args.quick)
 
 
-class _NoPandas:
-    """A finder that makes ``import pandas`` fail while it is on ``sys.meta_path``."""
-
-    @staticmethod
-    def find_spec(name: str, path: Any = None, target: Any = None) -> None:
-        if name == "pandas":
-            raise ModuleNotFoundError("pandas is not needed here", name=name)
-
-
-def pyarrow_without_pandas() -> None:
-    """Keep pyarrow from importing pandas (about 50 MiB and half a second) for its array-like checks.
-
-    pyarrow looks for pandas once, lazily, the first time it asks whether a value is array-like
-    (``pa.scalar``, ``fill_null``, ``to_numpy``...), and imports it if it is installed. The report on
-    DuckDB never uses pandas, so this first probe is made to fail: pyarrow remembers that answer for its
-    checks, while an explicit ``to_pandas()`` still imports pandas as usual. Only for holoprof's own
-    commands: never in a traced job, whose pyarrow must see the job's pandas.
-    """
-    if "pandas" in sys.modules:
-        return
-    import pyarrow as pa
-
-    sys.meta_path.insert(0, _NoPandas)
-    try:
-        pa.scalar(0)  # the first array-like check: pyarrow's one lazy probe for pandas
-    finally:
-        sys.meta_path.remove(_NoPandas)
-
-
 def add_engine_arguments(parser: Any) -> None:
     """``--engine duckdb|dask`` and ``--scheduler ADDRESS``, for the commands that read a run."""
     parser.add_argument(
@@ -119,7 +91,14 @@ def check_engine_arguments(args: Any) -> None:
         raise HoloprofError("--scheduler goes with --engine dask")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line. The modules of a command's options are imported only for that command
+    (``argv``'s first word; every command when ``argv`` is None), which keeps a command's start fast."""
+    wanted = next((a for a in argv or () if not a.startswith("-")), None)
+
+    def needed(name: str) -> bool:
+        return argv is None or wanted == name
+
     p = _Parser(prog="holoprof", description="Where the time, memory and bandwidth of ML training go.")
     p.add_argument("--version", action="version", version=f"holoprof {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
@@ -132,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--flush-interval", type=float, help="seconds between flushes to disk (default 1, at most 1)"
     )
     r.add_argument("--no-report", action="store_true", help="do not print the report at the end")
-    for mod in _run_option_modules():
+    for mod in _run_option_modules() if needed("run") else []:
         mod.add_run_arguments(r)
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command to trace, after --")
     r.set_defaults(func=_cmd_run)
@@ -150,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     for name, module in EXTRA_COMMANDS.items():
-        _add_extra(sub, name, module)
+        _add_extra(sub, name, module, load=needed(name))
     return p
 
 
@@ -204,11 +183,13 @@ def _run_option_modules() -> list[Any]:
     return mods
 
 
-def _add_extra(sub: Any, name: str, spec: tuple[str, str]) -> None:
+def _add_extra(sub: Any, name: str, spec: tuple[str, str], load: bool = True) -> None:
     import importlib
 
     module_name, help_text = spec
     sp = sub.add_parser(name, help=help_text)
+    if not load:
+        return
     try:
         mod = importlib.import_module(module_name)
     except ImportError as exc:
@@ -233,7 +214,7 @@ def _out_of_memory() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
         func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)

@@ -228,14 +228,9 @@ def run(
         sys.stderr.write(f"holoprof: could not compact the run ({exc}); it loads as it is\n")
     rundir.write_manifest(run_dir, manifest)
     if report:
-        try:
-            from holoprof.analyze.report import build_report
-            from holoprof.present.terminal import render
-            from holoprof.store.reader import load
+        from holoprof.present.terminal import short_report
 
-            render(build_report(load(run_dir)), short=True, file=sys.stderr)
-        except Exception as exc:
-            sys.stderr.write(f"holoprof: could not build the report ({type(exc).__name__}: {exc})\n")
+        short_report(run_dir)
     sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
     return rc
 

@@ -6,16 +6,57 @@ concurrent readers such as the live dashboard (the reader also skips unreadable 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from holoprof import model
 
 _counter = itertools.count()
 _lock = threading.Lock()
+
+
+class _NoPandas:
+    """A finder that makes ``import pandas`` fail while it is on ``sys.meta_path``."""
+
+    @staticmethod
+    def find_spec(name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is not needed here", name=name)
+
+
+@contextlib.contextmanager
+def without_pandas() -> Iterator[None]:
+    """``import pandas`` fails inside (unless pandas is imported already), in this process and in the
+    processes it forks meanwhile. Only for holoprof's own commands: never in a traced job."""
+    if "pandas" in sys.modules:
+        yield
+        return
+    sys.meta_path.insert(0, _NoPandas)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(_NoPandas)
+
+
+def pyarrow_without_pandas() -> None:
+    """Keep pyarrow from importing pandas (about 50 MiB and half a second) for its array-like checks.
+
+    pyarrow looks for pandas once, lazily, the first time it asks whether a value is array-like
+    (``pa.scalar``, ``fill_null``, ``to_numpy``, ``pa.array``...), and imports it if it is installed.
+    The report on DuckDB and the trace importer never use pandas, so this first probe is made to fail:
+    pyarrow remembers that answer for its checks, while an explicit ``to_pandas()`` still imports
+    pandas as usual. Only for holoprof's own commands: never in a traced job, whose pyarrow must see
+    the job's pandas.
+    """
+    with without_pandas():
+        import pyarrow as pa
+
+        pa.scalar(0)  # the first array-like check: pyarrow's one lazy probe for pandas
 
 
 def chunk_name(table: str, seq: int) -> str:

@@ -23,7 +23,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from holoprof.errors import HoloprofError, MissingExtraError
@@ -51,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sp = sub.add_parser(name, help=help_text)
         try:
             importlib.import_module(module_name).add_import_arguments(sp)
+            sp.add_argument("--no-report", action="store_true", help="do not print the report at the end")
         except ImportError as exc:  # one broken importer must not take the whole command line down
             sp.set_defaults(
                 import_unavailable=f"`holoprof import {name}` is unavailable ({exc}); reinstall holoprof"
@@ -72,17 +73,27 @@ def main(args: argparse.Namespace) -> int:
     return int(importlib.import_module(module_name).run_import(args))
 
 
+def imported(args: argparse.Namespace, source: str, run_dir: str, notes: Sequence[str] = ()) -> int:
+    """What every importer prints when it is done: the run, its notes and (unless ``--no-report``) the
+    short report, as ``holoprof run`` ends."""
+    sys.stderr.write(f"holoprof: imported {source} into {run_dir}\n")
+    for note in notes:
+        sys.stderr.write(f"holoprof: {note}\n")
+    if not getattr(args, "no_report", False):
+        from holoprof.present.terminal import short_report
+
+        short_report(run_dir)
+    sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
+    return 0
+
+
 def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="the Darshan log file (.darshan)")
     parser.add_argument("--out", help="run directory to create (default: ./holoprof-runs/<time>-<log name>)")
 
 
 def run_import(args: argparse.Namespace) -> int:
-    run_dir = import_darshan(args.log, args.out)
-    sys.stderr.write(
-        f"holoprof: imported {args.log} into {run_dir}; see it with: holoprof report {run_dir}\n"
-    )
-    return 0
+    return imported(args, args.log, import_darshan(args.log, args.out))
 
 
 # --- reading the log -----------------------------------------------------------------------------------

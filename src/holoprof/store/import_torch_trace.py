@@ -24,9 +24,11 @@ What becomes what:
   the first activity to the last), in the manifest's ``source.temporal_breakdown`` and each process's
   ``info``; see :func:`temporal_breakdown`.
 
-``holoprof import`` reads large sets of files in parallel processes (one per core). While streaming, only the current chunk
-and compact arrays of device activities are held; the derived phases (forward, backward) are computed
-by DuckDB over the written chunks; the final compaction (as for every run) reads one process at a time.
+``holoprof import`` reads the files in parallel processes (one per core; forked, or spawned for large sets
+when forking is unsafe). While streaming, only the current chunk and compact arrays of device
+activities are held; the derived phases (forward, backward) are computed by DuckDB over the written
+chunks; the final compaction (as for every run) reads one process at a time, in the parent, so that
+the workers' peaks do not add up.
 
 The run's status is ``imported``; ``holoprof report`` and the analyses work on it as on any run.
 """
@@ -49,7 +51,10 @@ from typing import IO, Any, cast
 
 from holoprof.errors import HoloprofError, MissingExtraError
 
-PARALLEL_MIN_BYTES = 64 * 2**20  # traces smaller than this in all are imported in one process
+#: traces smaller than this in all are imported in one process, when workers must be spawned (a spawned
+#: worker starts in ~0.5 s) or can be forked (a worker loads its own pyarrow and DuckDB: ~100 MiB)
+PARALLEL_MIN_BYTES = 64 * 2**20
+FORK_MIN_BYTES = 32 * 2**20
 CHUNK_ROWS = 50_000  # rows buffered per process before a Parquet chunk is written
 TAIL_BYTES = 1 << 16  # a distributedInfo after the events is looked for in this many last bytes
 HOST = "kineto"
@@ -63,17 +68,18 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    run_dir = import_torch_trace(args.path, args.out, jobs=None)
-    sys.stderr.write(
-        f"holoprof: imported {args.path} into {run_dir}; see it with: holoprof report {run_dir}\n"
-    )
-    for b in temporal_breakdown(run_dir):
-        sys.stderr.write(
-            f"holoprof: rank {b['rank']} device time {b['kernel_time_s'] * 1e3:.1f} ms: "
+    from holoprof.store.chunks import without_pandas
+    from holoprof.store.import_darshan import imported
+
+    with without_pandas():  # this command's own process (and its workers): nothing here needs pandas
+        run_dir = import_torch_trace(args.path, args.out, jobs=None)
+        notes = [
+            f"rank {b['rank']} device time {b['kernel_time_s'] * 1e3:.1f} ms: "
             f"idle {b['idle_fraction']:.1%}, compute {b['compute_fraction']:.1%}, "
-            f"non-compute {b['non_compute_fraction']:.1%}\n"
-        )
-    return 0
+            f"non-compute {b['non_compute_fraction']:.1%}"
+            for b in temporal_breakdown(run_dir)
+        ]
+        return imported(args, args.path, run_dir, notes)
 
 
 def _trace_files(path: str) -> list[str]:
@@ -387,10 +393,12 @@ class _Writer:
 def import_torch_trace(path: str, out: str | None = None, jobs: int | None = 1) -> str:
     """Import one trace file or a folder of per-rank traces into a new run directory.
 
-    ``jobs`` files are imported at a time, in worker processes when more than one. ``None`` picks one
-    per CPU core (at most one per file) when the files hold ``PARALLEL_MIN_BYTES`` or more in all, else
-    one; the command line does that. The default is 1 because worker processes are spawned, which
-    re-imports the caller's main module (a script without ``if __name__ == "__main__"`` would rerun).
+    ``jobs`` files are imported at a time, in worker processes when more than one. ``None`` (the command
+    line) picks one per CPU core, at most one per file, for files of ``FORK_MIN_BYTES`` or more in all
+    when the workers can be forked (this process has a single thread, on Linux), or of
+    ``PARALLEL_MIN_BYTES`` when they must be spawned; else one. The default is 1: unless forking is
+    safe the workers are spawned, which re-imports the caller's main module (a script without
+    ``if __name__ == "__main__"`` would rerun).
     """
     try:
         import ijson  # noqa: F401
@@ -406,19 +414,24 @@ def import_torch_trace(path: str, out: str | None = None, jobs: int | None = 1) 
     tasks = [
         (run_dir, f, head, idx, len(files)) for idx, (f, head) in enumerate(zip(files, heads, strict=True))
     ]
+    fork = _single_threaded()
     if jobs is None:
-        # worker processes cost a start-up each (~0.5 s, ~80 MB): worth it for large traces only
-        big = sum(os.path.getsize(f) for f in files) >= PARALLEL_MIN_BYTES
+        size = sum(os.path.getsize(f) for f in files)
+        big = size >= (FORK_MIN_BYTES if fork else PARALLEL_MIN_BYTES)
         jobs = (os.cpu_count() or 1) if big else 1
     jobs = max(1, min(jobs, len(files)))
     if jobs == 1:
         results = [_import_file(*t) for t in tasks]
+    elif fork:
+        results = _in_forks(tasks, jobs)
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        # spawn, not fork: the caller may hold threads (DuckDB, the agent's writer)
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        from holoprof.store.chunks import pyarrow_without_pandas
+
+        spawn = multiprocessing.get_context("spawn")  # the caller holds threads: fork could copy a held lock
+        with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=pyarrow_without_pandas) as pool:
             results = list(pool.map(_import_file, *zip(*tasks, strict=True)))
     spans = [(a, b) for a, b, _ in results if a is not None]
     t_min = min((a for a, _ in spans), default=0)
@@ -441,6 +454,72 @@ def import_torch_trace(path: str, out: str | None = None, jobs: int | None = 1) 
     )
     rundir.write_manifest(run_dir, manifest)
     return run_dir
+
+
+def _single_threaded() -> bool:
+    """This process has one thread, native ones included (Linux only; False where it cannot tell)."""
+    try:
+        return sys.platform == "linux" and len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+_Result = tuple[int | None, int, dict[str, Any] | None]
+
+
+def _in_forks(tasks: list[tuple[Any, ...]], jobs: int) -> list[_Result]:
+    """``_import_file(*task)`` for every task in ``jobs`` forked children (largest files first, each to
+    the least loaded child); the results in the order of ``tasks``. Call only with a single thread."""
+    import pickle
+
+    groups: list[list[int]] = [[] for _ in range(jobs)]
+    load = [0] * jobs
+    for i in sorted(range(len(tasks)), key=lambda i: -os.path.getsize(tasks[i][1])):
+        k = load.index(min(load))
+        groups[k].append(i)
+        load[k] += os.path.getsize(tasks[i][1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children = []
+    for group in groups:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: import, send the results or the error, leave without cleanup
+            os.close(r)
+            try:
+                payload: Any = ("ok", [(i, _import_file(*tasks[i])) for i in group])
+            except HoloprofError as exc:
+                payload = ("holoprof", str(exc))
+            except BaseException as exc:
+                payload = ("error", f"{type(exc).__name__}: {exc}")
+            try:
+                with os.fdopen(w, "wb") as out:
+                    out.write(pickle.dumps(payload))
+            finally:
+                os._exit(0)
+        os.close(w)
+        children.append((pid, r, group))
+    results: list[_Result | None] = [None] * len(tasks)
+    failure: tuple[str, str] | None = None
+    for pid, r, group in children:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+        if not data:
+            what = ", ".join(os.path.basename(tasks[i][1]) for i in group)
+            failure = failure or ("error", f"the worker importing {what} died (wait status {status})")
+            continue
+        kind, value = pickle.loads(data)
+        if kind != "ok":
+            failure = failure or (kind, value)
+            continue
+        for i, res in value:
+            results[i] = res
+    if failure is not None:
+        if failure[0] == "holoprof":
+            raise HoloprofError(failure[1])
+        raise RuntimeError(failure[1])
+    return [r for r in results if r is not None]
 
 
 def _import_file(
