@@ -9,14 +9,16 @@ import pytest
 
 import holoprof
 from holoprof.analyze.report import build_report
-from holoprof.bench.synth import PHASE_MEANS_NS, generate_run
+from holoprof.bench.synth import CHECKPOINT_BYTES, PHASE_MEANS_NS, generate_run
 from holoprof.errors import HoloprofError
 
 
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, object]:
     out = os.path.join(str(tmp_path_factory.mktemp("synth")), "run")
-    totals = generate_run(out, steps=20_000, ranks=3, chunk_steps=6_000, comm=True, io_files=40)
+    totals = generate_run(
+        out, steps=20_000, ranks=3, chunk_steps=6_000, comm=True, io_files=40, checkpoint_every=5_000
+    )
     return out, totals
 
 
@@ -69,6 +71,24 @@ def test_io_totals_equal_the_generated_ones(synth: tuple[str, object]) -> None:
     assert read == pytest.approx(t["bytes_read"], rel=1e-9)
 
 
+def test_checkpoint_totals_equal_the_generated_ones(synth: tuple[str, object]) -> None:
+    path, totals = synth
+    doc = build_report(holoprof.load(path))
+    made = totals.checkpoints  # type: ignore[attr-defined]
+    c = doc["checkpoints"]
+    assert c["count"] == c["saves"] == sum(m["count"] for m in made.values()) == 3 * 4
+    assert c["bytes_written"] == sum(m["bytes"] for m in made.values()) == 12 * CHECKPOINT_BYTES
+    # rank 0 runs the main loop: its checkpoints block training, the other ranks' are counted apart
+    # (the section sums durations rounded to the microsecond)
+    assert c["blocking_s"] == pytest.approx(made[0]["dur_ns"] / 1e9, abs=1e-5)
+    assert c["background_s"] == pytest.approx((made[1]["dur_ns"] + made[2]["dur_ns"]) / 1e9, abs=1e-5)
+    # training time: rank 0's steps and the checkpoints between them (the last one follows the last step)
+    train_ns = totals.per_rank[0]["step_ns"] + made[0]["dur_ns"]  # type: ignore[attr-defined]
+    assert c["blocking_fraction"] == pytest.approx(made[0]["dur_ns"] / train_ns, abs=1e-6)
+    assert all(i["bytes"] == CHECKPOINT_BYTES and i["api"] == "torch.save" for i in c["items"])
+    assert doc["steps"]["total_s"] == pytest.approx(totals.step_ns / 1e9, rel=1e-6)  # type: ignore[attr-defined]
+
+
 def test_filters_read_only_what_is_asked(synth: tuple[str, object]) -> None:
     path, _ = synth
     run = holoprof.load(path, steps=(100, 199), ranks=[1])
@@ -107,6 +127,7 @@ def test_dask_engine_gives_the_same_numbers_as_duckdb(synth: tuple[str, object])
     assert dask["resources"] == duck["resources"]
     assert dask["communication"] == duck["communication"]
     assert dask["io"] == duck["io"]
+    assert dask["checkpoints"] == duck["checkpoints"] and duck["checkpoints"]["count"] == 2 * 4
     assert dask["io"]["files"] == 41 + 41 - 1  # two ranks' shards and the shared file
 
 

@@ -7,7 +7,9 @@ backward) and an exposed loss ``all_reduce`` in a ``communication`` phase; with 
 rank reads N shard files of its own and one file shared by all ranks, recorded as Darshan-style
 ``io_files`` snapshots (one mid-run, one final). Durations, read counts and sizes are drawn around
 fixed means with a seeded generator, and the exact totals are returned so that analyses can be
-checked against them.
+checked against them. With ``checkpoint_every=K`` each rank saves a checkpoint (a blocking
+``checkpoint`` phase on the training thread, ``torch.save`` of ``CHECKPOINT_BYTES``) after every K-th
+step, before the next step starts, recorded under the index of the step it follows, as the agent does.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ LOSS_BYTES = 4
 #: with ``io_files``: the read sizes a file is read with (one size per file, drawn)
 READ_SIZES = (4096, 65536, 2**20)
 SHARED_FILE = "/data/vocab.json"
+#: with ``checkpoint_every``: a checkpoint's mean duration and size
+CHECKPOINT_MEAN_NS = 200_000_000
+CHECKPOINT_BYTES = 512 * 2**20
 
 
 @dataclass
@@ -49,6 +54,8 @@ class SynthTotals:
     #: with io_files, over all ranks: "paths", "bytes_read", "reads", "opens", "read_time_s",
     #: "meta_time_s", "size_read" ({Darshan bucket: reads})
     io: dict[str, Any] = field(default_factory=dict)
+    #: with checkpoint_every, per rank: {"count", "bytes", "dur_ns"} of its checkpoints
+    checkpoints: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 def generate_run(
@@ -61,6 +68,7 @@ def generate_run(
     only_ranks: range | None = None,
     comm: bool = False,
     io_files: int = 0,
+    checkpoint_every: int = 0,
 ) -> SynthTotals:
     """Write a run with ``steps`` steps per rank (5 spans per step) into ``out``.
 
@@ -102,9 +110,14 @@ def generate_run(
                 durs["communication"] = rng.integers(m_c // 2, m_c * 3 // 2, size=n, dtype=np.int64)
             other = rng.integers(0, 2 * OTHER_NS, size=n, dtype=np.int64)
             step_len = sum(durs.values()) + other
-            starts = clock + np.concatenate([[0], np.cumsum(step_len)[:-1]])
-            clock = int(starts[-1] + step_len[-1])
             step_idx = np.arange(c0, c0 + n, dtype=np.int64)
+            ckpt = np.zeros(n, dtype=np.int64)  # the checkpoint after each step (0: none)
+            if checkpoint_every:
+                at = (step_idx + 1) % checkpoint_every == 0
+                m_k = CHECKPOINT_MEAN_NS
+                ckpt[at] = rng.integers(m_k // 2, m_k * 3 // 2, size=int(at.sum()), dtype=np.int64)
+            starts = clock + np.concatenate([[0], np.cumsum(step_len + ckpt)[:-1]])
+            clock = int(starts[-1] + step_len[-1] + ckpt[-1])
             kinds, pnames, s_all, e_all, st_all = [], [], [], [], []
             attrs: list[Any] = []
             kinds.append(np.full(n, "step", dtype=object))
@@ -124,6 +137,15 @@ def generate_run(
                 off = off + durs[p]
                 mine["phase_ns"][p] = mine["phase_ns"].get(p, 0) + int(durs[p].sum())
             attrs.append(pa.nulls(sum(len(k) for k in kinds), pa.string()))
+            if checkpoint_every:
+                _checkpoints(
+                    totals,
+                    rank,
+                    starts + step_len,
+                    ckpt,
+                    step_idx,
+                    (kinds, pnames, s_all, e_all, st_all, attrs),
+                )
             if comm:
                 _comm_spans(
                     rng, totals, mine, phase_start["backward"], durs["backward"], phase_start["communication"],
@@ -217,6 +239,43 @@ def _comm_spans(
     _count(totals, "all_reduce", n, n * LOSS_BYTES, int(cp_dur.sum()))
     mine["comm_ns"] = mine.get("comm_ns", 0) + int(union.sum())
     mine["exposed_ns"] = mine.get("exposed_ns", 0) + int((cp_dur + last).sum())
+
+
+def _checkpoints(
+    totals: SynthTotals, rank: int, after: Any, dur: Any, step_idx: Any, out: tuple[list[Any], ...]
+) -> None:
+    """A chunk's checkpoint phases (``dur`` > 0 after a step ending at ``after``), appended to ``out``."""
+    import numpy as np
+    import pyarrow as pa
+
+    kinds, pnames, s_all, e_all, st_all, attrs = out
+    at = dur > 0
+    k = int(at.sum())
+    kinds.append(np.full(k, "phase", dtype=object))
+    pnames.append(np.full(k, "checkpoint", dtype=object))
+    s_all.append(after[at])
+    e_all.append(after[at] + dur[at])
+    st_all.append(step_idx[at])
+    attrs.append(
+        pa.array(
+            [
+                json.dumps(
+                    {
+                        "op": "save",
+                        "api": "torch.save",
+                        "path": f"/ckpt/rank{rank}-step{i}.pt",
+                        "bytes": CHECKPOINT_BYTES,
+                    }
+                )
+                for i in step_idx[at].tolist()
+            ],
+            pa.string(),
+        )
+    )
+    c = totals.checkpoints.setdefault(rank, {"count": 0, "bytes": 0, "dur_ns": 0})
+    c["count"] += k
+    c["bytes"] += k * CHECKPOINT_BYTES
+    c["dur_ns"] += int(dur.sum())
 
 
 def _count(totals: SynthTotals, op: str, calls: int, nbytes: int, dur_ns: int) -> None:
