@@ -47,48 +47,41 @@ def _groups(parts: list[tuple[int, str]], max_rows: int) -> list[list[tuple[int,
 
 def compact_run(run_dir: str, min_parts: int = 2, max_rows: int = MAX_ROWS) -> int:
     """Compact every process folder of ``run_dir``; returns the number of parts merged."""
-    return sum(compact_folder(folder, min_parts, max_rows) for folder in process_folders(run_dir))
-
-
-def compact_folder(folder: str, min_parts: int = 2, max_rows: int = MAX_ROWS) -> int:
-    """Compact one process folder; returns the number of parts merged."""
-    merged = 0
-    for table, (compacted, parts) in folder_chunks(folder).items():
-        ranges = [(f, la) for f, la, p in compacted if is_complete_parquet(p)]
-        for seq, p in parts:  # left behind by an interrupted compaction: already in a compacted file
-            if any(f <= seq <= la for f, la in ranges):
-                os.remove(p)
-        good = [(s, p) for s, p in sorted(parts) if is_complete_parquet(p) and os.path.exists(p)]
-        if len(good) < min_parts and not (good and compacted):
-            continue
-        for group in _groups(good, max_rows):
-            merged += _merge(folder, table, group)
-    return merged
-
-
-def _merge(folder: str, table: str, group: list[tuple[int, str]]) -> int:
-    """One compacted file of ``group``'s parts, sorted by start time for spans; the parts removed."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tables = []
-    for _, p in group:
-        try:
-            tables.append(pq.read_table(p))
-        except Exception:
-            continue
-    if not tables:
-        return 0
-    combined = pa.concat_tables(tables, promote_options="default")
-    del tables
-    if table == "spans" and "start_ns" in combined.column_names:
-        combined = combined.sort_by([("start_ns", "ascending")])
-    lo, hi = group[0][0], group[-1][0]
-    dest = os.path.join(folder, f"{table}-c{lo:08d}-{hi:08d}.parquet")
-    tmp = dest + ".tmp"
-    pq.write_table(combined, tmp, compression="zstd", use_dictionary=True, row_group_size=1_000_000)
-    del combined
-    os.replace(tmp, dest)
-    for _, p in group:
-        os.remove(p)
-    return len(group)
+    merged = 0
+    for folder in process_folders(run_dir):
+        for table, (compacted, parts) in folder_chunks(folder).items():
+            ranges = [(f, la) for f, la, p in compacted if is_complete_parquet(p)]
+            for seq, p in parts:  # left behind by an interrupted compaction: already in a compacted file
+                if any(f <= seq <= la for f, la in ranges):
+                    os.remove(p)
+            good = [(s, p) for s, p in sorted(parts) if is_complete_parquet(p) and os.path.exists(p)]
+            if len(good) < min_parts and not (good and compacted):
+                continue
+            for group in _groups(good, max_rows):
+                tables = []
+                for _, p in group:
+                    try:
+                        tables.append(pq.read_table(p))
+                    except Exception:
+                        continue
+                if not tables:
+                    continue
+                combined = pa.concat_tables(tables, promote_options="default")
+                del tables
+                if table == "spans" and "start_ns" in combined.column_names:
+                    combined = combined.sort_by([("start_ns", "ascending")])
+                lo, hi = group[0][0], group[-1][0]
+                dest = os.path.join(folder, f"{table}-c{lo:08d}-{hi:08d}.parquet")
+                tmp = dest + ".tmp"
+                pq.write_table(
+                    combined, tmp, compression="zstd", use_dictionary=True, row_group_size=1_000_000
+                )
+                del combined
+                os.replace(tmp, dest)
+                for _, p in group:
+                    os.remove(p)
+                merged += len(group)
+    return merged

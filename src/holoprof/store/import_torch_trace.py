@@ -522,9 +522,7 @@ def _in_forks(tasks: list[tuple[Any, ...]], jobs: int) -> list[_Result]:
     return [r for r in results if r is not None]
 
 
-def _import_file(
-    run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: int
-) -> tuple[int | None, int, dict[str, Any] | None]:
+def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: int) -> _Result:
     """One trace file into one process folder; returns (first start, last end, temporal breakdown)."""
     from holoprof.store.chunks import write_chunk
 
