@@ -4,7 +4,7 @@ python benchmarks/bench_report_scale.py [--steps 2000000] [--repeat 3]
 
 Peak memory is the maximum resident set size of the whole `holoprof report --json` process. The same
 command on a generated run of 1,000 steps gives its fixed part (interpreter, libraries, DuckDB), and an
-interpreter that only imports duckdb, pyarrow and numpy the floor below that.
+interpreter that only imports duckdb, nanoarrow and numpy the floor below that.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> None:
         disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(run) for f in fs)
         runs = [_peak([*report, run, "--json"]) for _ in range(args.repeat)]
         _, fixed_rss, _ = _peak([*report, small, "--json"])
-        _, import_rss, _ = _peak([sys.executable, "-c", "import duckdb, pyarrow, numpy"])
+        _, import_rss, _ = _peak([sys.executable, "-c", "import duckdb, nanoarrow, numpy"])
     walls = sorted(w for w, _, _ in runs)
     rss = max(r for _, r, _ in runs)
     doc = json.loads(runs[0][2])
@@ -68,7 +68,7 @@ def main() -> None:
         f"| {walls[len(walls) // 2]:.2f} s (min {walls[0]:.2f}, max {walls[-1]:.2f}) | ≤ 5 s |"
     )
     print(
-        f"| peak memory of the report process | {rss / mib:.0f} MiB ({rss / disk:.1f}x on disk) "
+        f"| peak memory of the report process | {rss / mib:.0f} MiB ({rss / disk:.2f}x on disk, the largest of the runs) "
         f"| ≤ 1.5x on disk ({1.5 * disk / mib:.0f} MiB) |"
     )
     print(f"| same command on a 5,000-span run (fixed part) | {fixed_rss / mib:.0f} MiB | |")
@@ -76,7 +76,7 @@ def main() -> None:
         f"| data-dependent part (peak - fixed part) | {(rss - fixed_rss) / mib:.0f} MiB "
         f"({(rss - fixed_rss) / disk:.1f}x on disk) | |"
     )
-    print(f"| interpreter with duckdb, pyarrow, numpy imported | {import_rss / mib:.0f} MiB | |")
+    print(f"| interpreter with duckdb, nanoarrow, numpy imported | {import_rss / mib:.0f} MiB | |")
     print("| totals checked | step count, step time and every phase's time equal the generator's | |\n")
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from holoprof import __version__
 from holoprof.errors import HoloprofError
-from holoprof.store.chunks import pyarrow_without_pandas
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,8 +46,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from holoprof.store.reader import load
 
     check_engine_arguments(args)
-    if args.engine == "duckdb":
-        pyarrow_without_pandas()
     doc = build_report(load(args.run), engine=args.engine, scheduler=args.scheduler)
     if args.html:
         from holoprof.present.html import write_html

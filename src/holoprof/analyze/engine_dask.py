@@ -128,11 +128,10 @@ def duckdb_rows(run: Run, agg: Aggregation) -> list[tuple[Any, ...]]:
     cur = run.con.cursor()
     try:
         # most aggregations have few groups: DuckDB then needs little more than its readers
-        tbl = run.lean(
-            lambda: cur.sql(sql, params=_params(sql, agg.params)).to_arrow_table(),
+        return run.lean(
+            lambda: cur.execute(sql, _params(sql, agg.params)).fetchall(),
             scan_memory_limit(run.threads),
         )
-        return _table_rows(tbl)
     finally:
         cur.close()
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.store.reader import Run, is_out_of_memory, scan_memory_limit
+from holoprof.store.reader import Batch, Run, is_out_of_memory, numpy_batches, scan_memory_limit
 
 NS = 1e9
 
@@ -74,7 +74,8 @@ _PHASE_COLS = [p for p in model.MEASURED_PHASES]
 #: above this many steps needing the exact join (phases crossing their step's window, repeated step
 #: indices), the whole per-step table is computed by the join instead of step by step
 _FALLBACK_MAX = 200_000
-_BATCH_ROWS = 1 << 16
+#: rows cut into groups at a time (the stream's batches are cut to this size)
+_BATCH_ROWS = 1 << 15
 
 
 def _per_step_sql(step_filter: str = "") -> str:
@@ -165,13 +166,103 @@ class _Column:
         return out
 
 
+class _Steps(_Column):
+    """The step index column: only its first index and length while the indices run on one by one
+    (the usual case: the streamed scan, every step inside its window), a column from the first gap."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.first: int | None = None  # while a run of indices: its first
+        self.ranged = True
+
+    def add(self, values: Any) -> None:
+        import numpy as np
+
+        if self.ranged and len(values):
+            nxt = int(values[0]) if self.first is None else self.first + self.n
+            k = len(values)
+            if (
+                int(values[0]) == nxt
+                and int(values[-1]) == nxt + k - 1
+                and (k < 3 or bool((np.diff(values) == 1).all()))
+            ):
+                self.first = nxt if self.first is None else self.first
+                self.n += k
+                return
+            self.ranged, n, self.n = False, self.n, 0
+            if n:
+                super().add(np.arange(self.first or 0, (self.first or 0) + n))
+        super().add(values)
+
+    def indices(self) -> Any:
+        """The indices: a ``range`` while they run on one by one, else the column."""
+        if self.ranged:
+            return range(self.first or 0, (self.first or 0) + self.n)
+        return self.array(zeros_as_none=False)
+
+
+class _Spilled:
+    """A column of per-step integers written batch by batch to a file in the run's private temporary
+    folder, so that the columns of a long run take no memory while its spans are scanned (2 M steps:
+    16 MiB a column); the statistics read them back one at a time, int32 when the values fit. A
+    column of zeros (a phase that never occurs) writes nothing."""
+
+    _PIECE = 1 << 18
+
+    def __init__(self, folder: str | None) -> None:
+        self.folder = folder
+        self.file: Any = None
+        self.n = 0
+        self.zeros = 0  # zeros before the first other value, not written yet
+        self.lo = self.hi = 0  # bounds of the values (with 0)
+
+    def add(self, values: Any) -> None:
+        import numpy as np
+
+        k = len(values)
+        if k == 0:
+            return
+        lo, hi = int(values.min()), int(values.max())
+        if self.file is None:
+            if lo == 0 and hi == 0:
+                self.zeros += k
+                self.n += k
+                return
+            import tempfile
+
+            # open until the column is dropped; the file has no name, and goes when it is closed
+            self.file = tempfile.TemporaryFile(dir=self.folder, prefix="holoprof-steps-")  # noqa: SIM115
+            for at in range(0, self.zeros, self._PIECE):
+                self.file.write(np.zeros(min(self._PIECE, self.zeros - at), dtype=np.int64).data)
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        self.file.write(np.ascontiguousarray(values, dtype=np.int64).data)
+        self.n += k
+
+    def load(self) -> Any:
+        """The whole column, int32 when its values fit, else int64."""
+        import numpy as np
+
+        fits = self.lo >= -(2**31) and self.hi < 2**31
+        out = np.zeros(self.n, dtype=np.int32 if fits else np.int64)
+        if self.file is None:
+            return out
+        self.file.flush()
+        self.file.seek(0)
+        piece = np.empty(min(self.n, self._PIECE), dtype=np.int64)
+        for at in range(0, self.n, self._PIECE):
+            k = min(self._PIECE, self.n - at)
+            self.file.readinto(piece[:k].data)
+            out[at : at + k] = piece[:k]
+        return out
+
+
 @dataclass
 class _PerStep:
     """The main loop's per-step table as arrays (one entry per step, in no particular order)."""
 
-    step: Any
+    step: Any  # a range when the steps are in order, one index after the other
     dur: Any
-    phases: dict[str, Any]  # clipped ns per step, None for a phase that never occurs
+    phases: dict[str, _Spilled | None]  # clipped ns per step, None for a phase that never occurs
     first_start_ns: int
     last_end_ns: int
     epochs: int
@@ -183,9 +274,9 @@ class _PerStep:
 class _Gather:
     """The per-step columns being gathered, batch by batch, and the window of the steps seen."""
 
-    def __init__(self, size: int) -> None:
-        self.step, self.dur = _Column(size), _Column(size)
-        self.cols = {p: _Column(size) for p in _PHASE_COLS}
+    def __init__(self, size: int, folder: str | None) -> None:
+        self.step, self.dur = _Steps(size), _Spilled(folder)
+        self.cols = {p: _Spilled(folder) for p in _PHASE_COLS}
         self.first: int | None = None
         self.last: int | None = None
 
@@ -200,20 +291,15 @@ class _Gather:
         self.first = lo if self.first is None else min(self.first, lo)
         self.last = hi if self.last is None else max(self.last, hi)
 
-    def add_joined(self, b: Any, step: Any) -> None:
+    def add_joined(self, b: Batch, step: Any) -> None:
         """A batch of the exact join (columns step, s, e, dur and one per phase)."""
-        self.add(
-            step,
-            b.column("s").to_numpy(),
-            b.column("e").to_numpy(),
-            {p: b.column(p).to_numpy() for p in _PHASE_COLS},
-        )
+        self.add(step, b.column("s"), b.column("e"), {p: b.column(p) for p in _PHASE_COLS})
 
     def result(self, epochs: int, outside_ns: dict[str, float], unique: bool, how: str) -> _PerStep:
         return _PerStep(
-            step=self.step.array(zeros_as_none=False),
-            dur=self.dur.array(zeros_as_none=False),
-            phases={p: c.array() for p, c in self.cols.items()},
+            step=self.step.indices(),
+            dur=self.dur.load(),
+            phases={p: c if c.file is not None else None for p, c in self.cols.items()},
             first_start_ns=int(self.first or 0),
             last_end_ns=int(self.last or 0),
             epochs=epochs,
@@ -221,10 +307,6 @@ class _Gather:
             unique_steps=unique,
             how=how,
         )
-
-
-def _arrow_reader(cur: Any, sql: str, params: dict[str, Any]) -> Any:
-    return cur.sql(sql, params=params).to_arrow_reader(_BATCH_ROWS)
 
 
 _I64_MAX = (1 << 63) - 1
@@ -246,8 +328,8 @@ class _Groups:
     DuckDB's aggregation by step. Steps whose phases lie inside their window go to the per-step
     columns; the others are listed for the exact join."""
 
-    def __init__(self, size: int) -> None:
-        self.g = _Gather(size)
+    def __init__(self, size: int, folder: str | None) -> None:
+        self.g = _Gather(size, folder)
         self.epochs = 0
         self.outside = dict.fromkeys(_PHASE_COLS, 0)
         self.fallback: list[Any] = []  # step indices to compute with the exact join
@@ -287,8 +369,6 @@ def _sql_groups(cur: Any, params: dict[str, Any], acc: _Groups) -> None:
     """DuckDB's aggregation of the spans by step index (any order on disk; a hash table of one entry
     per step, which spills past the memory limit)."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     known = ", ".join(f"'{p}'" for p in _PHASE_COLS)
     sums = ",\n".join(
@@ -310,15 +390,18 @@ def _sql_groups(cur: Any, params: dict[str, Any], acc: _Groups) -> None:
         WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND tid = $tid))
         GROUP BY step"""
     fill = {"s": _I64_MAX, "p_lo": _I64_MAX, "p_min": _I64_MAX, "e": _I64_MIN, "p_hi": _I64_MIN}
-    for b in _arrow_reader(cur, sql, params):
-        cols = {name: b.column(i) for i, name in enumerate(b.schema.names)}
-        acc.epochs += int(pc.sum(cols["n_epoch"]).as_py() or 0)
-        if cols["step"].null_count:
-            nulls = pa.array(np.asarray(cols["step"].is_null()))
-            at = {k: pc.sum(v.filter(nulls)).as_py() or 0 for k, v in cols.items() if k in _SUM_FIELDS}
+    for b in numpy_batches(cur, sql, params):
+        cols = {}
+        for k in b.names:  # a min, max or sum over no span is null: the value that cannot win, or 0
+            v, nulls = b.column(k), b.nulls(k)
+            cols[k] = v if nulls is None else np.where(nulls, fill.get(k, 0), v)
+        acc.epochs += int(cols.pop("n_epoch").sum())
+        nulls = b.nulls("step")
+        if nulls is not None:
+            at = {k: int(v[nulls].sum()) for k, v in cols.items() if k in _SUM_FIELDS}
             acc.null_group(at["n_step"], at["n_unknown"], at)
-            cols = {k: v.filter(pc.invert(nulls)) for k, v in cols.items()}
-        acc.add({k: v.fill_null(fill.get(k, 0)).to_numpy() for k, v in cols.items() if k != "n_epoch"})
+            cols = {k: v[~nulls] for k, v in cols.items()}
+        acc.add(cols)
 
 
 def _stream_groups(run: Run, cur: Any, params: dict[str, Any], acc: _Groups) -> None:
@@ -327,7 +410,6 @@ def _stream_groups(run: Run, cur: Any, params: dict[str, Any], acc: _Groups) -> 
     its phases) follow one another and each group is cut where the step index changes. Memory is
     one batch. Raises :class:`_Unsorted` as soon as a step index goes back (a step's spans split)."""
     import numpy as np
-    import pyarrow.compute as pc
 
     codes = " ".join(f"WHEN '{p}' THEN {i + 2}" for i, p in enumerate(_PHASE_COLS))
     sql = f"""
@@ -335,46 +417,45 @@ def _stream_groups(run: Run, cur: Any, params: dict[str, Any], acc: _Groups) -> 
                       ELSE CASE name {codes} ELSE -1 END END)::TINYINT AS c, start_ns, end_ns
         FROM spans
         WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND tid = $tid))"""
-    carry: dict[str, Any] | None = None  # the batch's last group: it may go on in the next batch
+    carry: dict[str, Any] | None = None  # the slice's last group: it may go on in the next slice
     with run.ordered():
-        for b in _arrow_reader(cur, sql, params):
-            if b.column(2).null_count or b.column(3).null_count:
+        for b in numpy_batches(cur, sql, params):
+            if b.nulls("start_ns") is not None or b.nulls("end_ns") is not None:
                 raise _Unsorted  # a span without a start or an end: DuckDB's aggregation skips it
-            code = b.column(1).to_numpy()
-            start, end = b.column(2).to_numpy(), b.column(3).to_numpy()
-            acc.epochs += int(np.count_nonzero(code == 1))
-            col = b.column(0)
-            keep = code != 1
-            if col.null_count:
-                nulls = np.asarray(col.is_null())
-                at = nulls & keep
-                dur = end[at] - start[at]
-                sums = {p: int(dur[code[at] == i + 2].sum()) for i, p in enumerate(_PHASE_COLS)}
-                acc.null_group(
-                    int(np.count_nonzero(code[at] == 0)), int(np.count_nonzero(code[at] == -1)), sums
-                )
-                keep &= ~nulls
-                col = pc.fill_null(col, 0)
-            step = col.to_numpy()
-            if not keep.all():
-                step, code, start, end = step[keep], code[keep], start[keep], end[keep]
-            if len(step) == 0:
-                continue
-            if (step[1:] < step[:-1]).any() or (carry is not None and step[0] < carry["step"][0]):
-                raise _Unsorted
-            g = _segments(step, code, start, end)
-            if carry is not None:
-                if g["step"][0] == carry["step"][0]:
-                    for k in _MIN_FIELDS:
-                        g[k][0] = min(g[k][0], carry[k][0])
-                    for k in _MAX_FIELDS:
-                        g[k][0] = max(g[k][0], carry[k][0])
-                    for k in _SUM_FIELDS:
-                        g[k][0] += carry[k][0]
-                else:
-                    acc.add(carry)
-            carry = {k: v[-1:].copy() for k, v in g.items()}
-            acc.add({k: v[:-1] for k, v in g.items()})
+            nulls = b.nulls("step")
+            for lo in range(0, b.num_rows, _BATCH_ROWS):
+                cut = slice(lo, lo + _BATCH_ROWS)
+                step, code = b.column("step")[cut], b.column("c")[cut]
+                start, end = b.column("start_ns")[cut], b.column("end_ns")[cut]
+                acc.epochs += int(np.count_nonzero(code == 1))
+                keep = code != 1
+                if nulls is not None and nulls[cut].any():
+                    at = nulls[cut] & keep
+                    dur = end[at] - start[at]
+                    sums = {p: int(dur[code[at] == i + 2].sum()) for i, p in enumerate(_PHASE_COLS)}
+                    acc.null_group(
+                        int(np.count_nonzero(code[at] == 0)), int(np.count_nonzero(code[at] == -1)), sums
+                    )
+                    keep &= ~nulls[cut]
+                if not keep.all():
+                    step, code, start, end = step[keep], code[keep], start[keep], end[keep]
+                if len(step) == 0:
+                    continue
+                if (step[1:] < step[:-1]).any() or (carry is not None and step[0] < carry["step"][0]):
+                    raise _Unsorted
+                g = _segments(step, code, start, end)
+                if carry is not None:
+                    if g["step"][0] == carry["step"][0]:
+                        for k in _MIN_FIELDS:
+                            g[k][0] = min(g[k][0], carry[k][0])
+                        for k in _MAX_FIELDS:
+                            g[k][0] = max(g[k][0], carry[k][0])
+                        for k in _SUM_FIELDS:
+                            g[k][0] += carry[k][0]
+                    else:
+                        acc.add(carry)
+                carry = {k: v[-1:].copy() for k, v in g.items()}
+                acc.add({k: v[:-1] for k, v in g.items()})
     if carry is not None:
         acc.add(carry)
 
@@ -412,13 +493,13 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
     are computed by the exact join, restricted to them. The scan is one streamed pass in file order
     when each step's spans are contiguous there (runs compacted by holoprof), else DuckDB's
     aggregation by step; either way results go batch by batch into compact arrays."""
-    import pyarrow as pa
+    import numpy as np
 
     params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     known = ", ".join(f"'{p}'" for p in _PHASE_COLS)
     cur = run.con.cursor()
     size = _step_spans(run, proc)
-    acc = _Groups(size)
+    acc = _Groups(size, run.temp_dir)
     how = "stream" if stream else "hash"
     if stream:
         try:
@@ -427,7 +508,7 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
         except Exception as exc:  # spans out of order, or a scan that needs more memory than foreseen
             if not isinstance(exc, _Unsorted) and not is_out_of_memory(exc):
                 raise
-            acc, how = _Groups(size), "hash"
+            acc, how = _Groups(size, run.temp_dir), "hash"
     if how == "hash":
         _sql_groups(cur, params, acc)
     epochs, outside, fallback, orphan = acc.epochs, acc.outside, acc.fallback, acc.orphan
@@ -436,11 +517,11 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
     unique = True
     if fallback:
         # the exact join for those steps only: a step index repeated gives one row per step span
-        cur.register("hp_redo_steps", pa.table({"step": pa.array(fallback, pa.int64())}))
+        cur.register("hp_redo_steps", {"step": np.asarray(fallback, dtype=np.int64)})
         cond = "step IN (SELECT step FROM hp_redo_steps)"
         sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
-        for b in _arrow_reader(cur, _per_step_sql(cond) + f"SELECT step, s, e, dur, {sel} FROM raw", params):
-            acc.g.add_joined(b, b.column("step").to_numpy())
+        for b in numpy_batches(cur, _per_step_sql(cond) + f"SELECT step, s, e, dur, {sel} FROM raw", params):
+            acc.g.add_joined(b, b.column("step"))
         unique = False
         rows = cur.execute(
             _OUTSIDE_SQL.format(extra=f" AND {cond}", pextra=f" AND p.{cond}"), params
@@ -449,7 +530,7 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
             outside[str(name)] = outside.get(str(name), 0) + int(ns or 0)
     if orphan or acc.orphan_null:
         # phases of names outside the known ones, whose step no step span has: by name
-        cur.register("hp_orphan_steps", pa.table({"step": pa.array(orphan, pa.int64())}))
+        cur.register("hp_orphan_steps", {"step": np.asarray(orphan, dtype=np.int64)})
         rows = cur.execute(
             f"""SELECT name, sum(end_ns - start_ns) FROM spans
                 WHERE kind = 'phase' AND host = $host AND pid = $pid AND tid = $tid
@@ -479,11 +560,12 @@ def _join_steps(run: Run, proc: ProcKey, epochs: int, size: int | None = None) -
 
     params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     cur = run.con.cursor()
-    g = _Gather(_step_spans(run, proc) if size is None else size)
+    g = _Gather(_step_spans(run, proc) if size is None else size, run.temp_dir)
     sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
-    for b in _arrow_reader(cur, _per_step_sql() + f"SELECT step, s, e, dur, {sel} FROM raw", params):
+    for b in numpy_batches(cur, _per_step_sql() + f"SELECT step, s, e, dur, {sel} FROM raw", params):
         # a step span without an index sorts last, as ORDER BY step puts it
-        g.add_joined(b, b.column("step").fill_null(np.iinfo(np.int64).max).to_numpy())
+        step, nulls = b.column("step"), b.nulls("step")
+        g.add_joined(b, step if nulls is None else np.where(nulls, np.iinfo(np.int64).max, step))
     rows = cur.execute(_OUTSIDE_SQL.format(extra="", pextra=""), params).fetchall()
     cur.close()
     return g.result(epochs, {str(n): float(v or 0) for n, v in rows if v}, False, "join")
@@ -495,98 +577,121 @@ def step_stats(run: Run, proc: ProcKey, timeline_points: int = 120) -> StepStats
 
 
 def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
-    """Statistics of the per-step arrays. Written for memory: per phase at most one array the size
-    of a column is made at a time (the arrays of a long run are tens of MiB each)."""
+    """Statistics of the per-step columns. Written for memory: besides the step durations, ``other``
+    and one float buffer, one phase column is in memory at a time (2 M steps: 8 MiB each); every
+    median is taken on the buffer."""
     import numpy as np
 
     count = len(ps.step)
     dur = ps.dur
-    present = {p: v for p, v in ps.phases.items() if v is not None}
+    present = {p: c for p, c in ps.phases.items() if c is not None}
     f: Any = None  # per-step scale factor where the phases add up to more than the step
     other: Any = dur
     if present:
-        measured: Any = None
-        for v in present.values():
-            if measured is None:
-                measured = v.astype(np.int64)
-            else:
-                measured += v
-        over = (measured > dur) & (measured > 0)
+        # the rest of each step, in the step's type when no value can leave it
+        lowest = int(dur.min()) - sum(max(c.hi, 0) for c in present.values())
+        highest = int(dur.max()) - sum(min(c.lo, 0) for c in present.values())
+        wide = dur.dtype == np.int64 or lowest < -(2**31) or highest >= 2**31
+        other = dur.astype(np.int64 if wide else dur.dtype)
+        for c in present.values():
+            other -= c.load()
+        over = other < 0  # the phases add up to more than the step (which is never negative)
         if over.any():
+            measured = dur.astype(np.int64) - other
+            over &= measured > 0
             f = np.ones(count)
             f[over] = dur[over] / measured[over]
             other = np.maximum(dur - measured * f, 0)
+            del measured
         else:
-            fits = int(measured.min()) >= 0  # then the rest of a step is within it: in the step's type
-            np.subtract(dur, measured, out=measured)
-            np.maximum(measured, 0, out=measured)
-            other = measured.astype(dur.dtype) if fits else measured
-        del measured, over
+            np.maximum(other, 0, out=other)
+        del over
 
     def values(p: str) -> Any:
         if p == "other":
             return other
-        v = present.get(p)
-        return v if v is None or f is None else v * f
+        c = present.get(p)
+        if c is None:
+            return None
+        return c.load() if f is None else c.load() * f
+
+    buf = np.empty(count)  # every median's working copy, and each phase's share of its step
+    safe_dur = dur if not count or int(dur.min()) >= 1 else np.maximum(dur, 1)
+
+    def median(v: Any, share: bool = False) -> float:
+        if share:
+            np.divide(v, safe_dur, out=buf)
+        else:
+            buf[:] = v  # exact: a step's nanoseconds are far below 2**53
+        return float(np.median(buf, overwrite_input=True))
+
+    # the timeline: the steps in order, in ``timeline_points`` buckets of k steps, averaged
+    k = max(1, -(-count // timeline_points))
+    nb = -(-count // k)
+    at = np.arange(0, count, k)
+    bucket: Any = None
+    cols: dict[str, Any] = {}
+    if not count:
+        pass
+    elif isinstance(ps.step, range) or (ps.unique_steps and bool((ps.step[1:] > ps.step[:-1]).all())):
+        # in step order already (the streamed scan): buckets are runs of k entries
+        n_in = np.diff(np.append(at, count)).astype(np.float64)
+        first_steps = ps.step.start + at if isinstance(ps.step, range) else ps.step[at]
+        cols["step"] = first_steps.astype(np.float64)
+    else:
+        order = np.argsort(ps.step, kind="stable")
+        bucket = np.empty(count, dtype=np.int64)
+        bucket[order] = np.arange(count, dtype=np.int64) // k
+        cols["step"] = np.minimum.reduceat(ps.step[order], at).astype(np.float64)
+        del order
+        n_in = np.bincount(bucket, minlength=nb).astype(np.float64)
+
+    def bucket_means(v: Any) -> Any:
+        if v is None:
+            return np.zeros(nb)
+        if bucket is not None:
+            sums = np.bincount(bucket, weights=v, minlength=nb)
+        else:
+            sums = np.add.reduceat(v, at, dtype=np.int64 if v.dtype.kind == "i" else np.float64)
+        return sums / n_in / 1e9
 
     total = float(dur.sum(dtype=np.int64)) if count else 0.0
-    safe_dur = dur if not count or int(dur.min()) >= 1 else np.maximum(dur, 1)
-    share = np.empty(count)  # one buffer for every phase's per-step share of its step
     phases: dict[str, PhaseStat] = {}
     for p in (*_PHASE_COLS, "other"):
         v = values(p)
+        if count:
+            cols[p] = bucket_means(v)
         if v is None or not count:
             phases[p] = PhaseStat(fraction=0.0, total_s=0.0, median_s=0.0, median_share=0.0)
             continue
         tot = float(v.sum(dtype=np.int64 if v.dtype.kind == "i" else np.float64))
-        np.divide(v, safe_dur, out=share)
         phases[p] = PhaseStat(
             fraction=(tot / total) if total > 0 else 0.0,
             total_s=tot / NS,
-            median_s=float(np.median(v)) / NS,
-            median_share=float(np.median(share, overwrite_input=True)),
+            median_s=median(v) / NS,
+            median_share=median(v, share=True),
         )
-    del share
+        del v
+    median_s = p90_s = 0.0
+    timeline: list[dict[str, float]] = []
+    if count:
+        cols["step_s"] = bucket_means(dur)
+        median_s = median(dur) / NS
+        buf[:] = dur
+        p90_s = float(np.quantile(buf, 0.9, overwrite_input=True)) / NS
+        names = ["step", "step_s", *_PHASE_COLS, "other"]
+        timeline = [{n: float(cols[n][i]) for n in names} for i in range(nb)]
     # make the fractions sum to exactly 1 despite float rounding: put the residue on `other`
     if total > 0:
         residue = 1.0 - sum(ps_.fraction for ps_ in phases.values())
         phases["other"].fraction = max(0.0, phases["other"].fraction + residue)
     first, last = ps.first_start_ns, ps.last_end_ns
     wall = (last - first) / NS if last > first else 0.0
-    timeline: list[dict[str, float]] = []
-    if count:
-        k = max(1, -(-count // timeline_points))
-        nb = -(-count // k)
-        at = np.arange(0, count, k)
-        names = ["step", "step_s", *_PHASE_COLS, "other"]
-        cols: dict[str, Any] = {}
-        bucket: Any = None
-        if ps.unique_steps and bool((ps.step[1:] > ps.step[:-1]).all()):
-            # in step order already (the streamed scan): buckets are runs of k entries
-            n_in = np.diff(np.append(at, count)).astype(np.float64)
-            cols["step"] = ps.step[at].astype(np.float64)
-        else:
-            order = np.argsort(ps.step, kind="stable")
-            bucket = np.empty(count, dtype=np.int64)
-            bucket[order] = np.arange(count, dtype=np.int64) // k
-            cols["step"] = np.minimum.reduceat(ps.step[order], at).astype(np.float64)
-            del order
-            n_in = np.bincount(bucket, minlength=nb).astype(np.float64)
-
-        def bucket_sums(v: Any) -> Any:
-            if bucket is not None:
-                return np.bincount(bucket, weights=v, minlength=nb)
-            return np.add.reduceat(v, at, dtype=np.int64 if v.dtype.kind == "i" else np.float64)
-
-        for name, v in (("step_s", dur), *((p, values(p)) for p in (*_PHASE_COLS, "other"))):
-            cols[name] = np.zeros(nb) if v is None else bucket_sums(v) / n_in / 1e9
-        del bucket
-        timeline = [{n: float(cols[n][i]) for n in names} for i in range(nb)]
     return StepStats(
         proc=proc,
         count=count,
-        median_s=float(np.median(dur)) / NS if count else 0.0,
-        p90_s=float(np.quantile(dur, 0.9)) / NS if count else 0.0,
+        median_s=median_s,
+        p90_s=p90_s,
         mean_s=(total / count) / NS if count else 0.0,
         per_s=(count / wall) if wall > 0 else 0.0,
         total_s=total / NS,
