@@ -422,12 +422,12 @@ def test_per_step_columns_spill_to_a_file_and_read_back_exactly(tmp_path: object
         big.add(part)
     assert np.array_equal(big.load(), values)
 
-    steps = _Steps(4)
+    steps = _Steps(str(tmp_path))
     steps.add(np.array([10, 11, 12]))
     steps.add(np.array([13]))
     assert steps.indices() == range(10, 14)
     steps.add(np.array([15, 16]))  # 14 is missing
     assert steps.indices().tolist() == [10, 11, 12, 13, 15, 16]
-    first = _Steps(2)
+    first = _Steps(str(tmp_path))
     first.add(np.array([4, 3]))
     assert first.indices().tolist() == [4, 3]

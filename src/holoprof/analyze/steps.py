@@ -122,85 +122,6 @@ _OUTSIDE_SQL = """
     GROUP BY p.name ORDER BY p.name"""
 
 
-class _Column:
-    """A column of per-step integers written batch by batch into one array sized for the process's
-    step spans (grown if ever too small), int32 while the values fit and int64 after. The array is
-    zero-filled by the OS page by page: a phase that never occurs (most of them) and the part never
-    written take no memory."""
-
-    def __init__(self, size: int) -> None:
-        self.size = max(1, size)
-        self.a: Any = None
-        self.n = 0
-        self.nonzero = False
-
-    def add(self, values: Any) -> None:
-        import numpy as np
-
-        k = len(values)
-        if k == 0:
-            return
-        lo, hi = int(values.min()), int(values.max())
-        if self.n + k > self.size:
-            self.size = max(2 * self.size, self.n + k)
-            if self.a is not None:
-                grown = np.zeros(self.size, dtype=self.a.dtype)
-                grown[: self.n] = self.a[: self.n]
-                self.a = grown
-        if lo != 0 or hi != 0:
-            self.nonzero = True
-            if self.a is None:
-                self.a = np.zeros(self.size, dtype=np.int32)
-            if self.a.dtype == np.int32 and not (lo >= -(2**31) and hi < 2**31):
-                self.a = self.a.astype(np.int64)
-            self.a[self.n : self.n + k] = values
-        self.n += k
-
-    def array(self, zeros_as_none: bool = True) -> Any:
-        """The whole column (int32 or int64); None when it is all zeros (if ``zeros_as_none``)."""
-        import numpy as np
-
-        if not self.nonzero:
-            return None if zeros_as_none else np.zeros(self.n, dtype=np.int32)
-        out, self.a = self.a[: self.n], None
-        return out
-
-
-class _Steps(_Column):
-    """The step index column: only its first index and length while the indices run on one by one
-    (the usual case: the streamed scan, every step inside its window), a column from the first gap."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.first: int | None = None  # while a run of indices: its first
-        self.ranged = True
-
-    def add(self, values: Any) -> None:
-        import numpy as np
-
-        if self.ranged and len(values):
-            nxt = int(values[0]) if self.first is None else self.first + self.n
-            k = len(values)
-            if (
-                int(values[0]) == nxt
-                and int(values[-1]) == nxt + k - 1
-                and (k < 3 or bool((np.diff(values) == 1).all()))
-            ):
-                self.first = nxt if self.first is None else self.first
-                self.n += k
-                return
-            self.ranged, n, self.n = False, self.n, 0
-            if n:
-                super().add(np.arange(self.first or 0, (self.first or 0) + n))
-        super().add(values)
-
-    def indices(self) -> Any:
-        """The indices: a ``range`` while they run on one by one, else the column."""
-        if self.ranged:
-            return range(self.first or 0, (self.first or 0) + self.n)
-        return self.array(zeros_as_none=False)
-
-
 class _Spilled:
     """A column of per-step integers written batch by batch to a file in the run's private temporary
     folder, so that the columns of a long run take no memory while its spans are scanned (2 M steps:
@@ -256,6 +177,44 @@ class _Spilled:
         return out
 
 
+class _Steps:
+    """The step index column: only its first index and length while the indices run on one by one
+    (the usual case: the streamed scan, every step inside its window), a spilled column from the
+    first gap."""
+
+    def __init__(self, folder: str | None) -> None:
+        self.folder = folder
+        self.first: int | None = None  # while a run of indices: its first
+        self.n = 0
+        self.col: _Spilled | None = None
+
+    def add(self, values: Any) -> None:
+        import numpy as np
+
+        k = len(values)
+        if self.col is None and k:
+            nxt = int(values[0]) if self.first is None else self.first + self.n
+            if (
+                int(values[0]) == nxt
+                and int(values[-1]) == nxt + k - 1
+                and (k < 3 or bool((np.diff(values) == 1).all()))
+            ):
+                self.first = nxt if self.first is None else self.first
+                self.n += k
+                return
+            self.col, first = _Spilled(self.folder), self.first or 0
+            for at in range(0, self.n, _Spilled._PIECE):
+                self.col.add(np.arange(first + at, first + min(self.n, at + _Spilled._PIECE)))
+        if self.col is not None:
+            self.col.add(values)
+
+    def indices(self) -> Any:
+        """The indices: a ``range`` while they run on one by one, else the column."""
+        if self.col is None:
+            return range(self.first or 0, (self.first or 0) + self.n)
+        return self.col.load()
+
+
 @dataclass
 class _PerStep:
     """The main loop's per-step table as arrays (one entry per step, in no particular order)."""
@@ -274,8 +233,8 @@ class _PerStep:
 class _Gather:
     """The per-step columns being gathered, batch by batch, and the window of the steps seen."""
 
-    def __init__(self, size: int, folder: str | None) -> None:
-        self.step, self.dur = _Steps(size), _Spilled(folder)
+    def __init__(self, folder: str | None) -> None:
+        self.step, self.dur = _Steps(folder), _Spilled(folder)
         self.cols = {p: _Spilled(folder) for p in _PHASE_COLS}
         self.first: int | None = None
         self.last: int | None = None
@@ -328,8 +287,8 @@ class _Groups:
     DuckDB's aggregation by step. Steps whose phases lie inside their window go to the per-step
     columns; the others are listed for the exact join."""
 
-    def __init__(self, size: int, folder: str | None) -> None:
-        self.g = _Gather(size, folder)
+    def __init__(self, folder: str | None) -> None:
+        self.g = _Gather(folder)
         self.epochs = 0
         self.outside = dict.fromkeys(_PHASE_COLS, 0)
         self.fallback: list[Any] = []  # step indices to compute with the exact join
@@ -492,14 +451,13 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
     is exactly the clipped sum; the other steps (phases crossing the window, a step index used twice)
     are computed by the exact join, restricted to them. The scan is one streamed pass in file order
     when each step's spans are contiguous there (runs compacted by holoprof), else DuckDB's
-    aggregation by step; either way results go batch by batch into compact arrays."""
+    aggregation by step; either way results go batch by batch into spilled columns (:class:`_Spilled`)."""
     import numpy as np
 
     params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     known = ", ".join(f"'{p}'" for p in _PHASE_COLS)
     cur = run.con.cursor()
-    size = _step_spans(run, proc)
-    acc = _Groups(size, run.temp_dir)
+    acc = _Groups(run.temp_dir)
     how = "stream" if stream else "hash"
     if stream:
         try:
@@ -508,12 +466,12 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
         except Exception as exc:  # spans out of order, or a scan that needs more memory than foreseen
             if not isinstance(exc, _Unsorted) and not is_out_of_memory(exc):
                 raise
-            acc, how = _Groups(size, run.temp_dir), "hash"
+            acc, how = _Groups(run.temp_dir), "hash"
     if how == "hash":
         _sql_groups(cur, params, acc)
     epochs, outside, fallback, orphan = acc.epochs, acc.outside, acc.fallback, acc.orphan
     if acc.null_steps or len(fallback) > _FALLBACK_MAX:
-        return _join_steps(run, proc, epochs, size)
+        return _join_steps(run, proc, epochs)
     unique = True
     if fallback:
         # the exact join for those steps only: a step index repeated gives one row per step span
@@ -545,22 +503,13 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
     return acc.g.result(epochs, {k: float(v) for k, v in outside.items() if v}, unique, how)
 
 
-def _step_spans(run: Run, proc: ProcKey) -> int:
-    """How many step spans ``proc`` recorded: at most one per-step row each."""
-    rows = run.con.execute(
-        "SELECT count(*) FROM spans WHERE kind = 'step' AND host = $host AND pid = $pid",
-        {"host": proc.host, "pid": proc.pid},
-    ).fetchall()
-    return int(rows[0][0]) if rows else 0
-
-
-def _join_steps(run: Run, proc: ProcKey, epochs: int, size: int | None = None) -> _PerStep:
+def _join_steps(run: Run, proc: ProcKey, epochs: int) -> _PerStep:
     """The per-step table by the plain join over all steps (when the shortcut does not apply)."""
     import numpy as np
 
     params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     cur = run.con.cursor()
-    g = _Gather(_step_spans(run, proc) if size is None else size, run.temp_dir)
+    g = _Gather(run.temp_dir)
     sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
     for b in numpy_batches(cur, _per_step_sql() + f"SELECT step, s, e, dur, {sel} FROM raw", params):
         # a step span without an index sorts last, as ORDER BY step puts it
