@@ -431,3 +431,25 @@ def test_per_step_columns_spill_to_a_file_and_read_back_exactly(tmp_path: object
     first = _Steps(str(tmp_path))
     first.add(np.array([4, 3]))
     assert first.indices().tolist() == [4, 3]
+
+
+def test_an_error_in_the_middle_of_a_stream_keeps_duckdbs_message() -> None:
+    """A DuckDB error raised while a result streams through nanoarrow (past the first batch) keeps
+    DuckDB's message, so that running out of memory there is still recognised: the scan then falls
+    back, or the command ends with its one-line error."""
+    import duckdb
+
+    from holoprof.store.reader import is_out_of_memory, numpy_batches
+
+    con = duckdb.connect()
+    con.execute("SET threads = 1")  # DuckDB buffers 10 MiB of a stream ahead: the error is far past that
+    sql = "SELECT i, CASE WHEN i > 5000000 THEN error('Out of Memory Error: {}') ELSE i END FROM range(5000100) t(i)"
+    seen = 0
+    with pytest.raises(Exception) as info:
+        for b in numpy_batches(con, sql.format("as in a spilled hash table")):
+            seen += b.num_rows
+    assert seen > 0 and is_out_of_memory(info.value)
+    with pytest.raises(Exception) as other:
+        for _ in numpy_batches(con, sql.replace("Out of Memory Error", "Conversion Error").format("x")):
+            pass
+    assert not is_out_of_memory(other.value)

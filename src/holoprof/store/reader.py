@@ -235,9 +235,10 @@ def scan_memory_limit(threads: int) -> int:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """DuckDB ran out of its memory limit (raised as is, or through an Arrow stream as OSError)."""
+    """DuckDB ran out of its memory limit: raised as is, or through an Arrow stream (as OSError by
+    pyarrow, as RuntimeError by nanoarrow) with DuckDB's message."""
     return type(exc).__name__ == "OutOfMemoryException" or (
-        isinstance(exc, OSError) and "Out of Memory Error" in str(exc)
+        isinstance(exc, (OSError, RuntimeError)) and "Out of Memory Error" in str(exc)
     )
 
 
