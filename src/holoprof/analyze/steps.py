@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.store.reader import Batch, Run, is_out_of_memory, numpy_batches, scan_memory_limit
+from holoprof.store.reader import Run, is_out_of_memory, numpy_batches, scan_memory_limit
 
 NS = 1e9
 
@@ -217,7 +217,8 @@ class _Steps:
 
 @dataclass
 class _PerStep:
-    """The main loop's per-step table as arrays (one entry per step, in no particular order)."""
+    """The main loop's per-step table: durations in memory, phases as spilled columns read back one at
+    a time (one entry per step, in no particular order)."""
 
     step: Any  # a range when the steps are in order, one index after the other
     dur: Any
@@ -249,10 +250,6 @@ class _Gather:
         lo, hi = int(s.min()), int(e.max())
         self.first = lo if self.first is None else min(self.first, lo)
         self.last = hi if self.last is None else max(self.last, hi)
-
-    def add_joined(self, b: Batch, step: Any) -> None:
-        """A batch of the exact join (columns step, s, e, dur and one per phase)."""
-        self.add(step, b.column("s"), b.column("e"), {p: b.column(p) for p in _PHASE_COLS})
 
     def result(self, epochs: int, outside_ns: dict[str, float], unique: bool, how: str) -> _PerStep:
         return _PerStep(
@@ -477,9 +474,7 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
         # the exact join for those steps only: a step index repeated gives one row per step span
         cur.register("hp_redo_steps", {"step": np.asarray(fallback, dtype=np.int64)})
         cond = "step IN (SELECT step FROM hp_redo_steps)"
-        sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
-        for b in numpy_batches(cur, _per_step_sql(cond) + f"SELECT step, s, e, dur, {sel} FROM raw", params):
-            acc.g.add_joined(b, b.column("step"))
+        _add_joined(cur, params, acc.g, cond)
         unique = False
         rows = cur.execute(
             _OUTSIDE_SQL.format(extra=f" AND {cond}", pextra=f" AND p.{cond}"), params
@@ -503,18 +498,27 @@ def _scan_steps(run: Run, proc: ProcKey, stream: bool = True) -> _PerStep:
     return acc.g.result(epochs, {k: float(v) for k, v in outside.items() if v}, unique, how)
 
 
+def _add_joined(cur: Any, params: dict[str, Any], g: _Gather, step_filter: str = "") -> None:
+    """The exact join's per-step rows (of the steps ``step_filter`` keeps) into ``g``."""
+    import numpy as np
+
+    sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
+    for b in numpy_batches(
+        cur, _per_step_sql(step_filter) + f"SELECT step, s, e, dur, {sel} FROM raw", params
+    ):
+        # a step span without an index sorts last, as ORDER BY step puts it
+        step, nulls = b.column("step"), b.nulls("step")
+        step = step if nulls is None else np.where(nulls, np.iinfo(np.int64).max, step)
+        g.add(step, b.column("s"), b.column("e"), {p: b.column(p) for p in _PHASE_COLS})
+
+
 def _join_steps(run: Run, proc: ProcKey, epochs: int) -> _PerStep:
     """The per-step table by the plain join over all steps (when the shortcut does not apply)."""
-    import numpy as np
 
     params = {"host": proc.host, "pid": proc.pid, "tid": proc.tid}
     cur = run.con.cursor()
     g = _Gather(run.temp_dir)
-    sel = ", ".join(f"{p}::BIGINT AS {p}" for p in _PHASE_COLS)
-    for b in numpy_batches(cur, _per_step_sql() + f"SELECT step, s, e, dur, {sel} FROM raw", params):
-        # a step span without an index sorts last, as ORDER BY step puts it
-        step, nulls = b.column("step"), b.nulls("step")
-        g.add_joined(b, step if nulls is None else np.where(nulls, np.iinfo(np.int64).max, step))
+    _add_joined(cur, params, g)
     rows = cur.execute(_OUTSIDE_SQL.format(extra="", pextra=""), params).fetchall()
     cur.close()
     return g.result(epochs, {str(n): float(v or 0) for n, v in rows if v}, False, "join")

@@ -48,7 +48,7 @@ def pyarrow_without_pandas() -> None:
 
     pyarrow looks for pandas once, lazily, the first time it asks whether a value is array-like
     (``pa.scalar``, ``fill_null``, ``to_numpy``, ``pa.array``...), and imports it if it is installed.
-    The report on DuckDB and the trace importer never use pandas, so this first probe is made to fail:
+    The trace importer's workers never use pandas (the report does not load pyarrow), so this first probe is made to fail:
     pyarrow remembers that answer for its checks, while an explicit ``to_pandas()`` still imports
     pandas as usual. Only for holoprof's own commands: never in a traced job, whose pyarrow must see
     the job's pandas.
