@@ -311,6 +311,34 @@ def test_chrome_export_is_byte_identical_on_a_generated_run(synth: str, cluster:
     assert (tmp_path / "wduck.json").stat().st_size < (tmp_path / "duck.json").stat().st_size / 2
 
 
+def test_chrome_export_sorted_window_by_window_is_the_same_file(
+    synth: str, client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut into time windows of about 7000 rows (60000 spans), each sorted on its own, both engines
+    write the file a single sort writes: windows cut at quantiles of time keep equal times together."""
+    from holoprof.present import chrome_trace
+
+    whole = tmp_path / "whole.json"
+    holoprof.export(synth, "chrome", str(whole))
+    seen: list[tuple[str, int]] = []
+    cut = chrome_trace.time_windows
+
+    def windows(rows: int, time_col: str, quantiles: Any) -> Any:
+        out = cut(rows, time_col, quantiles)
+        seen.append((time_col, len(out)))
+        return out
+
+    monkeypatch.setattr(chrome_trace, "WINDOW_ROWS", 7_000)
+    monkeypatch.setattr(chrome_trace, "time_windows", windows)
+    for engine in ("duckdb", "dask"):
+        out = tmp_path / f"{engine}.json"
+        holoprof.export(synth, "chrome", str(out), engine=engine, scheduler=client if engine == "dask" else None)
+        assert out.read_bytes() == whole.read_bytes(), engine
+        spans = [n for col, n in seen if col == "start_ns"]
+        assert spans and spans[0] >= 8, (engine, seen)  # the spans in 8 windows or more
+        seen.clear()
+
+
 def test_chrome_export_is_byte_identical_on_a_real_run(real: TracedRun, cluster: Any, tmp_path: Path) -> None:
     import json
 

@@ -14,9 +14,11 @@ its communication, the exposed part, the bytes), the DDP buckets and the ranks' 
 stages and checkpoints sections.
 
 ``holoprof export RUN --format chrome|tensorboard --engine dask`` reads spans, samples and I/O
-operations through Dask partitions: the cluster filters them and sorts them by time (a distributed
-sort), and the exporter fetches the sorted partitions one after the other, so the file is the same,
-byte for byte, as the DuckDB engine's (only the small process table is read with DuckDB).
+operations through Dask partitions, one time window at a time (cut at quantiles of the time column
+sampled on the cluster): the cluster reads the window's rows, skipping the row groups outside it,
+and the client sorts them with the DuckDB engine's ORDER BY before writing them, so the file is the
+same, byte for byte, as the DuckDB engine's, and every process holds one window at most (only the
+small process table is read with DuckDB).
 
 Every chunk file is one partition, read by :func:`read_chunk` with the run's filters (time window,
 ranks, steps) pushed into the Parquet read, and with the columns a chunk lacks filled with nulls (as
@@ -44,13 +46,11 @@ from holoprof import model
 from holoprof.analyze.resources import Resources, SeriesStat
 from holoprof.analyze.steps import NS, PhaseStat, ProcKey, StepStats
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store.reader import Filter, Run, scan_memory_limit
+from holoprof.store.reader import Bound, Filter, Run, row_batches, scan_memory_limit
 
 _PHASE_COLS = list(model.MEASURED_PHASES)
-#: Rows per partition of a sorted export stream (what the client holds at a time).
-PART_ROWS = 250_000
-#: Rows per batch handed to an exporter.
-BATCH = 20_000
+#: One time value in this many rows of a chunk is sampled to cut an export's time windows.
+WINDOW_SAMPLE = 512
 _TIME_COL = {"spans": "start_ns", "samples": "ts_ns", "io_files": "ts_ns", "io_ops": "start_ns"}
 #: Partial results combined per task in the tree reduction of an :class:`Aggregation`.
 SPLIT_EVERY = 8
@@ -272,9 +272,20 @@ def _filter_columns(table: str, f: Filter) -> set[str]:
     return cols
 
 
-def read_chunk(path: str, table: str, names: list[str], where: Filter, arrow: bool) -> Any:
+def read_chunk(
+    path: str,
+    table: str,
+    names: list[str],
+    where: Filter,
+    arrow: bool,
+    bounds: tuple[Bound, ...] = (),
+    head: bool = False,
+) -> Any:
     """One chunk file as a pandas DataFrame of the columns ``names`` (model types; missing columns are nulls),
-    filtered by ``where``. ``arrow``: Arrow-backed columns (exact ints and nulls) instead of NumPy."""
+    filtered by ``where`` and by ``bounds`` (``(column, operator, value)`` conditions, pushed into
+    the read so row groups outside them are skipped). ``arrow``: Arrow-backed columns (exact ints
+    and nulls) instead of NumPy. ``head``: the first rows only, unfiltered (enough for the
+    frame's types: a dask ``meta``)."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -282,17 +293,27 @@ def read_chunk(path: str, table: str, names: list[str], where: Filter, arrow: bo
     columns = names  # (not called `columns`: dask would push its own projection into it)
     schema = model.arrow_schema(table)
     have = set(pq.read_schema(path).names)
-    need = sorted((set(columns) | _filter_columns(table, where)) & have)
+    fcols = _filter_columns(table, where) | {c for c, _, _ in bounds}
+    need = sorted((set(columns) | fcols) & have)
     expr = _filter_expr(table, where)
-    pushed = expr is not None and _filter_columns(table, where) <= have
-    tbl = pq.read_table(path, columns=need, filters=expr if pushed else None)
+    if bounds:
+        window = pq.filters_to_expression([list(bounds)])
+        expr = window if expr is None else expr & window
+    pushed = expr is not None and fcols <= have
+    first = next(pq.ParquetFile(path).iter_batches(batch_size=64, columns=need), None) if head else None
+    if first is not None:
+        tbl = pa.Table.from_batches([first])
+        expr = None
+    else:
+        tbl = pq.read_table(path, columns=need, filters=expr if pushed else None)
     n = tbl.num_rows
+    names_all = sorted(set(need) | set(columns) | fcols)
     full = pa.Table.from_arrays(
         [
             tbl.column(c).cast(schema.field(c).type) if c in have else pa.nulls(n, schema.field(c).type)
-            for c in sorted(set(need) | set(columns) | _filter_columns(table, where))
+            for c in names_all
         ],
-        names=sorted(set(need) | set(columns) | _filter_columns(table, where)),
+        names=names_all,
     )
     if expr is not None and not pushed:
         full = full.filter(expr)
@@ -300,6 +321,23 @@ def read_chunk(path: str, table: str, names: list[str], where: Filter, arrow: bo
     if arrow:
         return full.to_pandas(types_mapper=pd.ArrowDtype)
     return full.to_pandas()
+
+
+def _arrow_table(pdf: Any) -> Any:
+    """An Arrow-backed partition as an Arrow table (its columns are not copied)."""
+    import pyarrow as pa
+
+    return pa.Table.from_pandas(pdf, preserve_index=False)
+
+
+def _every_nth(pdf: Any, col: str, n: int) -> Any:
+    """Every ``n``-th value of ``col`` in ``pdf``, sorted: a sample of its distribution in which
+    each value stands for ``n`` rows."""
+    import numpy as np
+    import pandas as pd
+
+    v = np.sort(pdf[col].dropna().to_numpy(dtype="int64"))
+    return pd.DataFrame({col: v[n - 1 :: n]})
 
 
 class DaskEngine:
@@ -316,10 +354,16 @@ class DaskEngine:
         self.aggregations: Counter[str] = Counter()
 
     def read(
-        self, table: str, columns: list[str], arrow: bool = False, files: list[str] | None = None
+        self,
+        table: str,
+        columns: list[str],
+        arrow: bool = False,
+        files: list[str] | None = None,
+        bounds: tuple[Bound, ...] = (),
     ) -> Any:
         """``table`` as a dask DataFrame (one partition per chunk file, the run's filters applied),
-        or None when the run has no chunk of it. ``files``: only these chunk files of the table."""
+        or None when the run has no chunk of it. ``files``: only these chunk files of the table;
+        ``bounds``: only the rows within these (see :func:`read_chunk`)."""
         files = list(self.run.chunks.files[table] if files is None else files)
         if not files:
             return None
@@ -328,10 +372,10 @@ class DaskEngine:
         meta = self._metas.get(key)
         if meta is None:
             # a deep copy: a slice would keep the whole chunk's buffers alive with the expression
-            meta = read_chunk(files[0], table, columns, where, arrow).iloc[:0].copy(deep=True)
+            meta = read_chunk(files[0], table, columns, where, arrow, head=True).iloc[:0].copy(deep=True)
             self._metas[key] = meta
         return self.dd.from_map(
-            read_chunk, files, args=(table, columns, where, arrow), meta=meta, label=f"read-{table}"
+            read_chunk, files, args=(table, columns, where, arrow, bounds), meta=meta, label=f"read-{table}"
         )
 
     def _pid_ranges(self) -> list[tuple[str, int | None, int | None]]:
@@ -571,49 +615,6 @@ class DaskEngine:
         return res
 
     # -- exports: the same rows, in the same order, as the DuckDB queries of the exporters ----------
-    def _rows_in(self, table: str) -> int:
-        import pyarrow.parquet as pq
-
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in self.run.chunks.files[table])
-
-    def sorted_batches(
-        self, table: str, columns: list[str], keep: Any, by: list[str], ascending: list[bool]
-    ) -> Iterator[list[tuple[Any, ...]]]:
-        """Rows of ``columns`` of ``table`` where ``keep(df)`` holds, sorted by ``by`` (a total order
-        when ``by`` covers every column written), in batches of plain Python values (None for null).
-
-        The cluster sorts (partitioned by the first key, so equal values meet in one partition, then
-        each partition sorted by all keys); the client fetches the sorted partitions in order and
-        releases each after use, holding one partition at a time."""
-        import pyarrow as pa
-
-        cols = list(dict.fromkeys(columns + by))
-        df = self.read(table, cols, arrow=True)
-        if df is None:
-            return
-        df = keep(df)
-        nparts = max(df.npartitions, math.ceil(self._rows_in(table) / PART_ROWS))
-        ordered = df.sort_values(by, ascending=ascending, npartitions=nparts)
-        futures = self.client.compute(ordered.to_delayed())
-        try:
-            for i in range(len(futures)):
-                fut = futures[i]
-                pdf = fut.result()
-                futures[i] = None
-                fut.release()
-                if not len(pdf):
-                    continue
-                tbl = pa.Table.from_pandas(pdf[columns], preserve_index=False)
-                del pdf
-                for j in range(0, tbl.num_rows, BATCH):  # Python objects for one batch at a time
-                    part = tbl.slice(j, BATCH)
-                    yield list(zip(*(part.column(c).to_pylist() for c in columns), strict=True))
-                del tbl
-        finally:
-            for fut in futures:
-                if fut is not None:
-                    fut.release()
-
     def trace_threads(self, lo: int, hi: int) -> list[tuple[Any, ...]]:
         """``(host, pid, tid, steps, spans)`` of every thread with spans in [lo, hi], sorted."""
         sp = self.read("spans", ["host", "pid", "tid", "kind", "start_ns", "end_ns"])
@@ -628,51 +629,66 @@ class DaskEngine:
             for h, p, t, s, n in zip(g["host"], g["pid"], g["tid"], g["sum"], g["count"], strict=True)
         ]
 
-    def trace_spans(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
-        cols = [
-            "host",
-            "pid",
-            "tid",
-            "kind",
-            "name",
-            "start_ns",
-            "end_ns",
-            "step",
-            "attrs",
-            "span_id",
-            "parent_id",
-        ]
-        from holoprof.present.chrome_trace import SPAN_ORDER
+    def sorted_rows(
+        self,
+        table: str,
+        columns: tuple[str, ...],
+        bounds: tuple[Bound, ...],
+        time_col: str,
+        order: tuple[tuple[str, bool], ...],
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """``columns`` of the rows of ``table`` within ``bounds``, sorted by ``order`` (time first, a
+        total order), in batches of plain Python values (None for null): the DuckDB engine's rows.
 
-        return self.sorted_batches(
-            "spans",
-            cols,
-            lambda d: d[(d.end_ns >= lo) & (d.start_ns <= hi)],
-            [c for c, _ in SPAN_ORDER],
-            [asc for _, asc in SPAN_ORDER],
+        One time window (:func:`~holoprof.present.chrome_trace.time_windows`, cut at quantiles of
+        ``time_col`` sampled on the cluster) at a time: the cluster reads and filters its rows,
+        skipping row groups outside it, and the client sorts them with the DuckDB engine's ORDER BY,
+        so the client holds one window and the workers one chunk's window at a time."""
+        import dask
+        import numpy as np
+        import pandas as pd
+        import pyarrow as pa
+
+        from holoprof.present.chrome_trace import BATCH, order_by, time_windows
+
+        by = [c for c, _ in order]
+        cols = list(dict.fromkeys([*columns, *by]))
+        stride = WINDOW_SAMPLE
+        sample = self.read(table, [time_col], arrow=True, bounds=bounds)
+        if sample is None:
+            return
+        meta = pd.DataFrame({time_col: np.zeros(0, dtype="int64")})
+        picked = sample.map_partitions(
+            _every_nth, time_col, stride, meta=meta, token=f"holoprof-sample-{table}"
         )
+        times = np.sort(self.client.compute(picked, sync=True)[time_col].to_numpy(dtype="int64"))
 
-    def trace_samples(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
-        from holoprof.present.chrome_trace import SAMPLE_ORDER
+        def quantiles(qs: list[float]) -> list[int | None]:
+            return [int(times[min(len(times) - 1, int(q * len(times)))]) for q in qs] if len(times) else []
 
-        return self.sorted_batches(
-            "samples",
-            ["host", "pid", "target_pid", "name", "ts_ns", "value"],
-            lambda d: d[(d.ts_ns >= lo) & (d.ts_ns <= hi)],
-            list(SAMPLE_ORDER),
-            [True] * len(SAMPLE_ORDER),
-        )
-
-    def trace_io_ops(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
-        from holoprof.present.chrome_trace import IO_OP_ORDER
-
-        return self.sorted_batches(
-            "io_ops",
-            ["host", "pid", "module", "path", "op", "offset", "size_bytes", "start_ns", "end_ns"],
-            lambda d: d[(d.end_ns >= lo) & (d.start_ns <= hi)],
-            list(IO_OP_ORDER),
-            [True] * len(IO_OP_ORDER),
-        )
+        select = ", ".join(f'"{c}"' for c in columns)
+        for window in time_windows(len(times) * stride, time_col, quantiles):
+            df = self.read(table, cols, arrow=True, bounds=(*bounds, *window))
+            assert df is not None
+            # each partition comes back as an Arrow table, released on the cluster once here
+            futures = self.client.compute([dask.delayed(_arrow_table)(p) for p in df.to_delayed()])
+            pieces = []
+            for i, fut in enumerate(futures):
+                piece = fut.result()
+                fut.release()
+                futures[i] = None
+                if piece.num_rows:
+                    pieces.append(piece)
+            if not pieces:
+                continue
+            rows = pa.concat_tables(pieces)
+            del pieces
+            cur = self.run.con.cursor()
+            cur.register("holoprof_window", rows)
+            del rows  # (the cursor holds it until it is closed)
+            yield from row_batches(
+                cur, f"SELECT {select} FROM holoprof_window ORDER BY {order_by(order)}", [], BATCH
+            )
 
     def job_sample_names(self) -> set[str]:
         if self.samples is None:
@@ -692,16 +708,24 @@ class DaskEngine:
             job = job[job.name.isin(series)][["name", "ts_ns", "value"]].compute()
         for name in series:
             if self.samples is None:
-                last.append([None] * len(per))
+                last.append(None)
                 continue
             g = job[job["name"] == name].sort_values("ts_ns", kind="stable")
             ts = g["ts_ns"].to_numpy()
             vals = g["value"].to_numpy()
             idx = np.searchsorted(ts, per["e"].to_numpy(), side="right") - 1
-            last.append([float(vals[i]) if i >= 0 else None for i in idx.tolist()])
+            last.append((idx, vals))
         phases = [*_PHASE_COLS, "other"]
-        cols = [per.index.to_numpy().tolist(), per["e"].tolist(), per["dur"].tolist()]
-        cols += [per[p].tolist() for p in phases]
-        rows = list(zip(*cols, *last, strict=True))
-        for j in range(0, len(rows), BATCH):
-            yield rows[j : j + BATCH]
+        columns = [per.index.to_numpy(), per["e"].to_numpy(), per["dur"].to_numpy()]
+        columns += [per[p].to_numpy() for p in phases]
+        from holoprof.present.tensorboard import BATCH
+
+        for j in range(0, len(per), BATCH):  # Python objects for one batch at a time
+            cols = [c[j : j + BATCH].tolist() for c in columns]
+            for found in last:
+                if found is None:
+                    cols.append([None] * len(cols[0]))
+                else:
+                    idx, vals = found
+                    cols.append([float(vals[i]) if i >= 0 else None for i in idx[j : j + BATCH].tolist()])
+            yield list(zip(*cols, strict=True))

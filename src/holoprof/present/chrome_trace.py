@@ -7,21 +7,24 @@ job-wide ones on the launcher's track, ``proc.*`` ones on the process they measu
 I/O records (``io_ops``, when traced) complete events on an ``I/O`` thread of their process.
 Timestamps are microseconds since the run start.
 
-The file is written event by event while the spans and samples are read in batches ordered by time,
-so memory stays flat however long the run is. The order is total (time first, then every column
+The file is written event by event while the spans, samples and I/O operations are read in batches
+ordered by time. They are cut by time into windows of about :data:`WINDOW_ROWS` rows (at quantiles
+of their time column) and each window is sorted on its own, so memory stays flat however long the
+run is. The order is total (time first, then every column
 written), so the file is deterministic: the DuckDB engine (default) and the Dask engine
 (``engine=DaskEngine``, see :mod:`holoprof.analyze.engine_dask`) write the same bytes.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from holoprof.store.reader import Run
+from holoprof.store.reader import Bound, Run, row_batches
 
 BATCH = 20_000
 #: The thread id of the synthetic I/O track of each process.
@@ -29,8 +32,22 @@ IO_TID = 2**31 - 2
 #: Pids of processes on other hosts are moved by this much per host so that tracks never collide.
 HOST_STRIDE = 1 << 22
 
-#: The order of the events of each kind: (column, ascending). Time first; the other columns only
-#: break ties, so that the order — and the file — is the same whatever engine reads the run.
+#: The columns written of each kind of event, and their order: (column, ascending). Time first; the
+#: other columns only break ties, so that the order (and the file) is the same whatever engine
+#: reads the run.
+SPAN_COLS = (
+    "host",
+    "pid",
+    "tid",
+    "kind",
+    "name",
+    "start_ns",
+    "end_ns",
+    "step",
+    "attrs",
+    "span_id",
+    "parent_id",
+)
 SPAN_ORDER: tuple[tuple[str, bool], ...] = (
     ("start_ns", True),
     ("end_ns", False),
@@ -44,22 +61,45 @@ SPAN_ORDER: tuple[tuple[str, bool], ...] = (
     ("parent_id", True),
     ("attrs", True),
 )
-SAMPLE_ORDER: tuple[str, ...] = ("ts_ns", "host", "pid", "target_pid", "name", "value")
-IO_OP_ORDER: tuple[str, ...] = (
-    "start_ns",
-    "end_ns",
-    "host",
-    "pid",
-    "module",
-    "path",
-    "op",
-    "offset",
-    "size_bytes",
+SAMPLE_COLS = ("host", "pid", "target_pid", "name", "ts_ns", "value")
+SAMPLE_ORDER: tuple[tuple[str, bool], ...] = tuple(
+    (c, True) for c in ("ts_ns", "host", "pid", "target_pid", "name", "value")
+)
+IO_OP_COLS = ("host", "pid", "module", "path", "op", "offset", "size_bytes", "start_ns", "end_ns")
+IO_OP_ORDER: tuple[tuple[str, bool], ...] = tuple(
+    (c, True) for c in ("start_ns", "end_ns", "host", "pid", "module", "path", "op", "offset", "size_bytes")
 )
 
+#: An export sorts about this many rows at a time: the spans (samples, I/O operations) are cut by
+#: time into windows of about this many rows, and each window is sorted on its own, so that memory
+#: stays flat however long the run is (a window is larger only where more rows share one time).
+WINDOW_ROWS = 500_000
 
-def _order_by(cols: Any) -> str:
-    return ", ".join(f'"{c[0]}"{"" if c[1] else " DESC"}' if isinstance(c, tuple) else f'"{c}"' for c in cols)
+
+def order_by(order: tuple[tuple[str, bool], ...]) -> str:
+    return ", ".join(f'"{c}"{"" if asc else " DESC"}' for c, asc in order)
+
+
+def bounds_sql(bounds: tuple[Bound, ...]) -> tuple[str, list[int]]:
+    """``bounds`` as a SQL condition and its parameters."""
+    return " AND ".join(f'"{c}" {op} ?' for c, op, _ in bounds) or "true", [int(v) for *_, v in bounds]
+
+
+def time_windows(
+    rows: int, time_col: str, quantiles: Callable[[list[float]], Sequence[int | None]]
+) -> list[tuple[Bound, ...]]:
+    """The windows of ``time_col`` that cut ``rows`` rows into pieces of about WINDOW_ROWS, as
+    bounds: cut at the column's ``quantiles(qs)``. Rows of one time fall in one window, so windows
+    sorted time first, one after the other, are the whole table in order."""
+    k = -(-rows // WINDOW_ROWS)
+    cuts = sorted({int(c) for c in quantiles([i / k for i in range(1, k)]) if c is not None}) if k > 1 else []
+    edges: list[int | None] = [None, *cuts, None]
+    windows = []
+    for a, b in itertools.pairwise(edges):
+        lower: list[Bound] = [(time_col, ">=", a)] if a is not None else []
+        upper: list[Bound] = [(time_col, "<", b)] if b is not None else []
+        windows.append((*lower, *upper))
+    return windows
 
 
 @dataclass
@@ -98,19 +138,6 @@ class _Pids:
         return int(pid) + idx * HOST_STRIDE
 
 
-def _batches(run: Run, sql: str, params: list[Any]) -> Iterator[list[tuple[Any, ...]]]:
-    cur = run.con.cursor()
-    try:
-        cur.execute(sql, params)
-        while True:
-            rows = cur.fetchmany(BATCH)
-            if not rows:
-                return
-            yield rows
-    finally:
-        cur.close()
-
-
 class DuckDBRows:
     """The rows of the trace from the run's DuckDB views (the default engine)."""
 
@@ -125,29 +152,30 @@ class DuckDBRows:
             [lo, hi],
         )
 
-    def trace_spans(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
-        return _batches(
-            self.run,
-            f"""SELECT host, pid, tid, kind, name, start_ns, end_ns, step, attrs, span_id, parent_id FROM spans
-                WHERE end_ns >= ? AND start_ns <= ? ORDER BY {_order_by(SPAN_ORDER)}""",
-            [lo, hi],
-        )
+    def sorted_rows(
+        self,
+        table: str,
+        columns: tuple[str, ...],
+        bounds: tuple[Bound, ...],
+        time_col: str,
+        order: tuple[tuple[str, bool], ...],
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """``columns`` of the rows of ``table`` within ``bounds``, sorted by ``order`` (time first),
+        in batches: one time window (:func:`time_windows`) sorted at a time."""
+        where, params = bounds_sql(bounds)
+        n = int(self.run.rows(f"SELECT count(*) FROM {table} WHERE {where}", params)[0][0])
 
-    def trace_samples(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
-        return _batches(
-            self.run,
-            f"""SELECT host, pid, target_pid, name, ts_ns, value FROM samples
-                WHERE ts_ns BETWEEN ? AND ? ORDER BY {_order_by(SAMPLE_ORDER)}""",
-            [lo, hi],
-        )
+        def quantiles(qs: list[float]) -> list[int | None]:
+            sql = (
+                f'SELECT approx_quantile("{time_col}", {[float(q) for q in qs]!r}) FROM {table} WHERE {where}'
+            )
+            return list(self.run.rows(sql, params)[0][0] or [])
 
-    def trace_io_ops(self, lo: int, hi: int) -> Iterator[list[tuple[Any, ...]]]:
-        return _batches(
-            self.run,
-            f"""SELECT host, pid, module, path, op, "offset", size_bytes, start_ns, end_ns FROM io_ops
-                WHERE end_ns >= ? AND start_ns <= ? ORDER BY {_order_by(IO_OP_ORDER)}""",
-            [lo, hi],
-        )
+        cols = ", ".join(f'"{c}"' for c in columns)
+        for window in time_windows(n, time_col, quantiles):
+            w, wp = bounds_sql((*bounds, *window))
+            sql = f"SELECT {cols} FROM {table} WHERE {w} ORDER BY {order_by(order)}"
+            yield from row_batches(self.run.con.cursor(), sql, wp, BATCH)
 
 
 _JSTR: dict[str, str] = {}
@@ -177,8 +205,8 @@ def write_chrome_trace(
 ) -> TraceStats:
     """Write ``run`` (optionally the window [start_s, end_s] seconds from its start) to ``out``.
 
-    ``engine`` reads the threads, spans, samples and I/O operations (``trace_threads``,
-    ``trace_spans``, ``trace_samples``, ``trace_io_ops``): DuckDB by default, or a
+    ``engine`` reads the threads (``trace_threads``) and the sorted spans, samples and I/O
+    operations (``sorted_rows``): DuckDB by default, or a
     :class:`~holoprof.analyze.engine_dask.DaskEngine`. The small process table is read with DuckDB.
     """
     src = engine if engine is not None else DuckDBRows(run)
@@ -268,7 +296,9 @@ def write_chrome_trace(
         stats.threads += 1
 
     # spans ----------------------------------------------------------------------------------------
-    for rows in src.trace_spans(lo, hi):
+    for rows in src.sorted_rows(
+        "spans", SPAN_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), "start_ns", SPAN_ORDER
+    ):
         parts: list[str] = []
         for host, pid, tid, kind, name, s, e, step, attrs, sid, parent in rows:
             # Formatted directly (json.dumps of a whole dict per event is the bottleneck on big runs);
@@ -295,7 +325,9 @@ def write_chrome_trace(
             stats.spans += len(parts)
 
     # counters -------------------------------------------------------------------------------------
-    for rows in src.trace_samples(lo, hi):
+    for rows in src.sorted_rows(
+        "samples", SAMPLE_COLS, (("ts_ns", ">=", lo), ("ts_ns", "<=", hi)), "ts_ns", SAMPLE_ORDER
+    ):
         for host, pid, target, name, ts, value in rows:
             if target is not None and int(target) >= 0:
                 p = pid_of(str(host), int(target))
@@ -315,7 +347,9 @@ def write_chrome_trace(
 
     # per-operation I/O ----------------------------------------------------------------------------
     io_named: set[int] = set()
-    for rows in src.trace_io_ops(lo, hi):
+    for rows in src.sorted_rows(
+        "io_ops", IO_OP_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), "start_ns", IO_OP_ORDER
+    ):
         for host, pid, module, path, op, offset, size, s, e in rows:
             p = pid_of(str(host), int(pid))
             if p not in io_named:

@@ -20,13 +20,12 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
 from holoprof import model
 from holoprof.errors import HoloprofError
-from holoprof.store.reader import Run
+from holoprof.store.reader import Run, row_batches
 
 BATCH = 20_000
 
@@ -183,19 +182,6 @@ class TensorBoardStats:
     tags: list[str]
 
 
-def _rows(run: Run, sql: str, params: dict[str, object]) -> Iterator[list[tuple[Any, ...]]]:
-    cur = run.con.cursor()
-    try:
-        cur.execute(sql, params)
-        while True:
-            rows = cur.fetchmany(BATCH)
-            if not rows:
-                return
-            yield rows
-    finally:
-        cur.close()
-
-
 def write_tensorboard(run: Run, logdir: str, engine: Any = None) -> TensorBoardStats:
     """Write the per-step scalars of ``run``'s main training loop into ``logdir``.
 
@@ -247,7 +233,7 @@ def write_tensorboard(run: Run, logdir: str, engine: Any = None) -> TensorBoardS
     if engine is not None:
         batches = engine.tensorboard_rows(main, [name for name, _ in series])
     else:
-        batches = _rows(run, sql, params)
+        batches = row_batches(run.con.cursor(), sql, params, BATCH)
     n = 0
     with EventWriter(logdir) as w:
         for rows in batches:

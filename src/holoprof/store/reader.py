@@ -20,6 +20,9 @@ from holoprof.store import layout, rundir
 
 T = TypeVar("T")
 
+#: A condition on one column, as pyarrow's ``filters`` take it: (column, operator, value).
+Bound = tuple[str, str, int]
+
 
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
@@ -293,6 +296,22 @@ def numpy_batches(cur: Any, sql: str, params: dict[str, Any] | None = None) -> I
                 yield Batch(array)
     finally:
         stream.release()
+
+
+def row_batches(
+    cur: Any, sql: str, params: Any = None, size: int = 20_000
+) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of ``sql`` on the DuckDB cursor ``cur`` as Python tuples, ``size`` at a time; the
+    cursor is closed at the end (or when the caller stops early)."""
+    try:
+        cur.execute(sql, params if params is not None else [])
+        while True:
+            rows = cur.fetchmany(size)
+            if not rows:
+                return
+            yield rows
+    finally:
+        cur.close()
 
 
 @dataclass(frozen=True)
