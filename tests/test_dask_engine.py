@@ -311,31 +311,49 @@ def test_chrome_export_is_byte_identical_on_a_generated_run(synth: str, cluster:
     assert (tmp_path / "wduck.json").stat().st_size < (tmp_path / "duck.json").stat().st_size / 2
 
 
-def test_chrome_export_sorted_window_by_window_is_the_same_file(
+def test_exports_in_small_pieces_write_the_same_files(
     synth: str, client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Cut into time windows of about 7000 rows (60000 spans), each sorted on its own, both engines
-    write the file a single sort writes: windows cut at quantiles of time keep equal times together."""
-    from holoprof.present import chrome_trace
+    """The pieces that keep an export's memory flat do not change what it writes: a Chrome trace
+    sorted under 64 MiB of DuckDB memory and read from the cluster one chunk at a time, and
+    TensorBoard records computed about 500 steps at a time (4000 steps: 5 to 8 windows cut at
+    quantiles of the step index), are the files of one piece, on both engines."""
+    from holoprof.analyze import engine_dask
+    from holoprof.present import chrome_trace, tensorboard
+    from holoprof.store import reader
 
-    whole = tmp_path / "whole.json"
-    holoprof.export(synth, "chrome", str(whole))
-    seen: list[tuple[str, int]] = []
-    cut = chrome_trace.time_windows
+    holoprof.export(synth, "chrome", str(tmp_path / "whole.json"))
+    holoprof.export(synth, "tensorboard", str(tmp_path / "whole-tb"))
+    seen: list[int] = []
+    cut = reader.windows
 
-    def windows(rows: int, time_col: str, quantiles: Any) -> Any:
-        out = cut(rows, time_col, quantiles)
-        seen.append((time_col, len(out)))
+    def windows(rows: int, col: str, quantiles: Any, size: int) -> Any:
+        out = cut(rows, col, quantiles, size)
+        seen.append(len(out))
         return out
 
-    monkeypatch.setattr(chrome_trace, "WINDOW_ROWS", 7_000)
-    monkeypatch.setattr(chrome_trace, "time_windows", windows)
+    monkeypatch.setattr(chrome_trace, "SORT_MEMORY", 64 * 2**20)
+    monkeypatch.setattr(engine_dask, "EXPORT_IN_FLIGHT", 1)
+    monkeypatch.setattr(tensorboard, "STEP_WINDOW", 500)
+    monkeypatch.setattr(tensorboard, "windows", windows)
+    monkeypatch.setattr(engine_dask, "windows", windows)
+    spilled = []
+    with_limit = reader.Run.lean_memory
+
+    def lean_memory(self: Any, limit: int | None = None) -> Any:
+        spilled.append(limit)
+        return with_limit(self, limit)
+
+    monkeypatch.setattr(reader.Run, "lean_memory", lean_memory)
     for engine in ("duckdb", "dask"):
-        out = tmp_path / f"{engine}.json"
-        holoprof.export(synth, "chrome", str(out), engine=engine, scheduler=client if engine == "dask" else None)
-        assert out.read_bytes() == whole.read_bytes(), engine
-        spans = [n for col, n in seen if col == "start_ns"]
-        assert spans and spans[0] >= 8, (engine, seen)  # the spans in 8 windows or more
+        sched = client if engine == "dask" else None
+        holoprof.export(synth, "chrome", str(tmp_path / f"{engine}.json"), engine=engine, scheduler=sched)
+        assert (tmp_path / f"{engine}.json").read_bytes() == (tmp_path / "whole.json").read_bytes(), engine
+        assert 64 * 2**20 in spilled, spilled
+        spilled.clear()
+        holoprof.export(synth, "tensorboard", str(tmp_path / f"{engine}-tb"), engine=engine, scheduler=sched)
+        assert _records(tmp_path / f"{engine}-tb") == _records(tmp_path / "whole-tb"), engine
+        assert seen and seen[0] >= 5, (engine, seen)  # the steps in 5 windows or more
         seen.clear()
 
 

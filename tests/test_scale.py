@@ -369,6 +369,41 @@ def test_a_memory_limit_too_small_is_one_line_and_exit_2(synth: tuple[str, objec
     assert os.path.isdir(synth[0])  # the run is untouched
 
 
+def _digest(batches: object) -> tuple[int, str]:
+    import hashlib
+
+    h = hashlib.sha256()
+    n = 0
+    for rows in batches:  # type: ignore[attr-defined]
+        n += len(rows)
+        h.update(repr(rows).encode())
+    return n, h.hexdigest()
+
+
+def test_an_exports_sort_spills_to_disk_and_gives_the_same_rows(
+    synth: tuple[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Chrome export's sort of every span runs under its own memory limit: at 64 MiB it
+    spills sorted runs to the run's temporary folder; at 1 MiB it cannot start and runs again at
+    the run's limit. Both give the rows of an unconstrained sort, in the same order."""
+    from holoprof.present import chrome_trace as ct
+
+    run = holoprof.load(synth[0])
+    monkeypatch.setattr(ct, "SORT_MEMORY", 4 * 2**30)
+    whole = _digest(ct.sorted_batches(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER))
+    assert whole[0] > 600_000
+    monkeypatch.setattr(ct, "SORT_MEMORY", 64 * 2**20)
+    spilled = ct.sorted_batches(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER)
+    first = next(spilled)
+    files, size = run.rows("SELECT count(*), coalesce(sum(size), 0) FROM duckdb_temporary_files()")[0]
+    assert files > 0 and size > 0, "the sort spilled"
+    assert run.memory_limit == "64MiB"  # while its rows are read
+    assert _digest(itertools.chain([first], spilled)) == whole
+    assert run.memory_limit != "64MiB"
+    monkeypatch.setattr(ct, "SORT_MEMORY", 2**20)
+    assert _digest(ct.sorted_batches(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER)) == whole
+
+
 def test_the_report_on_duckdb_loads_neither_pyarrow_nor_pandas(synth: tuple[str, object]) -> None:
     """The report on DuckDB reads its streams with nanoarrow and NumPy: the command never loads
     pyarrow (about 27 MiB) nor pandas (about 50 MiB), and gives the same document as a process that

@@ -14,11 +14,11 @@ its communication, the exposed part, the bytes), the DDP buckets and the ranks' 
 stages and checkpoints sections.
 
 ``holoprof export RUN --format chrome|tensorboard --engine dask`` reads spans, samples and I/O
-operations through Dask partitions, one time window at a time (cut at quantiles of the time column
-sampled on the cluster): the cluster reads the window's rows, skipping the row groups outside it,
-and the client sorts them with the DuckDB engine's ORDER BY before writing them, so the file is the
-same, byte for byte, as the DuckDB engine's, and every process holds one window at most (only the
-small process table is read with DuckDB).
+operations through Dask partitions: the cluster reads and filters every chunk, a few at a time, and
+the client spools them to a temporary Parquet file that it sorts the way the DuckDB engine sorts the
+run (spilling to disk), so the file is the same, byte for byte, as the DuckDB engine's and memory
+stays flat. The per-step table of the TensorBoard export is computed on the cluster one window of
+steps at a time. Only the small process table is read with DuckDB.
 
 Every chunk file is one partition, read by :func:`read_chunk` with the run's filters (time window,
 ranks, steps) pushed into the Parquet read, and with the columns a chunk lacks filled with nulls (as
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import threading
 import uuid
@@ -46,11 +47,13 @@ from holoprof import model
 from holoprof.analyze.resources import Resources, SeriesStat
 from holoprof.analyze.steps import NS, PhaseStat, ProcKey, StepStats
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store.reader import Bound, Filter, Run, row_batches, scan_memory_limit
+from holoprof.store.reader import Bound, Filter, Run, scan_memory_limit, windows
 
 _PHASE_COLS = list(model.MEASURED_PHASES)
-#: One time value in this many rows of a chunk is sampled to cut an export's time windows.
+#: One value in this many rows of a chunk is sampled to cut a table into windows of a column.
 WINDOW_SAMPLE = 512
+#: Chunks an export reads on the cluster at a time.
+EXPORT_IN_FLIGHT = 2
 _TIME_COL = {"spans": "start_ns", "samples": "ts_ns", "io_files": "ts_ns", "io_ops": "start_ns"}
 #: Partial results combined per task in the tree reduction of an :class:`Aggregation`.
 SPLIT_EVERY = 8
@@ -426,11 +429,11 @@ class DaskEngine:
             if lo is None or hi is None or any(lo <= x <= hi for x in pids)
         ]
 
-    def _spans_of(self, proc: ProcKey) -> Any:
-        """The spans of one process: read from the chunk files that can hold its pid only, then
-        filtered by host and pid."""
+    def _spans_of(self, proc: ProcKey, bounds: tuple[Bound, ...] = ()) -> Any:
+        """The spans of one process (within ``bounds``): read from the chunk files that can hold
+        its pid only, then filtered by host and pid."""
         files = self._files_of((proc.pid,))
-        sp = self.read("spans", self._span_cols, files=files)
+        sp = self.read("spans", self._span_cols, files=files, bounds=bounds)
         if sp is None:  # no file can hold it: an empty frame of the same columns
             sp = self.spans
         return sp[(sp.host == proc.host) & (sp.pid == proc.pid)]
@@ -510,13 +513,14 @@ class DaskEngine:
         ``per_step`` table, computed the same way."""
         return self._per_step(proc)[0]
 
-    def _per_step(self, proc: ProcKey) -> tuple[Any, int]:
-        """:meth:`per_step` and the number of epoch spans of the process, in one computation."""
+    def _per_step(self, proc: ProcKey, bounds: tuple[Bound, ...] = ()) -> tuple[Any, int]:
+        """:meth:`per_step` and the number of epoch spans of the process, in one computation;
+        ``bounds``: of the spans read (a window of steps)."""
         import numpy as np
         import pandas as pd
 
         assert self.spans is not None
-        mine = self._spans_of(proc)
+        mine = self._spans_of(proc, bounds)
         steps_dd = mine[(mine.kind == "step") & (mine.end_ns >= mine.start_ns)][
             ["step", "start_ns", "end_ns"]
         ].rename(columns={"start_ns": "s", "end_ns": "e"})
@@ -629,66 +633,75 @@ class DaskEngine:
             for h, p, t, s, n in zip(g["host"], g["pid"], g["tid"], g["sum"], g["count"], strict=True)
         ]
 
+    def _windows(self, df: Any, col: str, size: int) -> list[tuple[Bound, ...]]:
+        """The windows of ``col`` that cut the rows of ``df`` into pieces of about ``size`` rows
+        (:func:`~holoprof.store.reader.windows`), at quantiles of every WINDOW_SAMPLE-th value of
+        each partition, sampled on the cluster."""
+        import numpy as np
+        import pandas as pd
+
+        meta = pd.DataFrame({col: np.zeros(0, dtype="int64")})
+        picked = df[[col]].map_partitions(
+            _every_nth, col, WINDOW_SAMPLE, meta=meta, token=f"holoprof-sample-{col}"
+        )
+        vals = np.sort(self.client.compute(picked, sync=True)[col].to_numpy(dtype="int64"))
+
+        def quantiles(qs: list[float]) -> list[int | None]:
+            return [int(vals[min(len(vals) - 1, int(q * len(vals)))]) for q in qs] if len(vals) else []
+
+        return windows(len(vals) * WINDOW_SAMPLE, col, quantiles, size)
+
     def sorted_rows(
         self,
         table: str,
         columns: tuple[str, ...],
         bounds: tuple[Bound, ...],
-        time_col: str,
         order: tuple[tuple[str, bool], ...],
     ) -> Iterator[list[tuple[Any, ...]]]:
-        """``columns`` of the rows of ``table`` within ``bounds``, sorted by ``order`` (time first, a
-        total order), in batches of plain Python values (None for null): the DuckDB engine's rows.
+        """``columns`` of the rows of ``table`` within ``bounds``, sorted by ``order`` (a total
+        order), in batches of plain Python values (None for null): the DuckDB engine's rows.
 
-        One time window (:func:`~holoprof.present.chrome_trace.time_windows`, cut at quantiles of
-        ``time_col`` sampled on the cluster) at a time: the cluster reads and filters its rows,
-        skipping row groups outside it, and the client sorts them with the DuckDB engine's ORDER BY,
-        so the client holds one window and the workers one chunk's window at a time."""
+        The cluster reads and filters every chunk once (EXPORT_IN_FLIGHT chunks at a time, skipping
+        the row groups outside ``bounds``); the client appends each to a Parquet file in the run's
+        temporary folder, then sorts that file as the DuckDB engine sorts the run
+        (:func:`~holoprof.present.chrome_trace.sorted_batches`, spilling to disk), so neither the
+        client nor a worker holds more than a few chunks however long the run is."""
         import dask
-        import numpy as np
-        import pandas as pd
-        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-        from holoprof.present.chrome_trace import BATCH, order_by, time_windows
+        from holoprof.present.chrome_trace import sorted_batches
+        from holoprof.store.reader import _sql_str
 
-        by = [c for c, _ in order]
-        cols = list(dict.fromkeys([*columns, *by]))
-        stride = WINDOW_SAMPLE
-        sample = self.read(table, [time_col], arrow=True, bounds=bounds)
-        if sample is None:
-            return
-        meta = pd.DataFrame({time_col: np.zeros(0, dtype="int64")})
-        picked = sample.map_partitions(
-            _every_nth, time_col, stride, meta=meta, token=f"holoprof-sample-{table}"
+        df = self.read(
+            table, list(dict.fromkeys([*columns, *(c for c, _ in order)])), arrow=True, bounds=bounds
         )
-        times = np.sort(self.client.compute(picked, sync=True)[time_col].to_numpy(dtype="int64"))
-
-        def quantiles(qs: list[float]) -> list[int | None]:
-            return [int(times[min(len(times) - 1, int(q * len(times)))]) for q in qs] if len(times) else []
-
-        select = ", ".join(f'"{c}"' for c in columns)
-        for window in time_windows(len(times) * stride, time_col, quantiles):
-            df = self.read(table, cols, arrow=True, bounds=(*bounds, *window))
-            assert df is not None
-            # each partition comes back as an Arrow table, released on the cluster once here
-            futures = self.client.compute([dask.delayed(_arrow_table)(p) for p in df.to_delayed()])
-            pieces = []
-            for i, fut in enumerate(futures):
-                piece = fut.result()
-                fut.release()
-                futures[i] = None
-                if piece.num_rows:
-                    pieces.append(piece)
-            if not pieces:
-                continue
-            rows = pa.concat_tables(pieces)
-            del pieces
-            cur = self.run.con.cursor()
-            cur.register("holoprof_window", rows)
-            del rows  # (the cursor holds it until it is closed)
-            yield from row_batches(
-                cur, f"SELECT {select} FROM holoprof_window ORDER BY {order_by(order)}", [], BATCH
-            )
+        if df is None:
+            return
+        parts = [dask.delayed(_arrow_table)(p) for p in df.to_delayed()]
+        path = os.path.join(self.run.temp_dir, f"export-{table}-{uuid.uuid4().hex[:12]}.parquet")
+        writer = None
+        try:
+            for i in range(0, len(parts), EXPORT_IN_FLIGHT):
+                for fut in self.client.compute(parts[i : i + EXPORT_IN_FLIGHT]):
+                    piece = fut.result()
+                    fut.release()
+                    if piece.num_rows:
+                        if writer is None:
+                            writer = pq.ParquetWriter(path, piece.schema)
+                        writer.write_table(piece)
+                    del piece
+            if writer is None:
+                return
+            writer.close()
+            writer = None
+            yield from sorted_batches(self.run, f"read_parquet({_sql_str(path)})", columns, (), order)
+        finally:
+            if writer is not None:
+                writer.close()
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
     def job_sample_names(self) -> set[str]:
         if self.samples is None:
@@ -698,34 +711,39 @@ class DaskEngine:
 
     def tensorboard_rows(self, proc: ProcKey, series: list[str]) -> Iterator[list[tuple[Any, ...]]]:
         """Per step of ``proc``, in step order: ``(step, end_ns, dur, <phases...>, other, <the last
-        value of each series at or before the step's end, or None>)`` — the DuckDB export's rows."""
+        value of each series at or before the step's end, or None>)`` — the DuckDB export's rows,
+        computed one window of steps (:data:`~holoprof.present.tensorboard.STEP_WINDOW`) at a time."""
         import numpy as np
 
-        per = self.per_step(proc)
-        last: list[Any] = []
+        from holoprof.present.tensorboard import BATCH, STEP_WINDOW
+
+        known: list[Any] = []  # per series: its times and values in time order (None: no samples)
         if series and self.samples is not None:
             job = self.samples[self.samples.target_pid == -1]
             job = job[job.name.isin(series)][["name", "ts_ns", "value"]].compute()
         for name in series:
             if self.samples is None:
-                last.append(None)
+                known.append(None)
                 continue
             g = job[job["name"] == name].sort_values("ts_ns", kind="stable")
-            ts = g["ts_ns"].to_numpy()
-            vals = g["value"].to_numpy()
-            idx = np.searchsorted(ts, per["e"].to_numpy(), side="right") - 1
-            last.append((idx, vals))
+            known.append((g["ts_ns"].to_numpy(), g["value"].to_numpy()))
         phases = [*_PHASE_COLS, "other"]
-        columns = [per.index.to_numpy(), per["e"].to_numpy(), per["dur"].to_numpy()]
-        columns += [per[p].to_numpy() for p in phases]
-        from holoprof.present.tensorboard import BATCH
-
-        for j in range(0, len(per), BATCH):  # Python objects for one batch at a time
-            cols = [c[j : j + BATCH].tolist() for c in columns]
-            for found in last:
-                if found is None:
-                    cols.append([None] * len(cols[0]))
-                else:
-                    idx, vals = found
-                    cols.append([float(vals[i]) if i >= 0 else None for i in idx[j : j + BATCH].tolist()])
-            yield list(zip(*cols, strict=True))
+        mine = self._spans_of(proc)
+        steps = mine[(mine.kind == "step") & (mine.end_ns >= mine.start_ns)]
+        for window in self._windows(steps, "step", STEP_WINDOW):
+            per = self._per_step(proc, window)[0]
+            columns = [per.index.to_numpy(), per["e"].to_numpy(), per["dur"].to_numpy()]
+            columns += [per[p].to_numpy() for p in phases]
+            last = [
+                None if k is None else (np.searchsorted(k[0], per["e"].to_numpy(), side="right") - 1, k[1])
+                for k in known
+            ]
+            for j in range(0, len(per), BATCH):  # Python objects for one batch at a time
+                cols = [c[j : j + BATCH].tolist() for c in columns]
+                for found in last:
+                    if found is None:
+                        cols.append([None] * len(cols[0]))
+                    else:
+                        idx, vals = found
+                        cols.append([float(vals[i]) if i >= 0 else None for i in idx[j : j + BATCH].tolist()])
+                yield list(zip(*cols, strict=True))

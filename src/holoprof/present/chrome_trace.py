@@ -8,23 +8,21 @@ I/O records (``io_ops``, when traced) complete events on an ``I/O`` thread of th
 Timestamps are microseconds since the run start.
 
 The file is written event by event while the spans, samples and I/O operations are read in batches
-ordered by time. They are cut by time into windows of about :data:`WINDOW_ROWS` rows (at quantiles
-of their time column) and each window is sorted on its own, so memory stays flat however long the
-run is. The order is total (time first, then every column
-written), so the file is deterministic: the DuckDB engine (default) and the Dask engine
+ordered by time. DuckDB sorts them under a memory limit of its own (:data:`SORT_MEMORY`) and spills
+to disk past it, so memory stays flat however long the run is. The order is total (time first, then
+every column written), so the file is deterministic: the DuckDB engine (default) and the Dask engine
 (``engine=DaskEngine``, see :mod:`holoprof.analyze.engine_dask`) write the same bytes.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from holoprof.store.reader import Bound, Run, row_batches
+from holoprof.store.reader import Bound, Run, bounds_sql, is_out_of_memory, row_batches
 
 BATCH = 20_000
 #: The thread id of the synthetic I/O track of each process.
@@ -70,36 +68,17 @@ IO_OP_ORDER: tuple[tuple[str, bool], ...] = tuple(
     (c, True) for c in ("start_ns", "end_ns", "host", "pid", "module", "path", "op", "offset", "size_bytes")
 )
 
-#: An export sorts about this many rows at a time: the spans (samples, I/O operations) are cut by
-#: time into windows of about this many rows, and each window is sorted on its own, so that memory
-#: stays flat however long the run is (a window is larger only where more rows share one time).
-WINDOW_ROWS = 500_000
+
+#: DuckDB's memory limit and threads while an export sorts (unless HOLOPROF_MEMORY_LIMIT is set).
+#: Measured: 10 M spans sort in 256 MiB on 2 threads (peak 265 MiB at 128 MiB, but 64 MiB runs out
+#: while merging), 100 M spans in 256 MiB (peak 429 MiB). Each thread needs buffers of its own, and
+#: a second thread is enough: writing the events takes several times longer than the sort.
+SORT_MEMORY = 256 * 2**20
+SORT_THREADS = 2
 
 
 def order_by(order: tuple[tuple[str, bool], ...]) -> str:
     return ", ".join(f'"{c}"{"" if asc else " DESC"}' for c, asc in order)
-
-
-def bounds_sql(bounds: tuple[Bound, ...]) -> tuple[str, list[int]]:
-    """``bounds`` as a SQL condition and its parameters."""
-    return " AND ".join(f'"{c}" {op} ?' for c, op, _ in bounds) or "true", [int(v) for *_, v in bounds]
-
-
-def time_windows(
-    rows: int, time_col: str, quantiles: Callable[[list[float]], Sequence[int | None]]
-) -> list[tuple[Bound, ...]]:
-    """The windows of ``time_col`` that cut ``rows`` rows into pieces of about WINDOW_ROWS, as
-    bounds: cut at the column's ``quantiles(qs)``. Rows of one time fall in one window, so windows
-    sorted time first, one after the other, are the whole table in order."""
-    k = -(-rows // WINDOW_ROWS)
-    cuts = sorted({int(c) for c in quantiles([i / k for i in range(1, k)]) if c is not None}) if k > 1 else []
-    edges: list[int | None] = [None, *cuts, None]
-    windows = []
-    for a, b in itertools.pairwise(edges):
-        lower: list[Bound] = [(time_col, ">=", a)] if a is not None else []
-        upper: list[Bound] = [(time_col, "<", b)] if b is not None else []
-        windows.append((*lower, *upper))
-    return windows
 
 
 @dataclass
@@ -157,25 +136,45 @@ class DuckDBRows:
         table: str,
         columns: tuple[str, ...],
         bounds: tuple[Bound, ...],
-        time_col: str,
         order: tuple[tuple[str, bool], ...],
     ) -> Iterator[list[tuple[Any, ...]]]:
-        """``columns`` of the rows of ``table`` within ``bounds``, sorted by ``order`` (time first),
-        in batches: one time window (:func:`time_windows`) sorted at a time."""
-        where, params = bounds_sql(bounds)
-        n = int(self.run.rows(f"SELECT count(*) FROM {table} WHERE {where}", params)[0][0])
+        """``columns`` of the rows of ``table`` within ``bounds``, sorted by ``order``, in batches."""
+        return sorted_batches(self.run, table, columns, bounds, order)
 
-        def quantiles(qs: list[float]) -> list[int | None]:
-            sql = (
-                f'SELECT approx_quantile("{time_col}", {[float(q) for q in qs]!r}) FROM {table} WHERE {where}'
-            )
-            return list(self.run.rows(sql, params)[0][0] or [])
 
-        cols = ", ".join(f'"{c}"' for c in columns)
-        for window in time_windows(n, time_col, quantiles):
-            w, wp = bounds_sql((*bounds, *window))
-            sql = f"SELECT {cols} FROM {table} WHERE {w} ORDER BY {order_by(order)}"
-            yield from row_batches(self.run.con.cursor(), sql, wp, BATCH)
+def sorted_batches(
+    run: Run,
+    source: str,
+    columns: tuple[str, ...],
+    bounds: tuple[Bound, ...],
+    order: tuple[tuple[str, bool], ...],
+) -> Iterator[list[tuple[Any, ...]]]:
+    """``columns`` of the rows of ``source`` (a table, a view or a table function of ``run``'s
+    DuckDB) within ``bounds``, sorted by ``order``, in batches of BATCH. DuckDB sorts them under
+    SORT_MEMORY on SORT_THREADS threads: past it, sorted runs go to the run's temporary folder and
+    are merged as the rows are fetched, so memory stays flat however long the run is. A sort that
+    runs out of memory there before its first rows is run again at the run's limit."""
+    where, params = bounds_sql(bounds)
+    cols = ", ".join(f'"{c}"' for c in columns)
+    sql = f"SELECT {cols} FROM {source} WHERE {where} ORDER BY {order_by(order)}"
+    with run.lean_memory(SORT_MEMORY) as lowered, run.threads_at_most(SORT_THREADS):
+        cur = run.con.cursor()
+        try:
+            cur.execute(sql, params)
+            rows = cur.fetchmany(BATCH)  # the whole sort happens here; then its runs are merged
+        except Exception as exc:
+            cur.close()
+            if not lowered or not is_out_of_memory(exc):
+                raise
+        else:
+            try:
+                while rows:
+                    yield rows
+                    rows = cur.fetchmany(BATCH)
+            finally:
+                cur.close()
+            return
+    yield from row_batches(run.con.cursor(), sql, params, BATCH)
 
 
 _JSTR: dict[str, str] = {}
@@ -297,7 +296,7 @@ def write_chrome_trace(
 
     # spans ----------------------------------------------------------------------------------------
     for rows in src.sorted_rows(
-        "spans", SPAN_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), "start_ns", SPAN_ORDER
+        "spans", SPAN_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), SPAN_ORDER
     ):
         parts: list[str] = []
         for host, pid, tid, kind, name, s, e, step, attrs, sid, parent in rows:
@@ -326,7 +325,7 @@ def write_chrome_trace(
 
     # counters -------------------------------------------------------------------------------------
     for rows in src.sorted_rows(
-        "samples", SAMPLE_COLS, (("ts_ns", ">=", lo), ("ts_ns", "<=", hi)), "ts_ns", SAMPLE_ORDER
+        "samples", SAMPLE_COLS, (("ts_ns", ">=", lo), ("ts_ns", "<=", hi)), SAMPLE_ORDER
     ):
         for host, pid, target, name, ts, value in rows:
             if target is not None and int(target) >= 0:
@@ -348,7 +347,7 @@ def write_chrome_trace(
     # per-operation I/O ----------------------------------------------------------------------------
     io_named: set[int] = set()
     for rows in src.sorted_rows(
-        "io_ops", IO_OP_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), "start_ns", IO_OP_ORDER
+        "io_ops", IO_OP_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), IO_OP_ORDER
     ):
         for host, pid, module, path, op, offset, size, s, e in rows:
             p = pid_of(str(host), int(pid))

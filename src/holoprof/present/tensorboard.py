@@ -20,14 +20,17 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
 from holoprof import model
 from holoprof.errors import HoloprofError
-from holoprof.store.reader import Run, row_batches
+from holoprof.store.reader import Run, row_batches, windows
 
 BATCH = 20_000
+#: Steps whose per-step table is computed at a time (about 1 KiB of DuckDB memory per step).
+STEP_WINDOW = 100_000
 
 
 # --- CRC32C (Castagnoli), as TFRecord needs ----------------------------------------------------------
@@ -182,13 +185,31 @@ class TensorBoardStats:
     tags: list[str]
 
 
+def _per_step_rows(run: Run, select: str, params: dict[str, Any]) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of ``select`` over the per-step table of a process, one window of about
+    STEP_WINDOW steps (cut at quantiles of their indices) at a time, in batches."""
+    from holoprof.analyze.steps import _per_step_sql
+
+    steps = "FROM spans WHERE kind = 'step' AND host = $host AND pid = $pid AND end_ns >= start_ns"
+    proc = {"host": params["host"], "pid": params["pid"]}
+    n = int(run.con.execute(f"SELECT count(*) {steps}", proc).fetchone()[0])  # type: ignore[index]
+
+    def quantiles(qs: list[float]) -> list[int | None]:
+        row = run.con.execute(f"SELECT approx_quantile(step, {[float(q) for q in qs]!r}) {steps}", proc)
+        return list(row.fetchone()[0] or [])  # type: ignore[index]
+
+    for window in windows(n, "step", quantiles, STEP_WINDOW):
+        cond = " AND ".join(f"step {op} {int(v)}" for _, op, v in window)
+        yield from row_batches(run.con.cursor(), _per_step_sql(cond) + select, params, BATCH)
+
+
 def write_tensorboard(run: Run, logdir: str, engine: Any = None) -> TensorBoardStats:
     """Write the per-step scalars of ``run``'s main training loop into ``logdir``.
 
     ``engine``: DuckDB by default, or a :class:`~holoprof.analyze.engine_dask.DaskEngine` (which
     computes the per-step table on the cluster); both write the same records.
     """
-    from holoprof.analyze.steps import _per_step_sql, step_processes
+    from holoprof.analyze.steps import step_processes
 
     procs = engine.step_processes() if engine is not None else step_processes(run)
     if not procs:
@@ -222,18 +243,15 @@ def write_tensorboard(run: Run, logdir: str, engine: Any = None) -> TensorBoardS
                 ON per_step.e >= s{i}.ts_ns"""
         )
         cols.append(f"s{i}.value")
-    sql = (
-        _per_step_sql()
-        + f"""SELECT step, e, dur, {", ".join(phases)}{"".join(", " + c for c in cols)}
-              FROM per_step {" ".join(joins)} ORDER BY step"""
-    )
+    select = f"""SELECT step, e, dur, {", ".join(phases)}{"".join(", " + c for c in cols)}
+                 FROM per_step {" ".join(joins)} ORDER BY step"""
     params: dict[str, object] = {"host": main.host, "pid": main.pid, "tid": main.tid}
     tags = ["step_time_s", "throughput_steps_per_s", *(f"phase/{p}_fraction" for p in phases)]
     tags += [t for _, t in series]
     if engine is not None:
         batches = engine.tensorboard_rows(main, [name for name, _ in series])
     else:
-        batches = row_batches(run.con.cursor(), sql, params, BATCH)
+        batches = _per_step_rows(run, select, params)
     n = 0
     with EventWriter(logdir) as w:
         for rows in batches:
