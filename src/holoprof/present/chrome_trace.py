@@ -158,21 +158,16 @@ def sorted_batches(
     cols = ", ".join(f'"{c}"' for c in columns)
     sql = f"SELECT {cols} FROM {source} WHERE {where} ORDER BY {order_by(order)}"
     with run.lean_memory(SORT_MEMORY) as lowered, run.threads_at_most(SORT_THREADS):
-        cur = run.con.cursor()
+        batches = row_batches(run.con.cursor(), sql, params, BATCH)
         try:
-            cur.execute(sql, params)
-            rows = cur.fetchmany(BATCH)  # the whole sort happens here; then its runs are merged
+            first = next(batches, None)  # the whole sort happens here; then its runs are merged
         except Exception as exc:
-            cur.close()
             if not lowered or not is_out_of_memory(exc):
                 raise
         else:
-            try:
-                while rows:
-                    yield rows
-                    rows = cur.fetchmany(BATCH)
-            finally:
-                cur.close()
+            if first is not None:
+                yield first
+                yield from batches
             return
     yield from row_batches(run.con.cursor(), sql, params, BATCH)
 
