@@ -44,7 +44,7 @@ def client(cluster: Any) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> str:
     out = os.path.join(str(tmp_path_factory.mktemp("dask-synth")), "run")
-    generate_run(out, steps=4_000, ranks=3, chunk_steps=1_500)
+    generate_run(out, steps=4_000, ranks=3, chunk_steps=1_500, io_ops=True)
     return out
 
 

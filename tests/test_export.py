@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,111 @@ def test_tensorboard_export_of_a_run_without_steps_says_so(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     proc = run_holoprof("export", str(tmp_path / "r"), "-f", "tensorboard", "-o", "tb", cwd=tmp_path)
     assert proc.returncode == 2 and "no training steps" in proc.stderr
+
+
+def test_chrome_events_formatted_by_duckdb_carry_every_record_exactly(tmp_path: Path) -> None:
+    """DuckDB writes the events' text: names with quotes, backslashes, control and non-ASCII
+    characters, attributes that are objects (with spaces around them), empty, or not objects, times
+    before the run's start and sub-microsecond ones, null steps and parents, a second host, values
+    that are not finite, and I/O records with nulls all read back (strict JSON) as their records."""
+    import math
+
+    from holoprof.bench.synth import T0_NS
+    from holoprof.store import rundir
+    from holoprof.store.chunks import write_chunk
+
+    t0 = T0_NS
+    run_dir = rundir.create_run_dir(str(tmp_path / "run"))
+    manifest = rundir.new_manifest(["python", "edge.py"], "edge", {})
+    manifest.update(start_ns=t0, end_ns=t0 + 10**9, status="finished", exit_code=0)
+    rundir.write_manifest(run_dir, manifest)
+    folder = os.path.join(run_dir, "a-1")
+    os.makedirs(folder, mode=0o700)
+    write_chunk(folder, "processes", {"host": ["a"], "pid": [1], "rank": [-1], "role": ["main"],
+                                      "argv": ['["edge.py"]'], "start_ns": [t0], "end_ns": [t0 + 10**9]})  # fmt: skip
+    names = ['say "hi"', "back\\slash", "line\nbreak\x01", "café ✓", "plain", "x", "y", "z"]
+    attrs = [None, "", "{}", '{"a": 1, "b": [2]}', '  {"c": "d"}\n', "not an object", "[1, 2]", None]
+    starts = [
+        t0 - 2_500,
+        t0,
+        t0 + 1,
+        t0 + 999,
+        t0 + 1_234_500,
+        t0 + 5_000_000,
+        t0 + 6_000_000,
+        t0 + 7_000_000,
+    ]
+    ends = [s + d for s, d in zip(starts, [1_000, 0, 999, 1, 10**6, 1_001, -5, 3_000], strict=True)]
+    steps = [None, -1, 0, 5, 5, None, 7, 8]
+    parents = [None, 0, 3, None, 7, 0, 0, 1]
+    hosts = ["a", "a", "a", "a", "a", "b", "b", "a"]
+    tids = [1, 1, 1, 1, 1, 2, 2, 1]
+    n = len(names)
+    write_chunk(folder, "spans", {
+        "host": hosts, "pid": [1] * n, "tid": tids, "span_id": list(range(10, 10 + n)),
+        "parent_id": parents, "kind": ["phase"] * 7 + ['odd "kind"'], "name": names, "start_ns": starts,
+        "end_ns": ends, "step": steps, "attrs": attrs,
+    })  # fmt: skip
+    values = [0.1, 1e20, float("nan"), float("inf"), None, 95.0]
+    write_chunk(folder, "samples", {
+        "host": ["a"] * 5 + ["b"], "pid": [1] * 6, "ts_ns": [t0 + i * 10**6 for i in range(6)],
+        "name": ["job.cpu_percent", "job.x", "job.y", "proc.rss", "job.z", "proc.cpu"], "value": values,
+        "target_pid": [-1, -1, -1, 1, -1, 3],
+    })  # fmt: skip
+    write_chunk(folder, "io_ops", {
+        "host": ["a", "a", "b"], "pid": [1, 1, 1], "module": ["POSIX", None, "STDIO"],
+        "path": ["/data/shard-0.bin", None, "rel/name"], "op": ["read", "write", None],
+        "offset": [4096, None, 0], "size_bytes": [65536, 7, None],
+        "start_ns": [t0 + 10, t0 + 20, t0 + 30], "end_ns": [t0 + 2_010, t0 + 19, t0 + 31],
+    })  # fmt: skip
+
+    out = tmp_path / "trace.json"
+    holoprof.export(run_dir, "chrome", str(out))
+
+    def strict(c: str) -> Any:
+        raise AssertionError(f"{c} is not JSON")
+
+    events = json.loads(out.read_text(encoding="utf-8"), parse_constant=strict)["traceEvents"]
+    pid_b = 1 + (1 << 22)  # the second host's pids move by HOST_STRIDE
+    spans = [e for e in events if e["ph"] == "X" and e["cat"] != "io"]
+    assert len(spans) == n
+    by_id = {e["args"]["span_id"]: e for e in spans}
+    for i in range(n):
+        e = by_id[10 + i]
+        args: dict[str, Any] = {}
+        a = (attrs[i] or "").strip()
+        if a.startswith("{") and a.endswith("}") and len(a) > 2:
+            args.update(json.loads(a))
+        elif attrs[i] and a != "{}":
+            args["attrs"] = a
+        args["span_id"] = 10 + i
+        if steps[i] is not None and steps[i] >= 0:  # type: ignore[operator]
+            args["step"] = steps[i]
+        if parents[i]:
+            args["parent_id"] = parents[i]
+        assert e == {
+            "name": names[i], "cat": "odd \"kind\"" if i == 7 else "phase", "ph": "X",
+            "ts": (starts[i] - t0) / 1000, "dur": max(0, ends[i] - starts[i]) / 1000,
+            "pid": pid_b if hosts[i] == "b" else 1, "tid": tids[i],
+            "args": args,
+        }, i  # fmt: skip
+    assert [e["ts"] for e in spans] == sorted(e["ts"] for e in spans)
+    counters = [e for e in events if e["ph"] == "C"]
+    got = {e["name"]: (e["pid"], e["args"]["value"], e["ts"]) for e in counters}
+    assert got["job.cpu_percent"] == (1, 0.1, 0)
+    assert got["job.x"][1] == 1e20 and got["job.y"][1] is None and got["proc.rss"] == (1, None, 3000)
+    assert got["job.z"][1] == 0.0 and got["proc.cpu"] == (3 + (1 << 22), 95.0, 5000)
+    assert not any(isinstance(v, float) and math.isnan(v) for _, v, _ in got.values())
+    ios = [e for e in events if e.get("cat") == "io"]
+    assert [(e["name"], e["pid"], e["tid"], e["ts"], e["dur"], e["args"]) for e in ios] == [
+        ("read shard-0.bin", 1, 2**31 - 2, 0.01, 2.0,
+         {"path": "/data/shard-0.bin", "op": "read", "module": "POSIX", "offset": 4096, "size_bytes": 65536}),
+        ("write ", 1, 2**31 - 2, 0.02, 0,
+         {"path": None, "op": "write", "module": None, "offset": None, "size_bytes": 7}),
+        (" name", pid_b, 2**31 - 2, 0.03, 0.001,
+         {"path": "rel/name", "op": None, "module": "STDIO", "offset": 0, "size_bytes": None}),
+    ]  # fmt: skip
+    io_threads = {
+        (e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name" and e["tid"] == 2**31 - 2
+    }
+    assert io_threads == {(1, "I/O"), (pid_b, "I/O")}

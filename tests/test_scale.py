@@ -369,31 +369,33 @@ def test_a_memory_limit_too_small_is_one_line_and_exit_2(synth: tuple[str, objec
     assert os.path.isdir(synth[0])  # the run is untouched
 
 
-def _digest(batches: object) -> tuple[int, str]:
+def _digest(pieces: object) -> tuple[int, str]:
     import hashlib
 
     h = hashlib.sha256()
     n = 0
-    for rows in batches:  # type: ignore[attr-defined]
-        n += len(rows)
-        h.update(repr(rows).encode())
+    for text, events in pieces:  # type: ignore[attr-defined]
+        n += events
+        h.update(text.encode())
     return n, h.hexdigest()
 
 
-def test_an_exports_sort_spills_to_disk_and_gives_the_same_rows(
+def test_an_exports_sort_spills_to_disk_and_gives_the_same_events(
     synth: tuple[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The Chrome export's sort of every span runs under its own memory limit: at 64 MiB it
     spills sorted runs to the run's temporary folder; at 1 MiB it cannot start and runs again at
-    the run's limit. Both give the rows of an unconstrained sort, in the same order."""
+    the run's limit. Both give the events of an unconstrained sort, in the same order."""
+    from holoprof.bench.synth import T0_NS
     from holoprof.present import chrome_trace as ct
 
     run = holoprof.load(synth[0])
+    event = ct.span_event(T0_NS, ["synth"])
     monkeypatch.setattr(ct, "SORT_MEMORY", 4 * 2**30)
-    whole = _digest(ct.sorted_batches(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER))
+    whole = _digest(ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event))
     assert whole[0] > 600_000
     monkeypatch.setattr(ct, "SORT_MEMORY", 64 * 2**20)
-    spilled = ct.sorted_batches(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER)
+    spilled = ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event)
     first = next(spilled)
     files, size = run.rows("SELECT count(*), coalesce(sum(size), 0) FROM duckdb_temporary_files()")[0]
     assert files > 0 and size > 0, "the sort spilled"
@@ -401,7 +403,7 @@ def test_an_exports_sort_spills_to_disk_and_gives_the_same_rows(
     assert _digest(itertools.chain([first], spilled)) == whole
     assert run.memory_limit != "64MiB"
     monkeypatch.setattr(ct, "SORT_MEMORY", 2**20)
-    assert _digest(ct.sorted_batches(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER)) == whole
+    assert _digest(ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event)) == whole
 
 
 def test_the_report_on_duckdb_loads_neither_pyarrow_nor_pandas(synth: tuple[str, object]) -> None:
@@ -488,3 +490,38 @@ def test_an_error_in_the_middle_of_a_stream_keeps_duckdbs_message() -> None:
         for _ in numpy_batches(con, sql.replace("Out of Memory Error", "Conversion Error").format("x")):
             pass
     assert not is_out_of_memory(other.value)
+
+
+def test_generated_io_operations_export_on_their_track_with_the_known_totals(tmp_path: object) -> None:
+    """With ``io_ops=True`` every step's data wait holds one read of the rank's training file, at the
+    offset where the last one ended; the Chrome trace's I/O track has them all with the generator's
+    totals, and the steps are those of the same run generated without them."""
+    import json
+
+    import numpy as np
+
+    out = os.path.join(str(tmp_path), "run")
+    totals = generate_run(out, steps=3_000, ranks=2, chunk_steps=1_000, io_ops=True)
+    plain = os.path.join(str(tmp_path), "plain")
+    generate_run(plain, steps=3_000, ranks=2, chunk_steps=1_000)
+    spans = "SELECT sum(hash(pid, kind, name, start_ns, end_ns, step)), count(*) FROM spans"
+    assert holoprof.load(out).rows(spans) == holoprof.load(plain).rows(spans)
+    assert totals.io_ops["count"] == 6_000
+
+    trace = os.path.join(str(tmp_path), "trace.json")
+    holoprof.export(out, "chrome", trace)
+    with open(trace, encoding="utf-8") as f:
+        events = json.load(f)["traceEvents"]
+    ios = [e for e in events if e.get("cat") == "io"]
+    assert len(ios) == totals.io_ops["count"]
+    assert sum(e["args"]["size_bytes"] for e in ios) == totals.io_ops["bytes"]
+    assert sum(e["dur"] for e in ios) == pytest.approx(totals.io_ops["dur_ns"] / 1000, rel=1e-12)
+    waits = {(e["pid"], e["ts"]): e["dur"] for e in events if e.get("name") == "data_wait"}
+    for pid in {e["pid"] for e in ios}:
+        mine = [e for e in ios if e["pid"] == pid]
+        assert {e["args"]["path"] for e in mine} == {f"/data/train-{pid - 10_000:05d}.bin"}
+        offsets = np.array([e["args"]["offset"] for e in mine])
+        sizes = np.array([e["args"]["size_bytes"] for e in mine])
+        assert offsets[0] == 0 and (offsets[1:] == offsets[:-1] + sizes[:-1]).all()
+        for e in mine:
+            assert 0 < e["dur"] <= waits[(pid, e["ts"])] / 2 + 0.001, e

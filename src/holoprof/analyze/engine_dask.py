@@ -15,9 +15,9 @@ stages and checkpoints sections.
 
 ``holoprof export RUN --format chrome|tensorboard --engine dask`` reads spans, samples and I/O
 operations through Dask partitions: the cluster reads and filters every chunk, a few at a time, and
-the client spools them to a temporary Parquet file that it sorts the way the DuckDB engine sorts the
-run (spilling to disk), so the file is the same, byte for byte, as the DuckDB engine's and memory
-stays flat. The per-step table of the TensorBoard export is computed on the cluster one window of
+the client spools them to a temporary Parquet file that DuckDB sorts and writes as events the way it
+does the run's views (spilling to disk), so the file is the same, byte for byte, as the DuckDB
+engine's and memory stays flat. The per-step table of the TensorBoard export is computed on the cluster one window of
 steps at a time. Only the small process table is read with DuckDB.
 
 Every chunk file is one partition, read by :func:`read_chunk` with the run's filters (time window,
@@ -651,31 +651,26 @@ class DaskEngine:
 
         return windows(len(vals) * WINDOW_SAMPLE, col, quantiles, size)
 
-    def sorted_rows(
-        self,
-        table: str,
-        columns: tuple[str, ...],
-        bounds: tuple[Bound, ...],
-        order: tuple[tuple[str, bool], ...],
-    ) -> Iterator[list[tuple[Any, ...]]]:
-        """``columns`` of the rows of ``table`` within ``bounds``, sorted by ``order`` (a total
-        order), in batches of plain Python values (None for null): the DuckDB engine's rows.
+    @contextmanager
+    def sorted_source(
+        self, table: str, columns: tuple[str, ...], bounds: tuple[Bound, ...]
+    ) -> Iterator[tuple[str, tuple[Bound, ...]] | None]:
+        """Where the exporter's DuckDB queries read ``columns`` of the rows of ``table`` within
+        ``bounds`` (None when the run has no such table): a Parquet file in the run's temporary
+        folder, removed at the end, which the exporter sorts as it sorts the DuckDB engine's views
+        (:func:`~holoprof.present.chrome_trace.sorted_events`, spilling to disk).
 
         The cluster reads and filters every chunk once (EXPORT_IN_FLIGHT chunks at a time, skipping
-        the row groups outside ``bounds``); the client appends each to a Parquet file in the run's
-        temporary folder, then sorts that file as the DuckDB engine sorts the run
-        (:func:`~holoprof.present.chrome_trace.sorted_batches`, spilling to disk), so neither the
+        the row groups outside ``bounds``) and the client appends each to the file, so neither the
         client nor a worker holds more than a few chunks however long the run is."""
         import dask
         import pyarrow.parquet as pq
 
-        from holoprof.present.chrome_trace import sorted_batches
         from holoprof.store.reader import _sql_str
 
-        df = self.read(
-            table, list(dict.fromkeys([*columns, *(c for c, _ in order)])), arrow=True, bounds=bounds
-        )
+        df = self.read(table, list(columns), arrow=True, bounds=bounds)
         if df is None:
+            yield None
             return
         parts = [dask.delayed(_arrow_table)(p) for p in df.to_delayed()]
         path = os.path.join(self.run.temp_dir, f"export-{table}-{uuid.uuid4().hex[:12]}.parquet")
@@ -691,10 +686,11 @@ class DaskEngine:
                         writer.write_table(piece)
                     del piece
             if writer is None:
+                yield None
                 return
             writer.close()
             writer = None
-            yield from sorted_batches(self.run, f"read_parquet({_sql_str(path)})", columns, (), order)
+            yield f"read_parquet({_sql_str(path)})", ()
         finally:
             if writer is not None:
                 writer.close()

@@ -10,6 +10,9 @@ fixed means with a seeded generator, and the exact totals are returned so that a
 checked against them. With ``checkpoint_every=K`` each rank saves a checkpoint (a blocking
 ``checkpoint`` phase on the training thread, ``torch.save`` of ``CHECKPOINT_BYTES``) after every K-th
 step, before the next step starts, recorded under the index of the step it follows, as the agent does.
+With ``io_ops=True`` each step's data wait reads its batch from the rank's training file, and the
+read is recorded in ``io_ops`` as the per-operation I/O trace records it: one ``read`` per step, at
+the offset where the previous one ended, of one of READ_SIZES, lasting half the data wait at most.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class SynthTotals:
     io: dict[str, Any] = field(default_factory=dict)
     #: with checkpoint_every, per rank: {"count", "bytes", "dur_ns"} of its checkpoints
     checkpoints: dict[int, dict[str, int]] = field(default_factory=dict)
+    #: with io_ops, over all ranks: {"count", "bytes", "dur_ns"} of the per-operation reads
+    io_ops: dict[str, int] = field(default_factory=dict)
 
 
 def generate_run(
@@ -69,6 +74,7 @@ def generate_run(
     comm: bool = False,
     io_files: int = 0,
     checkpoint_every: int = 0,
+    io_ops: bool = False,
 ) -> SynthTotals:
     """Write a run with ``steps`` steps per rank (5 spans per step) into ``out``.
 
@@ -76,8 +82,8 @@ def generate_run(
     pieces (in parallel): ``out`` is created by the first piece, or earlier by :func:`create_run`;
     call :func:`finish_run` once all pieces are written. Each rank draws from its own seeded
     generator, so a rank's data do not depend on how the run was cut into pieces. ``comm`` and
-    ``io_files`` add communication and I/O records (see the module's docstring): 5 more spans and one
-    more phase per step with ``comm``.
+    ``io_files`` add communication and I/O records, ``io_ops`` a per-operation read per step (see the
+    module's docstring): 5 more spans and one more phase per step with ``comm``.
     """
     import numpy as np
     import pyarrow as pa
@@ -100,6 +106,8 @@ def generate_run(
         os.makedirs(folder, mode=0o700)
         seq = 0
         clock = t0
+        offset = 0  # with io_ops: where the rank's next read starts in its training file
+        io_rng = np.random.default_rng((seed + rank, 1))  # its own: the steps are the same without it
         for c0 in range(0, steps, chunk_steps):
             n = min(chunk_steps, steps - c0)
             durs = {
@@ -150,6 +158,11 @@ def generate_run(
                 _comm_spans(
                     rng, totals, mine, phase_start["backward"], durs["backward"], phase_start["communication"],
                     durs["communication"], step_idx, ranks, (kinds, pnames, s_all, e_all, st_all, attrs),
+                )  # fmt: skip
+            if io_ops:
+                offset = _io_ops(
+                    folder, io_rng, totals, host, pid, rank if ranks > 1 else -1, phase_start["data_wait"],
+                    durs["data_wait"], offset, seq,
                 )  # fmt: skip
             mine["step_ns"] += int(step_len.sum())
             start = np.concatenate(s_all)
@@ -276,6 +289,42 @@ def _checkpoints(
     c["count"] += k
     c["bytes"] += k * CHECKPOINT_BYTES
     c["dur_ns"] += int(dur.sum())
+
+
+def _io_ops(
+    folder: str,
+    rng: Any,
+    totals: SynthTotals,
+    host: str,
+    pid: int,
+    rank: int,
+    wait_start: Any,
+    wait_dur: Any,
+    offset: int,
+    seq: int,
+) -> int:
+    """A chunk's per-operation reads (one per step, within its data wait), written as an ``io_ops``
+    chunk; returns the offset after the last one."""
+    import numpy as np
+
+    from holoprof.store.chunks import write_chunk
+
+    n = len(wait_start)
+    sizes = rng.choice(np.array(READ_SIZES, dtype=np.int64), size=n)
+    dur = rng.integers(1, wait_dur // 2 + 1, dtype=np.int64)
+    offsets = offset + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    path = f"/data/train-{max(rank, 0):05d}.bin"
+    write_chunk(folder, "io_ops", {
+        "host": np.full(n, host, dtype=object), "pid": np.full(n, pid, dtype=np.int64),
+        "rank": np.full(n, rank, dtype=np.int32), "module": np.full(n, "POSIX", dtype=object),
+        "path": np.full(n, path, dtype=object), "op": np.full(n, "read", dtype=object), "offset": offsets,
+        "size_bytes": sizes, "start_ns": wait_start, "end_ns": wait_start + dur,
+    }, seq=seq)  # fmt: skip
+    c = totals.io_ops
+    c["count"] = c.get("count", 0) + n
+    c["bytes"] = c.get("bytes", 0) + int(sizes.sum())
+    c["dur_ns"] = c.get("dur_ns", 0) + int(dur.sum())
+    return int(offset + sizes.sum())
 
 
 def _count(totals: SynthTotals, op: str, calls: int, nbytes: int, dur_ns: int) -> None:

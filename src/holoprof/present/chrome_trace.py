@@ -7,11 +7,14 @@ job-wide ones on the launcher's track, ``proc.*`` ones on the process they measu
 I/O records (``io_ops``, when traced) complete events on an ``I/O`` thread of their process.
 Timestamps are microseconds since the run start.
 
-The file is written event by event while the spans, samples and I/O operations are read in batches
-ordered by time. DuckDB sorts them under a memory limit of its own (:data:`SORT_MEMORY`) and spills
-to disk past it, so memory stays flat however long the run is. The order is total (time first, then
-every column written), so the file is deterministic: the DuckDB engine (default) and the Dask engine
-(``engine=DaskEngine``, see :mod:`holoprof.analyze.engine_dask`) write the same bytes.
+DuckDB writes the events of the spans, samples and I/O operations (:func:`span_event`,
+:func:`sample_event`, :func:`io_op_event`) as it reads them ordered by time, and their text goes to
+the file a batch at a time, with no Python object per event. It sorts them under a memory limit of its
+own (:data:`SORT_MEMORY`) and spills to disk past it, so memory stays flat however long the run is.
+The order is total (time first, then every column written), so the file is deterministic: the DuckDB
+engine (default) and the Dask engine (``engine=DaskEngine``, see :mod:`holoprof.analyze.engine_dask`)
+write the same bytes. Times are written exactly, as decimal microseconds of whole nanoseconds; a
+sample's value that is not finite is null (JSON has no NaN).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from holoprof.store.reader import Bound, Run, bounds_sql, is_out_of_memory, row_batches
+from holoprof.store.reader import Bound, Run, _sql_str, bounds_sql, is_out_of_memory
 
 BATCH = 20_000
 #: The thread id of the synthetic I/O track of each process.
@@ -131,63 +135,146 @@ class DuckDBRows:
             [lo, hi],
         )
 
-    def sorted_rows(
-        self,
-        table: str,
-        columns: tuple[str, ...],
-        bounds: tuple[Bound, ...],
-        order: tuple[tuple[str, bool], ...],
-    ) -> Iterator[list[tuple[Any, ...]]]:
-        """``columns`` of the rows of ``table`` within ``bounds``, sorted by ``order``, in batches."""
-        return sorted_batches(self.run, table, columns, bounds, order)
+    @contextmanager
+    def sorted_source(
+        self, table: str, columns: tuple[str, ...], bounds: tuple[Bound, ...]
+    ) -> Iterator[tuple[str, tuple[Bound, ...]] | None]:
+        """Where the exporter's DuckDB queries read ``columns`` of the rows of ``table`` within
+        ``bounds``: here the run's view itself."""
+        yield table, bounds
 
 
-def sorted_batches(
+def sorted_events(
     run: Run,
     source: str,
     columns: tuple[str, ...],
     bounds: tuple[Bound, ...],
     order: tuple[tuple[str, bool], ...],
-) -> Iterator[list[tuple[Any, ...]]]:
-    """``columns`` of the rows of ``source`` (a table, a view or a table function of ``run``'s
-    DuckDB) within ``bounds``, sorted by ``order``, in batches of BATCH. DuckDB sorts them under
-    SORT_MEMORY on SORT_THREADS threads: past it, sorted runs go to the run's temporary folder and
-    are merged as the rows are fetched, so memory stays flat however long the run is. A sort that
-    runs out of memory there before its first rows is run again at the run's limit."""
-    where, params = bounds_sql(bounds)
+    event: str,
+) -> Iterator[tuple[str, int]]:
+    """The rows of ``source`` (a table, a view or a table function of ``run``'s DuckDB) within
+    ``bounds``, sorted by ``order``, each written by DuckDB as the text of its trace event (``event``,
+    a SQL expression over ``columns`` that is never null), in pieces of BATCH events:
+    ``(text, events)``, where every event is preceded by ``",\n"``.
+
+    DuckDB sorts the rows under SORT_MEMORY on SORT_THREADS threads: past it, sorted runs go to the
+    run's temporary folder and are merged as the rows are fetched, so memory stays flat however long
+    the run is. The events are formatted after the sort (the sorted runs hold the columns, not the
+    text), and their text is read from the Arrow buffers of each batch at once. A sort that runs out
+    of memory there before its first rows is run again at the run's limit."""
+    where, where_params = bounds_sql(bounds)
     cols = ", ".join(f'"{c}"' for c in columns)
-    sql = f"SELECT {cols} FROM {source} WHERE {where} ORDER BY {order_by(order)}"
+    sql = f"SELECT {event} FROM (SELECT {cols} FROM {source} WHERE {where} ORDER BY {order_by(order)})"
     with run.lean_memory(SORT_MEMORY) as lowered, run.threads_at_most(SORT_THREADS):
-        batches = row_batches(run.con.cursor(), sql, params, BATCH)
+        pieces = _text_batches(run.con.cursor(), sql, where_params)
         try:
-            first = next(batches, None)  # the whole sort happens here; then its runs are merged
+            first = next(pieces, None)  # the whole sort happens here; then its runs are merged
         except Exception as exc:
             if not lowered or not is_out_of_memory(exc):
                 raise
         else:
             if first is not None:
                 yield first
-                yield from batches
+                yield from pieces
             return
-    yield from row_batches(run.con.cursor(), sql, params, BATCH)
+    yield from _text_batches(run.con.cursor(), sql, where_params)
 
 
-_JSTR: dict[str, str] = {}
+def _text_batches(cur: Any, sql: str, params: list[Any]) -> Iterator[tuple[str, int]]:
+    """The one text column of ``sql``'s rows, BATCH rows at a time, joined: ``(text, rows)``."""
+    import numpy as np
+    import pyarrow as pa
+
+    try:
+        rel = cur.sql(sql, params=params)
+        reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_arrow_reader  # DuckDB 2 or 1
+        for batch in reader(BATCH):
+            col = batch.column(0)
+            n = len(col)
+            if not n:
+                continue
+            if col.null_count:
+                raise RuntimeError(f"{col.null_count} trace events were null: {sql}")
+            _, offsets, data = col.buffers()
+            width = 8 if pa.types.is_large_string(col.type) else 4
+            at = np.frombuffer(offsets, dtype=f"<i{width}", count=n + 1, offset=col.offset * width)
+            yield str(memoryview(data)[int(at[0]) : int(at[-1])], "utf-8"), n
+    finally:
+        cur.close()
 
 
-def _jstr(x: object) -> str:
-    """A JSON string literal, cached (span names and kinds repeat)."""
-    k = str(x)
-    v = _JSTR.get(k)
-    if v is None:
-        v = json.dumps(k)
-        if len(_JSTR) < 10_000:
-            _JSTR[k] = v
-    return v
+def _us(ns: str) -> str:
+    """SQL: the text of a whole number of nanoseconds ``ns`` in microseconds, exactly (no trailing
+    zero in the fraction: 1234500 is 1234.5)."""
+    a = f"abs({ns})"
+    return (
+        f"(CASE WHEN {ns} < 0 THEN '-' ELSE '' END || ({a} // 1000)::VARCHAR || "
+        f"CASE WHEN {a} % 1000 = 0 THEN '' ELSE '.' || rtrim(lpad(({a} % 1000)::VARCHAR, 3, '0'), '0') END)"
+    )
 
 
-def _us(ns: int, t0: int) -> float:
-    return round((ns - t0) / 1000.0, 3)
+def _pid(pid: str, hosts: list[str]) -> str:
+    """SQL: the trace pid of ``pid`` of the row's host, ``hosts`` being the hosts in index order."""
+    known = "[" + ", ".join(_sql_str(h) for h in hosts) + "]::VARCHAR[]"
+    return f"(coalesce({pid}, 0) + (list_position({known}, coalesce(host, 'None')) - 1) * {HOST_STRIDE})"
+
+
+def _text(x: str) -> str:
+    """SQL: ``x`` as a JSON string literal (``""`` for null)."""
+    return f"to_json(coalesce({x}, ''))"
+
+
+_ATTRS = "trim(attrs, E' \\t\\n\\r')"
+
+
+def span_event(t0: int, hosts: list[str]) -> str:
+    """SQL: a span's complete event. Its kind is its category; its attributes (a JSON object written
+    by the agent) are spliced into its args, followed by its span id, step and parent span."""
+    return (
+        "',\n{\"name\":' || " + _text("name") + " || ',\"cat\":' || " + _text("kind")
+        + " || ',\"ph\":\"X\",\"ts\":' || " + _us(f"(coalesce(start_ns, 0) - {int(t0)})")
+        + " || ',\"dur\":' || " + _us("greatest(0, coalesce(end_ns, 0) - coalesce(start_ns, 0))")
+        + " || ',\"pid\":' || " + _pid("pid", hosts) + "::VARCHAR || ',\"tid\":' || coalesce(tid, 0)::VARCHAR"
+        + " || ',\"args\":{' || CASE WHEN attrs IS NULL OR attrs = '' THEN ''"
+        + f" WHEN {_ATTRS} LIKE '{{%}}' AND length({_ATTRS}) > 2"
+        + f" THEN substr({_ATTRS}, 2, length({_ATTRS}) - 2) || ','"
+        + f" WHEN {_ATTRS} = '{{}}' THEN '' ELSE '\"attrs\":' || to_json({_ATTRS}) || ',' END"
+        + " || '\"span_id\":' || coalesce(span_id, 0)::VARCHAR"
+        + " || CASE WHEN step >= 0 THEN ',\"step\":' || step::VARCHAR ELSE '' END"
+        + " || CASE WHEN parent_id <> 0 THEN ',\"parent_id\":' || parent_id::VARCHAR ELSE '' END || '}}'"
+    )  # fmt: skip
+
+
+def sample_event(t0: int, hosts: list[str], launcher_pid: int | None) -> str:
+    """SQL: a resource sample's counter event, on the process it measures (``proc.*`` samples) or
+    else on the launcher's track (the sampling process's when there is no launcher). A value that is
+    not finite is null."""
+    job = _pid("pid", hosts) if launcher_pid is None else str(int(launcher_pid))
+    return (
+        "',\n{\"name\":' || " + _text("name") + " || ',\"ph\":\"C\",\"ts\":' || "
+        + _us(f"(coalesce(ts_ns, 0) - {int(t0)})") + " || ',\"pid\":' || (CASE WHEN target_pid >= 0 THEN "
+        + _pid("target_pid", hosts) + f" ELSE {job} END)::VARCHAR || ',\"tid\":0,\"args\":{{\"value\":' || "
+        + "CASE WHEN value IS NULL THEN '0.0' WHEN isfinite(value::DOUBLE) THEN value::DOUBLE::VARCHAR"
+        + " ELSE 'null' END || '}}'"
+    )  # fmt: skip
+
+
+def io_op_event(t0: int, hosts: list[str]) -> str:
+    """SQL: an I/O operation's complete event, on the I/O thread of its process, named by the
+    operation and the file's name, with the whole record in its args."""
+
+    def value(c: str, number: bool = False) -> str:
+        return f"coalesce(\"{c}\"::VARCHAR, 'null')" if number else f"coalesce(to_json(\"{c}\"), 'null')"
+
+    return (
+        "',\n{\"name\":' || to_json(coalesce(op, '') || ' ' || regexp_replace(coalesce(path, ''), '^.*/', ''))"
+        + " || ',\"cat\":\"io\",\"ph\":\"X\",\"ts\":' || " + _us(f"(coalesce(start_ns, 0) - {int(t0)})")
+        + " || ',\"dur\":' || " + _us("greatest(0, coalesce(end_ns, 0) - coalesce(start_ns, 0))")
+        + " || ',\"pid\":' || " + _pid("pid", hosts) + f"::VARCHAR || ',\"tid\":{IO_TID},\"args\":{{\"path\":' || "
+        + value("path") + " || ',\"op\":' || " + value("op") + " || ',\"module\":' || " + value("module")
+        + " || ',\"offset\":' || " + value("offset", True) + " || ',\"size_bytes\":' || "
+        + value("size_bytes", True) + " || '}}'"
+    )  # fmt: skip
 
 
 def write_chrome_trace(
@@ -289,88 +376,47 @@ def write_chrome_trace(
         )
         stats.threads += 1
 
-    # spans ----------------------------------------------------------------------------------------
-    for rows in src.sorted_rows(
-        "spans", SPAN_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), SPAN_ORDER
-    ):
-        parts: list[str] = []
-        for host, pid, tid, kind, name, s, e, step, attrs, sid, parent in rows:
-            # Formatted directly (json.dumps of a whole dict per event is the bottleneck on big runs);
-            # span attributes are already a JSON object written by the agent: spliced in as they are.
-            extra = f',"step":{int(step)}' if step is not None and int(step) >= 0 else ""
-            if parent:
-                extra += f',"parent_id":{int(parent)}'
-            body = f'"span_id":{int(sid)}{extra}'
-            if attrs:
-                a = str(attrs).strip()
-                if a.startswith("{") and a.endswith("}") and len(a) > 2:
-                    body = a[1:-1] + "," + body
-                elif a != "{}":
-                    body = f'"attrs":{json.dumps(a)},' + body
-            parts.append(
-                f'{{"name":{_jstr(name)},"cat":{_jstr(kind)},"ph":"X","ts":{_us(int(s), t0)},'
-                f'"dur":{round(max(0, int(e) - int(s)) / 1000.0, 3)},"pid":{pid_of(str(host), int(pid))},'
-                f'"tid":{int(tid)},"args":{{{body}}}}}'
+    # spans, counters and per-operation I/O, each sorted by time and written by DuckDB --------------
+    kinds = (
+        ("spans", SPAN_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), SPAN_ORDER),
+        ("samples", SAMPLE_COLS, (("ts_ns", ">=", lo), ("ts_ns", "<=", hi)), SAMPLE_ORDER),
+        ("io_ops", IO_OP_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), IO_OP_ORDER),
+    )
+    counted = {"spans": "spans", "samples": "counters", "io_ops": "io_ops"}  # TraceStats' field
+    for table, columns, bounds, order in kinds:
+        with src.sorted_source(table, columns, bounds) as found:
+            if found is None:
+                continue
+            source, where = found
+            cond, params = bounds_sql(where)
+            tracks = run.rows(
+                f"SELECT DISTINCT coalesce(host, 'None') AS h, pid FROM {source} WHERE {cond} ORDER BY h, pid",
+                params,
             )
-        if parts:
-            out.write(("" if first else ",\n") + ",\n".join(parts))
-            first = False
-            stats.events += len(parts)
-            stats.spans += len(parts)
-
-    # counters -------------------------------------------------------------------------------------
-    for rows in src.sorted_rows(
-        "samples", SAMPLE_COLS, (("ts_ns", ">=", lo), ("ts_ns", "<=", hi)), SAMPLE_ORDER
-    ):
-        for host, pid, target, name, ts, value in rows:
-            if target is not None and int(target) >= 0:
-                p = pid_of(str(host), int(target))
-            else:
-                p = launcher_pid if launcher_pid is not None else pid_of(str(host), int(pid))
-            emit(
-                {
-                    "name": str(name),
-                    "ph": "C",
-                    "ts": _us(int(ts), t0),
-                    "pid": p,
-                    "tid": 0,
-                    "args": {"value": float(value) if value is not None else 0.0},
-                }
-            )
-            stats.counters += 1
-
-    # per-operation I/O ----------------------------------------------------------------------------
-    io_named: set[int] = set()
-    for rows in src.sorted_rows(
-        "io_ops", IO_OP_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), IO_OP_ORDER
-    ):
-        for host, pid, module, path, op, offset, size, s, e in rows:
-            p = pid_of(str(host), int(pid))
-            if p not in io_named:
-                io_named.add(p)
-                emit({"name": "thread_name", "ph": "M", "pid": p, "tid": IO_TID, "args": {"name": "I/O"}})
-                emit(
-                    {
-                        "name": "thread_sort_index",
-                        "ph": "M",
-                        "pid": p,
-                        "tid": IO_TID,
-                        "args": {"sort_index": 2},
-                    }
-                )
-                stats.threads += 1
-            emit(
-                {
-                    "name": f"{op} {os.path.basename(str(path or ''))}",
-                    "cat": "io",
-                    "ph": "X",
-                    "ts": _us(int(s), t0),
-                    "dur": round(max(0, int(e) - int(s)) / 1000.0, 3),
-                    "pid": p,
-                    "tid": IO_TID,
-                    "args": {"path": path, "op": op, "module": module, "offset": offset, "size_bytes": size},
-                }
-            )
-            stats.io_ops += 1
+            for host, pid in tracks:
+                p = pid_of(host, int(pid))  # the hosts first seen here are numbered in name order
+                if table == "io_ops":
+                    emit({"name": "thread_name", "ph": "M", "pid": p, "tid": IO_TID, "args": {"name": "I/O"}})
+                    emit(
+                        {
+                            "name": "thread_sort_index",
+                            "ph": "M",
+                            "pid": p,
+                            "tid": IO_TID,
+                            "args": {"sort_index": 2},
+                        }
+                    )
+                    stats.threads += 1
+            hosts = list(pid_of.hosts)
+            event = (
+                span_event(t0, hosts) if table == "spans"
+                else sample_event(t0, hosts, launcher_pid) if table == "samples"
+                else io_op_event(t0, hosts)
+            )  # fmt: skip
+            for text, n in sorted_events(run, source, columns, where, order, event):
+                out.write(text[2:] if first else text)  # each event follows ",\n"
+                first = False
+                stats.events += n
+                setattr(stats, counted[table], getattr(stats, counted[table]) + n)
     out.write("\n]}\n")
     return stats
