@@ -1,10 +1,10 @@
 """`holoprof export` (Chrome trace and TensorBoard) of a large run, on DuckDB and on Dask.
 
-python benchmarks/bench_export_scale.py [--run DIR | --steps 2000000] [--formats chrome,tensorboard]
-                                        [--engines duckdb,dask]
+python benchmarks/bench_export_scale.py [--run DIR | --steps 2000000 [--io-ops]]
+                                        [--formats chrome,tensorboard] [--engines duckdb,dask]
 
 Without --run it generates a run of --steps steps on one rank (5 spans per step: 10 M spans by
-default) in a temporary folder. For the 100 M-span run over 64 ranks, generate it first with
+default; with --io-ops, one per-operation read per step too) in a temporary folder. For the 100 M-span run over 64 ranks, generate it first with
 `benchmarks/bench_report_100m.py --out DIR --phase generate` and pass `--run DIR`.
 
 Each export is the command a user runs (`holoprof export RUN -f FORMAT -o OUT [--engine dask]`,
@@ -103,6 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", help="an existing run directory (default: generate one)")
     ap.add_argument("--steps", type=int, default=2_000_000, help="steps of the generated run (5 spans each)")
+    ap.add_argument("--io-ops", action="store_true", help="generated run: a per-operation read per step")
     ap.add_argument("--formats", default="chrome,tensorboard")
     ap.add_argument("--engines", default="duckdb,dask")
     args = ap.parse_args()
@@ -114,7 +115,7 @@ def main() -> None:
             from holoprof.bench.synth import generate_run
 
             run = os.path.join(tmp, "run")
-            generate_run(run, args.steps)
+            generate_run(run, args.steps, io_ops=args.io_ops)
         run = os.path.abspath(run)
         disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(run) for f in fs)
         out_dir = tempfile.mkdtemp(prefix="bench-export-out-", dir=os.path.dirname(run))

@@ -277,3 +277,48 @@ def test_chrome_events_formatted_by_duckdb_carry_every_record_exactly(tmp_path: 
         (e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name" and e["tid"] == 2**31 - 2
     }
     assert io_threads == {(1, "I/O"), (pid_b, "I/O")}
+
+
+def test_chrome_trace_of_many_hosts_extreme_times_and_odd_paths(tmp_path: Path) -> None:
+    """600 hosts get 600 separate pid ranges (past 2**31); times at the ends of int64 and a file
+    path with a line break are written, not refused."""
+    from holoprof.store import rundir
+    from holoprof.store.chunks import write_chunk
+
+    t0 = 10**18
+    run_dir = rundir.create_run_dir(str(tmp_path / "run"))
+    manifest = rundir.new_manifest(["python", "many.py"], "many", {})
+    manifest.update(start_ns=t0, end_ns=t0 + 10**9, status="finished", exit_code=0)
+    rundir.write_manifest(run_dir, manifest)
+    folder = os.path.join(run_dir, "h-7")
+    os.makedirs(folder, mode=0o700)
+    hosts = [f"node{i:04d}" for i in range(600)]
+    n = len(hosts)
+    write_chunk(folder, "spans", {
+        "host": hosts, "pid": [7] * n, "tid": [7] * n, "span_id": list(range(n)), "kind": ["phase"] * n,
+        "name": ["forward"] * n, "start_ns": [t0 + i for i in range(n)], "end_ns": [t0 + 2 * i for i in range(n)],
+    })  # fmt: skip
+    lo, hi = -(2**63) + 1, 2**63 - 1
+    write_chunk(folder, "spans", {
+        "host": ["node0000"] * 3, "pid": [7] * 3, "tid": [7] * 3, "span_id": [-1, -2, -3], "kind": ["odd"] * 3,
+        "name": ["early", "late", "backwards"], "start_ns": [lo, 2**62, t0], "end_ns": [hi, hi, t0 - 5],
+    })  # fmt: skip
+    write_chunk(folder, "io_ops", {
+        "host": ["node0001"], "pid": [7], "path": ["/data/we\nird/f.bin"], "op": ["read"],
+        "start_ns": [t0], "end_ns": [t0 + 1],
+    })  # fmt: skip
+    out = tmp_path / "trace.json"
+    holoprof.export(run_dir, "chrome", str(out))
+    with open(out, encoding="utf-8") as f:
+        events = json.load(f, parse_float=str)["traceEvents"]  # the decimals as written
+    spans = {e["args"]["span_id"]: e for e in events if e.get("cat") == "phase"}
+    assert sorted(e["pid"] for e in spans.values()) == [7 + i * (1 << 22) for i in range(n)]
+    odd = {e["name"]: e for e in events if e.get("cat") == "odd"}
+    assert odd["early"]["ts"] == f"-{(t0 - lo) // 1000}.{(t0 - lo) % 1000:03d}".rstrip("0")
+    assert odd["early"]["dur"] == f"{(hi - lo) // 1000}.{(hi - lo) % 1000:03d}".rstrip("0")
+    late = 2**62 - t0
+    assert odd["late"]["ts"] == f"{late // 1000}.{late % 1000:03d}".rstrip("0")
+    assert odd["late"]["dur"] == f"{(hi - 2**62) // 1000}.{(hi - 2**62) % 1000:03d}".rstrip("0")
+    assert odd["backwards"]["ts"] == 0 and odd["backwards"]["dur"] == 0
+    (io,) = [e for e in events if e.get("cat") == "io"]
+    assert io["name"] == "read f.bin" and io["pid"] == 7 + (1 << 22)

@@ -390,12 +390,12 @@ def test_an_exports_sort_spills_to_disk_and_gives_the_same_events(
     from holoprof.present import chrome_trace as ct
 
     run = holoprof.load(synth[0])
-    event = ct.span_event(T0_NS, ["synth"])
+    event = ct.span_event(T0_NS)
     monkeypatch.setattr(ct, "SORT_MEMORY", 4 * 2**30)
-    whole = _digest(ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event))
+    whole = _digest(ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event, ["synth"]))
     assert whole[0] > 600_000
     monkeypatch.setattr(ct, "SORT_MEMORY", 64 * 2**20)
-    spilled = ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event)
+    spilled = ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event, ["synth"])
     first = next(spilled)
     files, size = run.rows("SELECT count(*), coalesce(sum(size), 0) FROM duckdb_temporary_files()")[0]
     assert files > 0 and size > 0, "the sort spilled"
@@ -403,7 +403,7 @@ def test_an_exports_sort_spills_to_disk_and_gives_the_same_events(
     assert _digest(itertools.chain([first], spilled)) == whole
     assert run.memory_limit != "64MiB"
     monkeypatch.setattr(ct, "SORT_MEMORY", 2**20)
-    assert _digest(ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event)) == whole
+    assert _digest(ct.sorted_events(run, "spans", ct.SPAN_COLS, (), ct.SPAN_ORDER, event, ["synth"])) == whole
 
 
 def test_the_report_on_duckdb_loads_neither_pyarrow_nor_pandas(synth: tuple[str, object]) -> None:

@@ -314,12 +314,13 @@ def _io_ops(
     dur = rng.integers(1, wait_dur // 2 + 1, dtype=np.int64)
     offsets = offset + np.concatenate([[0], np.cumsum(sizes)[:-1]])
     path = f"/data/train-{max(rank, 0):05d}.bin"
-    write_chunk(folder, "io_ops", {
+    rows: dict[str, Any] = {
         "host": np.full(n, host, dtype=object), "pid": np.full(n, pid, dtype=np.int64),
         "rank": np.full(n, rank, dtype=np.int32), "module": np.full(n, "POSIX", dtype=object),
         "path": np.full(n, path, dtype=object), "op": np.full(n, "read", dtype=object), "offset": offsets,
         "size_bytes": sizes, "start_ns": wait_start, "end_ns": wait_start + dur,
-    }, seq=seq)  # fmt: skip
+    }  # fmt: skip
+    write_chunk(folder, "io_ops", rows, seq=seq)
     c = totals.io_ops
     c["count"] = c.get("count", 0) + n
     c["bytes"] = c.get("bytes", 0) + int(sizes.sum())

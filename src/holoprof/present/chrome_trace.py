@@ -151,11 +151,14 @@ def sorted_events(
     bounds: tuple[Bound, ...],
     order: tuple[tuple[str, bool], ...],
     event: str,
+    hosts: list[str],
 ) -> Iterator[tuple[str, int]]:
     """The rows of ``source`` (a table, a view or a table function of ``run``'s DuckDB) within
     ``bounds``, sorted by ``order``, each written by DuckDB as the text of its trace event (``event``,
-    a SQL expression over ``columns`` that is never null), in pieces of BATCH events:
-    ``(text, events)``, where every event is preceded by ``",\n"``.
+    a SQL expression over ``columns`` and ``host_index`` that is never null), in pieces of BATCH
+    events: ``(text, events)``, where every event is preceded by ``",\n"``. ``host_index`` is the
+    position of the row's host in ``hosts`` (which holds every host of the rows), joined before the
+    sort so that thousands of hosts cost one hash lookup per row.
 
     DuckDB sorts the rows under SORT_MEMORY on SORT_THREADS threads: past it, sorted runs go to the
     run's temporary folder and are merged as the rows are fetched, so memory stays flat however long
@@ -164,7 +167,12 @@ def sorted_events(
     of memory there before its first rows is run again at the run's limit."""
     where, where_params = bounds_sql(bounds)
     cols = ", ".join(f'"{c}"' for c in columns)
-    sql = f"SELECT {event} FROM (SELECT {cols} FROM {source} WHERE {where} ORDER BY {order_by(order)})"
+    known = ", ".join(f"({_sql_str(h)}, {i})" for i, h in enumerate(hosts)) or "(NULL::VARCHAR, 0)"
+    sql = (
+        f"SELECT {event} FROM (SELECT {cols}, coalesce(hp_hosts.i, 0)::BIGINT AS host_index FROM {source}"
+        f" LEFT JOIN (VALUES {known}) AS hp_hosts(h, i) ON coalesce(host, 'None') = hp_hosts.h"
+        f" WHERE {where} ORDER BY {order_by(order)})"
+    )
     with run.lean_memory(SORT_MEMORY) as lowered, run.threads_at_most(SORT_THREADS):
         pieces = _text_batches(run.con.cursor(), sql, where_params)
         try:
@@ -195,6 +203,8 @@ def _text_batches(cur: Any, sql: str, params: list[Any]) -> Iterator[tuple[str, 
                 continue
             if col.null_count:
                 raise RuntimeError(f"{col.null_count} trace events were null: {sql}")
+            if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+                col = col.cast(pa.large_string())  # a string view (DuckDB's arrow_output_version 1.4)
             _, offsets, data = col.buffers()
             width = 8 if pa.types.is_large_string(col.type) else 4
             at = np.frombuffer(offsets, dtype=f"<i{width}", count=n + 1, offset=col.offset * width)
@@ -213,10 +223,33 @@ def _us(ns: str) -> str:
     )
 
 
-def _pid(pid: str, hosts: list[str]) -> str:
-    """SQL: the trace pid of ``pid`` of the row's host, ``hosts`` being the hosts in index order."""
-    known = "[" + ", ".join(_sql_str(h) for h in hosts) + "]::VARCHAR[]"
-    return f"(coalesce({pid}, 0) + (list_position({known}, coalesce(host, 'None')) - 1) * {HOST_STRIDE})"
+def _exact_us(diff: str, *cols: str) -> str:
+    """SQL: :func:`_us` of ``diff``, a difference of ``cols`` (nanosecond columns, not null), in
+    BIGINT while every column is within 2**62 of 0 (no overflow there), else in HUGEINT (at the ends
+    of BIGINT: corrupt or synthetic times), which costs about 10% more."""
+    safe = " AND ".join(f"{c} BETWEEN -{2**62} AND {2**62}" for c in cols)
+    huge = diff
+    for c in cols:
+        huge = huge.replace(c, f"{c}::HUGEINT")
+    return f"(CASE WHEN {safe} THEN {_us(diff)} ELSE {_us(huge)} END)"
+
+
+def _since(col: str, t0: int) -> str:
+    """SQL: the time of ``col`` since ``t0``, in microseconds."""
+    if abs(int(t0)) > 2**62:
+        return _us(f"(coalesce({col}, 0)::HUGEINT - {int(t0)})")
+    return _exact_us(f"(coalesce({col}, 0) - {int(t0)})", f"coalesce({col}, 0)")
+
+
+#: SQL: a span's or an I/O operation's duration (0 when it ends before it starts)
+_DUR = _exact_us(
+    "greatest(0, coalesce(end_ns, 0) - coalesce(start_ns, 0))", "coalesce(end_ns, 0)", "coalesce(start_ns, 0)"
+)
+
+
+def _pid(pid: str) -> str:
+    """SQL: the trace pid of ``pid`` of the row's host (see :func:`sorted_events`)."""
+    return f"(coalesce({pid}, 0) + host_index * {HOST_STRIDE})"
 
 
 def _text(x: str) -> str:
@@ -224,17 +257,17 @@ def _text(x: str) -> str:
     return f"to_json(coalesce({x}, ''))"
 
 
-_ATTRS = "trim(attrs, E' \\t\\n\\r')"
+#: the attributes without the white space around them (Python's str.strip for ASCII and NBSP)
+_ATTRS = "trim(attrs, ' ' || chr(9) || chr(10) || chr(11) || chr(12) || chr(13) || chr(160))"
 
 
-def span_event(t0: int, hosts: list[str]) -> str:
+def span_event(t0: int) -> str:
     """SQL: a span's complete event. Its kind is its category; its attributes (a JSON object written
     by the agent) are spliced into its args, followed by its span id, step and parent span."""
     return (
         "',\n{\"name\":' || " + _text("name") + " || ',\"cat\":' || " + _text("kind")
-        + " || ',\"ph\":\"X\",\"ts\":' || " + _us(f"(coalesce(start_ns, 0) - {int(t0)})")
-        + " || ',\"dur\":' || " + _us("greatest(0, coalesce(end_ns, 0) - coalesce(start_ns, 0))")
-        + " || ',\"pid\":' || " + _pid("pid", hosts) + "::VARCHAR || ',\"tid\":' || coalesce(tid, 0)::VARCHAR"
+        + " || ',\"ph\":\"X\",\"ts\":' || " + _since("start_ns", t0) + " || ',\"dur\":' || " + _DUR
+        + " || ',\"pid\":' || " + _pid("pid") + "::VARCHAR || ',\"tid\":' || coalesce(tid, 0)::VARCHAR"
         + " || ',\"args\":{' || CASE WHEN attrs IS NULL OR attrs = '' THEN ''"
         + f" WHEN {_ATTRS} LIKE '{{%}}' AND length({_ATTRS}) > 2"
         + f" THEN substr({_ATTRS}, 2, length({_ATTRS}) - 2) || ','"
@@ -245,21 +278,21 @@ def span_event(t0: int, hosts: list[str]) -> str:
     )  # fmt: skip
 
 
-def sample_event(t0: int, hosts: list[str], launcher_pid: int | None) -> str:
+def sample_event(t0: int, launcher_pid: int | None) -> str:
     """SQL: a resource sample's counter event, on the process it measures (``proc.*`` samples) or
     else on the launcher's track (the sampling process's when there is no launcher). A value that is
     not finite is null."""
-    job = _pid("pid", hosts) if launcher_pid is None else str(int(launcher_pid))
+    job = _pid("pid") if launcher_pid is None else str(int(launcher_pid))
     return (
         "',\n{\"name\":' || " + _text("name") + " || ',\"ph\":\"C\",\"ts\":' || "
-        + _us(f"(coalesce(ts_ns, 0) - {int(t0)})") + " || ',\"pid\":' || (CASE WHEN target_pid >= 0 THEN "
-        + _pid("target_pid", hosts) + f" ELSE {job} END)::VARCHAR || ',\"tid\":0,\"args\":{{\"value\":' || "
+        + _since("ts_ns", t0) + " || ',\"pid\":' || (CASE WHEN target_pid >= 0 THEN "
+        + _pid("target_pid") + f" ELSE {job} END)::VARCHAR || ',\"tid\":0,\"args\":{{\"value\":' || "
         + "CASE WHEN value IS NULL THEN '0.0' WHEN isfinite(value::DOUBLE) THEN value::DOUBLE::VARCHAR"
         + " ELSE 'null' END || '}}'"
     )  # fmt: skip
 
 
-def io_op_event(t0: int, hosts: list[str]) -> str:
+def io_op_event(t0: int) -> str:
     """SQL: an I/O operation's complete event, on the I/O thread of its process, named by the
     operation and the file's name, with the whole record in its args."""
 
@@ -267,10 +300,9 @@ def io_op_event(t0: int, hosts: list[str]) -> str:
         return f"coalesce(\"{c}\"::VARCHAR, 'null')" if number else f"coalesce(to_json(\"{c}\"), 'null')"
 
     return (
-        "',\n{\"name\":' || to_json(coalesce(op, '') || ' ' || regexp_replace(coalesce(path, ''), '^.*/', ''))"
-        + " || ',\"cat\":\"io\",\"ph\":\"X\",\"ts\":' || " + _us(f"(coalesce(start_ns, 0) - {int(t0)})")
-        + " || ',\"dur\":' || " + _us("greatest(0, coalesce(end_ns, 0) - coalesce(start_ns, 0))")
-        + " || ',\"pid\":' || " + _pid("pid", hosts) + f"::VARCHAR || ',\"tid\":{IO_TID},\"args\":{{\"path\":' || "
+        "',\n{\"name\":' || to_json(coalesce(op, '') || ' ' || regexp_replace(coalesce(path, ''), '^.*/', '', 's'))"
+        + " || ',\"cat\":\"io\",\"ph\":\"X\",\"ts\":' || " + _since("start_ns", t0)
+        + " || ',\"dur\":' || " + _DUR + " || ',\"pid\":' || " + _pid("pid") + f"::VARCHAR || ',\"tid\":{IO_TID},\"args\":{{\"path\":' || "
         + value("path") + " || ',\"op\":' || " + value("op") + " || ',\"module\":' || " + value("module")
         + " || ',\"offset\":' || " + value("offset", True) + " || ',\"size_bytes\":' || "
         + value("size_bytes", True) + " || '}}'"
@@ -409,11 +441,11 @@ def write_chrome_trace(
                     stats.threads += 1
             hosts = list(pid_of.hosts)
             event = (
-                span_event(t0, hosts) if table == "spans"
-                else sample_event(t0, hosts, launcher_pid) if table == "samples"
-                else io_op_event(t0, hosts)
+                span_event(t0) if table == "spans"
+                else sample_event(t0, launcher_pid) if table == "samples"
+                else io_op_event(t0)
             )  # fmt: skip
-            for text, n in sorted_events(run, source, columns, where, order, event):
+            for text, n in sorted_events(run, source, columns, where, order, event, hosts):
                 out.write(text[2:] if first else text)  # each event follows ",\n"
                 first = False
                 stats.events += n
