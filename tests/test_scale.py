@@ -17,7 +17,14 @@ from holoprof.errors import HoloprofError
 def synth(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, object]:
     out = os.path.join(str(tmp_path_factory.mktemp("synth")), "run")
     totals = generate_run(
-        out, steps=20_000, ranks=3, chunk_steps=6_000, comm=True, io_files=40, checkpoint_every=5_000
+        out,
+        steps=20_000,
+        ranks=3,
+        chunk_steps=6_000,
+        comm=True,
+        io_files=40,
+        checkpoint_every=5_000,
+        memory_every=500,
     )
     return out, totals
 
@@ -89,6 +96,23 @@ def test_checkpoint_totals_equal_the_generated_ones(synth: tuple[str, object]) -
     assert doc["steps"]["total_s"] == pytest.approx(totals.step_ns / 1e9, rel=1e-6)  # type: ignore[attr-defined]
 
 
+def test_memory_totals_equal_the_generated_ones(synth: tuple[str, object]) -> None:
+    """The memory section is the main process's: its peak step and categories, each at its largest
+    over the step's snapshots, and the largest total of any snapshot, as generated."""
+    path, totals = synth
+    doc = build_report(holoprof.load(path))["memory"]
+    want = totals.memory[0]  # type: ignore[attr-defined]
+    assert want["snapshots"] == 3 * 40
+    assert (doc["step"], doc["phase"], doc["categories"]) == (
+        want["peak_step"],
+        "forward",
+        want["categories"],
+    )
+    assert doc["peak_bytes"] == want["peak_bytes"]
+    assert doc["sampled_steps"] == list(range(0, 20_000, 500)) and len(doc["timeline"]) == 120
+    assert doc["limit_bytes"] == 64 * 2**30 and doc["mode"] == "sampled"
+
+
 def test_filters_read_only_what_is_asked(synth: tuple[str, object]) -> None:
     path, _ = synth
     run = holoprof.load(path, steps=(100, 199), ranks=[1])
@@ -128,6 +152,7 @@ def test_dask_engine_gives_the_same_numbers_as_duckdb(synth: tuple[str, object])
     assert dask["communication"] == duck["communication"]
     assert dask["io"] == duck["io"]
     assert dask["checkpoints"] == duck["checkpoints"] and duck["checkpoints"]["count"] == 2 * 4
+    assert dask["memory"] == duck["memory"] and duck["memory"]["peak_bytes"] > 0
     assert dask["io"]["files"] == 41 + 41 - 1  # two ranks' shards and the shared file
 
 

@@ -340,3 +340,37 @@ def test_a_finished_run_takes_no_actions(env: Env) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.5)
     assert env.client.get("/api/runs/live/actions").json()["status"] == "finished"
+
+
+def test_a_live_reports_rebuilds_are_spaced_by_their_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dashboard rebuilds a changed run's report no sooner than REPORT_DUTY times the last build
+    took, so a large running job is not slowed by a report built back to back."""
+    from holoprof.bench.synth import generate_run
+    from holoprof.serve import app
+    from holoprof.store.chunks import write_chunk
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    generate_run(str(root / "big"), steps=20_000)
+    runs = app.Runs(str(root))
+    monkeypatch.setattr(app, "REPORT_MIN_INTERVAL_S", 0.0)
+    first = runs.report("big")
+    took = runs._cache["big"].build_s
+    assert took > 0 and first["steps"]["count"] == 20_000
+    folder = root / "big" / "synth-10000"  # the generated process's folder
+
+    def one_more_step(i: int) -> None:
+        start = 2 * 10**18 + i * 10**9
+        write_chunk(str(folder), "spans", {
+            "host": ["synth"], "pid": [10_000], "tid": [10_000], "span_id": [10**12 + i], "kind": ["step"],
+            "name": ["step"], "start_ns": [start], "end_ns": [start + 10**6], "step": [10**7 + i],
+        })  # fmt: skip
+
+    one_more_step(0)
+    monkeypatch.setattr(app, "REPORT_DUTY", 3600 / took)  # the next build is an hour away
+    assert runs.report("big") is first, "the data changed, but the last build is too recent"
+    monkeypatch.setattr(app, "REPORT_DUTY", 0.0)
+    again = runs.report("big")
+    assert again is not first and again["steps"]["count"] == 20_001

@@ -40,6 +40,11 @@ SHARED_FILE = "/data/vocab.json"
 #: with ``checkpoint_every``: a checkpoint's mean duration and size
 CHECKPOINT_MEAN_NS = 200_000_000
 CHECKPOINT_BYTES = 512 * 2**20
+#: with ``memory_every``: the weights' bytes, the range of a step's activations and of ``other``
+MODEL_BYTES = 400 * 2**20
+ACTIVATION_BYTES = (2**30, 3 * 2**30)
+OTHER_BYTES = (100 * 2**20, 300 * 2**20)
+MEMORY_LIMIT_BYTES = 64 * 2**30
 
 
 @dataclass
@@ -61,6 +66,10 @@ class SynthTotals:
     checkpoints: dict[int, dict[str, int]] = field(default_factory=dict)
     #: with io_ops, over all ranks: {"count", "bytes", "dur_ns"} of the per-operation reads
     io_ops: dict[str, int] = field(default_factory=dict)
+    #: with memory_every, per rank: "snapshots" (count), "peak_step" (the sampled step of the largest
+    #: tensor footprint), "categories" (that step's, each at its largest over the step; ``other`` at
+    #: the step's largest total) and "peak_bytes" (the largest total of any snapshot)
+    memory: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def generate_run(
@@ -75,6 +84,7 @@ def generate_run(
     io_files: int = 0,
     checkpoint_every: int = 0,
     io_ops: bool = False,
+    memory_every: int = 0,
 ) -> SynthTotals:
     """Write a run with ``steps`` steps per rank (5 spans per step) into ``out``.
 
@@ -82,8 +92,8 @@ def generate_run(
     pieces (in parallel): ``out`` is created by the first piece, or earlier by :func:`create_run`;
     call :func:`finish_run` once all pieces are written. Each rank draws from its own seeded
     generator, so a rank's data do not depend on how the run was cut into pieces. ``comm`` and
-    ``io_files`` add communication and I/O records, ``io_ops`` a per-operation read per step (see the
-    module's docstring): 5 more spans and one more phase per step with ``comm``.
+    ``io_files`` add communication and I/O records, ``io_ops`` a per-operation read per step,
+    ``memory_every`` memory snapshots (see the module's docstring): 5 more spans and one more phase per step with ``comm``.
     """
     import numpy as np
     import pyarrow as pa
@@ -108,6 +118,7 @@ def generate_run(
         clock = t0
         offset = 0  # with io_ops: where the rank's next read starts in its training file
         io_rng = np.random.default_rng((seed + rank, 1))  # its own: the steps are the same without it
+        mem_rng = np.random.default_rng((seed + rank, 2))
         for c0 in range(0, steps, chunk_steps):
             n = min(chunk_steps, steps - c0)
             durs = {
@@ -145,6 +156,11 @@ def generate_run(
                 off = off + durs[p]
                 mine["phase_ns"][p] = mine["phase_ns"].get(p, 0) + int(durs[p].sum())
             attrs.append(pa.nulls(sum(len(k) for k in kinds), pa.string()))
+            if memory_every:
+                _memory(
+                    mem_rng, totals, rank, memory_every, phase_start, durs, step_idx,
+                    (kinds, pnames, s_all, e_all, st_all, attrs),
+                )  # fmt: skip
             if checkpoint_every:
                 _checkpoints(
                     totals,
@@ -289,6 +305,61 @@ def _checkpoints(
     c["count"] += k
     c["bytes"] += k * CHECKPOINT_BYTES
     c["dur_ns"] += int(dur.sum())
+
+
+def _memory(
+    rng: Any,
+    totals: SynthTotals,
+    rank: int,
+    every: int,
+    phase_start: dict[str, Any],
+    durs: dict[str, Any],
+    step_idx: Any,
+    out: tuple[list[Any], ...],
+) -> None:
+    """A chunk's memory snapshots (every ``every``-th step), appended to ``out``; ``totals.memory``
+    keeps the rank's peak as the report computes it (see :mod:`holoprof.analyze.memory`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    kinds, pnames, s_all, e_all, st_all, attrs = out
+    at = step_idx % every == 0
+    k = int(at.sum())
+    if not k:
+        return
+    act = rng.integers(*ACTIVATION_BYTES, size=k, dtype=np.int64)
+    mine = totals.memory.setdefault(
+        rank, {"snapshots": 0, "peak_step": None, "categories": {}, "peak_bytes": 0}
+    )
+    steps = step_idx[at].tolist()
+    for phase in ("forward", "backward", "optimizer"):
+        ts = (phase_start[phase] + durs[phase])[at]
+        other = rng.integers(*OTHER_BYTES, size=k, dtype=np.int64)
+        texts = []
+        for step, a, o in zip(steps, act.tolist(), other.tolist(), strict=True):
+            cats = {
+                "weights": MODEL_BYTES, "gradients": MODEL_BYTES, "optimizer_state": 2 * MODEL_BYTES,
+                "activations": a if phase == "forward" else 0, "other": o,
+            }  # fmt: skip
+            total = sum(cats.values())
+            texts.append(json.dumps({
+                "step": step, "phase": phase, "device": "cpu", "mode": "sampled", "rss_bytes": total,
+                "limit_bytes": MEMORY_LIMIT_BYTES, "limit_source": "machine", "other_basis": "rss",
+                "total_bytes": total, "categories": cats,
+            }))  # fmt: skip
+            mine["peak_bytes"] = max(mine["peak_bytes"], total)
+            if phase == "forward":  # the step's largest total, and its only activations
+                best = mine["categories"]
+                footprint = 4 * MODEL_BYTES + a
+                if not best or footprint >= sum(v for c, v in best.items() if c != "other"):
+                    mine["peak_step"], mine["categories"] = step, dict(cats)
+        kinds.append(np.full(k, "op", dtype=object))
+        pnames.append(np.full(k, "memory", dtype=object))
+        s_all.append(ts)
+        e_all.append(ts)
+        st_all.append(step_idx[at])
+        attrs.append(pa.array(texts, pa.string()))
+    mine["snapshots"] += 3 * k
 
 
 def _io_ops(
