@@ -171,6 +171,18 @@ def test_tensorboard_export_of_a_run_without_steps_says_so(tmp_path: Path) -> No
     assert proc.returncode == 2 and "no training steps" in proc.stderr
 
 
+def _bare_run(tmp_path: Path, t0: int, folder: str) -> tuple[str, str]:
+    """An empty finished run that started at ``t0``, and a process folder in it to write chunks to."""
+    from holoprof.store import rundir
+
+    run_dir = rundir.create_run_dir(str(tmp_path / "run"))
+    manifest = rundir.new_manifest(["python", "edge.py"], "edge", {})
+    manifest.update(start_ns=t0, end_ns=t0 + 10**9, status="finished", exit_code=0)
+    rundir.write_manifest(run_dir, manifest)
+    os.makedirs(os.path.join(run_dir, folder), mode=0o700)
+    return run_dir, os.path.join(run_dir, folder)
+
+
 def test_chrome_events_formatted_by_duckdb_carry_every_record_exactly(tmp_path: Path) -> None:
     """DuckDB writes the events' text: names with quotes, backslashes, control and non-ASCII
     characters, attributes that are objects (with spaces around them), empty, or not objects, times
@@ -179,16 +191,10 @@ def test_chrome_events_formatted_by_duckdb_carry_every_record_exactly(tmp_path: 
     import math
 
     from holoprof.bench.synth import T0_NS
-    from holoprof.store import rundir
     from holoprof.store.chunks import write_chunk
 
     t0 = T0_NS
-    run_dir = rundir.create_run_dir(str(tmp_path / "run"))
-    manifest = rundir.new_manifest(["python", "edge.py"], "edge", {})
-    manifest.update(start_ns=t0, end_ns=t0 + 10**9, status="finished", exit_code=0)
-    rundir.write_manifest(run_dir, manifest)
-    folder = os.path.join(run_dir, "a-1")
-    os.makedirs(folder, mode=0o700)
+    run_dir, folder = _bare_run(tmp_path, t0, "a-1")
     write_chunk(folder, "processes", {"host": ["a"], "pid": [1], "rank": [-1], "role": ["main"],
                                       "argv": ['["edge.py"]'], "start_ns": [t0], "end_ns": [t0 + 10**9]})  # fmt: skip
     names = ['say "hi"', "back\\slash", "line\nbreak\x01", "café ✓", "plain", "x", "y", "z"]
@@ -282,16 +288,10 @@ def test_chrome_events_formatted_by_duckdb_carry_every_record_exactly(tmp_path: 
 def test_chrome_trace_of_many_hosts_extreme_times_and_odd_paths(tmp_path: Path) -> None:
     """600 hosts get 600 separate pid ranges (past 2**31); times at the ends of int64 and a file
     path with a line break are written, not refused."""
-    from holoprof.store import rundir
     from holoprof.store.chunks import write_chunk
 
     t0 = 10**18
-    run_dir = rundir.create_run_dir(str(tmp_path / "run"))
-    manifest = rundir.new_manifest(["python", "many.py"], "many", {})
-    manifest.update(start_ns=t0, end_ns=t0 + 10**9, status="finished", exit_code=0)
-    rundir.write_manifest(run_dir, manifest)
-    folder = os.path.join(run_dir, "h-7")
-    os.makedirs(folder, mode=0o700)
+    run_dir, folder = _bare_run(tmp_path, t0, "h-7")
     hosts = [f"node{i:04d}" for i in range(600)]
     n = len(hosts)
     write_chunk(folder, "spans", {
