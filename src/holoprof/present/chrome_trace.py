@@ -155,10 +155,11 @@ def sorted_events(
 ) -> Iterator[tuple[str, int]]:
     """The rows of ``source`` (a table, a view or a table function of ``run``'s DuckDB) within
     ``bounds``, sorted by ``order``, each written by DuckDB as the text of its trace event (``event``,
-    a SQL expression over ``columns`` and ``host_index`` that is never null), in pieces of BATCH
-    events: ``(text, events)``, where every event is preceded by ``",\n"``. ``host_index`` is the
-    position of the row's host in ``hosts`` (which holds every host of the rows), joined before the
-    sort so that thousands of hosts cost one hash lookup per row.
+    a SQL expression over ``columns`` that is never null), in pieces of BATCH events: ``(text,
+    events)``, where every event is preceded by ``",\n"``. The ``host`` column is replaced by
+    ``host_index``, the position of the row's host in ``hosts`` (which holds every host of the rows),
+    in the columns and in the order: joined before the sort, it costs one hash lookup per row however
+    many hosts there are, and the sorted runs hold a number instead of a string.
 
     DuckDB sorts the rows under SORT_MEMORY on SORT_THREADS threads: past it, sorted runs go to the
     run's temporary folder and are merged as the rows are fetched, so memory stays flat however long
@@ -166,10 +167,12 @@ def sorted_events(
     text), and their text is read from the Arrow buffers of each batch at once. A sort that runs out
     of memory there before its first rows is run again at the run's limit."""
     where, where_params = bounds_sql(bounds)
-    cols = ", ".join(f'"{c}"' for c in columns)
+    index = "coalesce(hp_hosts.i, 0)::BIGINT AS host_index"
+    cols = ", ".join(index if c == "host" else f'"{c}"' for c in columns)
     known = ", ".join(f"({_sql_str(h)}, {i})" for i, h in enumerate(hosts)) or "(NULL::VARCHAR, 0)"
+    order = tuple(("host_index" if c == "host" else c, asc) for c, asc in order)
     sql = (
-        f"SELECT {event} FROM (SELECT {cols}, coalesce(hp_hosts.i, 0)::BIGINT AS host_index FROM {source}"
+        f"SELECT {event} FROM (SELECT {cols} FROM {source}"
         f" LEFT JOIN (VALUES {known}) AS hp_hosts(h, i) ON coalesce(host, 'None') = hp_hosts.h"
         f" WHERE {where} ORDER BY {order_by(order)})"
     )
