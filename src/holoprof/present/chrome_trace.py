@@ -321,9 +321,11 @@ def write_chrome_trace(
 ) -> TraceStats:
     """Write ``run`` (optionally the window [start_s, end_s] seconds from its start) to ``out``.
 
-    ``engine`` reads the threads (``trace_threads``) and the sorted spans, samples and I/O
-    operations (``sorted_rows``): DuckDB by default, or a
-    :class:`~holoprof.analyze.engine_dask.DaskEngine`. The small process table is read with DuckDB.
+    ``engine`` reads the threads (``trace_threads``) and gives where DuckDB reads the spans, samples
+    and I/O operations to sort and write (``sorted_source``): the run's views by default, or with a
+    :class:`~holoprof.analyze.engine_dask.DaskEngine` a file of the rows its cluster read. The small
+    process table is read with DuckDB. ``out`` must take any Unicode text (the names are written
+    as they are, not escaped to ASCII).
     """
     src = engine if engine is not None else DuckDBRows(run)
     t0 = run_start_ns(run)
