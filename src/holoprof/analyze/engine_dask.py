@@ -17,8 +17,8 @@ stages and checkpoints sections.
 operations through Dask partitions: the cluster reads and filters every chunk, a few at a time, and
 the client spools them to a temporary Parquet file that DuckDB sorts and writes as events the way it
 does the run's views (spilling to disk), so the file is the same, byte for byte, as the DuckDB
-engine's and memory stays flat. The per-step table of the TensorBoard export is computed on the cluster one window of
-steps at a time. Only the small process table is read with DuckDB.
+engine's and memory stays flat. The per-step table of the TensorBoard export is computed on the
+cluster one window of steps at a time. Only the small process table is read with DuckDB.
 
 Every chunk file is one partition, read by :func:`read_chunk` with the run's filters (time window,
 ranks, steps) pushed into the Parquet read, and with the columns a chunk lacks filled with nulls (as

@@ -13,6 +13,10 @@ step, before the next step starts, recorded under the index of the step it follo
 With ``io_ops=True`` each step's data wait reads its batch from the rank's training file, and the
 read is recorded in ``io_ops`` as the per-operation I/O trace records it: one ``read`` per step, at
 the offset where the previous one ended, of one of READ_SIZES, lasting half the data wait at most.
+With ``memory_every=M`` every M-th step (from step 0) has the agent's sampled memory snapshots at the
+ends of its forward, backward and optimizer phases (spans of kind ``op``, name ``memory``): constant
+weights, gradients and optimizer state (MODEL_BYTES, MODEL_BYTES, 2 x MODEL_BYTES), activations
+drawn per step and alive after the forward only, and ``other`` drawn per snapshot.
 """
 
 from __future__ import annotations
@@ -92,8 +96,9 @@ def generate_run(
     pieces (in parallel): ``out`` is created by the first piece, or earlier by :func:`create_run`;
     call :func:`finish_run` once all pieces are written. Each rank draws from its own seeded
     generator, so a rank's data do not depend on how the run was cut into pieces. ``comm`` and
-    ``io_files`` add communication and I/O records, ``io_ops`` a per-operation read per step,
-    ``memory_every`` memory snapshots (see the module's docstring): 5 more spans and one more phase per step with ``comm``.
+    ``io_files`` add communication and I/O records, ``io_ops`` a per-operation read per step and
+    ``memory_every`` memory snapshots (see the module's docstring): 5 more spans and one more phase
+    per step with ``comm``.
     """
     import numpy as np
     import pyarrow as pa

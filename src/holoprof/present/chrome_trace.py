@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
@@ -226,27 +226,24 @@ def _us(ns: str) -> str:
     )
 
 
-def _exact_us(diff: str, *cols: str) -> str:
-    """SQL: :func:`_us` of ``diff``, a difference of ``cols`` (nanosecond columns, not null), in
-    BIGINT while every column is within 2**62 of 0 (no overflow there), else in HUGEINT (at the ends
-    of BIGINT: corrupt or synthetic times), which costs about 10% more."""
-    safe = " AND ".join(f"{c} BETWEEN -{2**62} AND {2**62}" for c in cols)
-    huge = diff
-    for c in cols:
-        huge = huge.replace(c, f"{c}::HUGEINT")
-    return f"(CASE WHEN {safe} THEN {_us(diff)} ELSE {_us(huge)} END)"
+def _exact_us(diff: Callable[[str], str], *cols: str) -> str:
+    """SQL: :func:`_us` of ``diff(cast)``, a difference of the nanosecond columns ``cols`` (each
+    followed by ``cast``): in BIGINT while every column is within 2**62 of 0 (no overflow there),
+    else in HUGEINT (at the ends of BIGINT: corrupt or synthetic times), which costs about 10% more."""
+    safe = " AND ".join(f"coalesce({c}, 0) BETWEEN -{2**62} AND {2**62}" for c in cols)
+    return f"(CASE WHEN {safe} THEN {_us(diff(''))} ELSE {_us(diff('::HUGEINT'))} END)"
 
 
 def _since(col: str, t0: int) -> str:
     """SQL: the time of ``col`` since ``t0``, in microseconds."""
     if abs(int(t0)) > 2**62:
         return _us(f"(coalesce({col}, 0)::HUGEINT - {int(t0)})")
-    return _exact_us(f"(coalesce({col}, 0) - {int(t0)})", f"coalesce({col}, 0)")
+    return _exact_us(lambda cast: f"(coalesce({col}, 0){cast} - {int(t0)})", col)
 
 
 #: SQL: a span's or an I/O operation's duration (0 when it ends before it starts)
 _DUR = _exact_us(
-    "greatest(0, coalesce(end_ns, 0) - coalesce(start_ns, 0))", "coalesce(end_ns, 0)", "coalesce(start_ns, 0)"
+    lambda cast: f"greatest(0, coalesce(end_ns, 0){cast} - coalesce(start_ns, 0))", "end_ns", "start_ns"
 )
 
 
@@ -414,13 +411,13 @@ def write_chrome_trace(
         stats.threads += 1
 
     # spans, counters and per-operation I/O, each sorted by time and written by DuckDB --------------
-    kinds = (
-        ("spans", SPAN_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), SPAN_ORDER),
-        ("samples", SAMPLE_COLS, (("ts_ns", ">=", lo), ("ts_ns", "<=", hi)), SAMPLE_ORDER),
-        ("io_ops", IO_OP_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), IO_OP_ORDER),
-    )
-    counted = {"spans": "spans", "samples": "counters", "io_ops": "io_ops"}  # TraceStats' field
-    for table, columns, bounds, order in kinds:
+    kinds = (  # table, its columns, the window, the order, each row's event, the TraceStats field
+        ("spans", SPAN_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), SPAN_ORDER, span_event(t0), "spans"),
+        ("samples", SAMPLE_COLS, (("ts_ns", ">=", lo), ("ts_ns", "<=", hi)), SAMPLE_ORDER,
+         sample_event(t0, launcher_pid), "counters"),
+        ("io_ops", IO_OP_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), IO_OP_ORDER, io_op_event(t0), "io_ops"),
+    )  # fmt: skip
+    for table, columns, bounds, order, event, counted in kinds:
         with src.sorted_source(table, columns, bounds) as found:
             if found is None:
                 continue
@@ -444,16 +441,10 @@ def write_chrome_trace(
                         }
                     )
                     stats.threads += 1
-            hosts = list(pid_of.hosts)
-            event = (
-                span_event(t0) if table == "spans"
-                else sample_event(t0, launcher_pid) if table == "samples"
-                else io_op_event(t0)
-            )  # fmt: skip
-            for text, n in sorted_events(run, source, columns, where, order, event, hosts):
+            for text, n in sorted_events(run, source, columns, where, order, event, list(pid_of.hosts)):
                 out.write(text[2:] if first else text)  # each event follows ",\n"
                 first = False
                 stats.events += n
-                setattr(stats, counted[table], getattr(stats, counted[table]) + n)
+                setattr(stats, counted, getattr(stats, counted) + n)
     out.write("\n]}\n")
     return stats
