@@ -326,6 +326,13 @@ def read_chunk(
     return full.to_pandas()
 
 
+def _fmean(values: Any) -> float:
+    """The mean of a column's non-null values with an exactly rounded sum (0 when there is none), as
+    DuckDB's ``favg`` takes it (see :func:`holoprof.analyze.resources.resources`)."""
+    v = values.dropna().to_numpy(dtype="float64")
+    return math.fsum(v.tolist()) / len(v) if len(v) else 0.0
+
+
 def _arrow_table(pdf: Any) -> Any:
     """An Arrow-backed partition as an Arrow table (its columns are not copied)."""
     import pyarrow as pa
@@ -605,13 +612,13 @@ class DaskEngine:
         for name, g in pdf.groupby("name"):
             last = float(g.loc[g["ts_ns"].idxmax(), "value"])
             res.stats[str(name)] = SeriesStat(
-                str(name), float(g["value"].mean()), float(g["value"].max()), last, len(g)
+                str(name), _fmean(g["value"]), float(g["value"].max()), last, len(g)
             )
         t0, t1 = int(pdf["ts_ns"].min()), int(pdf["ts_ns"].max())
         res.start_ns = t0
         width = max(1, (t1 - t0) // max(1, points - 1) + 1)
         pdf = pdf.assign(b=(pdf["ts_ns"] - t0) // width)
-        for (name, b), v in pdf.groupby(["name", "b"])["value"].mean().items():
+        for (name, b), v in pdf.groupby(["name", "b"])["value"].agg(_fmean).items():
             res.series.setdefault(str(name), []).append((int(b) * width / 1e9, float(v)))
         res.gpus = sorted(
             {int(n.split(".")[1]) for n in res.stats if n.startswith("gpu.") and n.count(".") >= 2}

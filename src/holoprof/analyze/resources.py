@@ -28,14 +28,18 @@ class Resources:
 
 
 def resources(run: Run, points: int = 60, window: tuple[int, int] | None = None) -> Resources:
-    """Summary of job-wide samples (``target_pid = -1``), optionally within a time window (ns)."""
+    """Summary of job-wide samples (``target_pid = -1``), optionally within a time window (ns).
+
+    Means are taken with compensated summation (DuckDB's ``favg``; the Dask engine's ``math.fsum``):
+    a plain sum's last bit depends on the order rows are added in, which differs between engines and
+    threads, and can move a mean rounded to 3 decimals across its rounding boundary."""
     where = "target_pid = -1"
     params: list[object] = []
     if window is not None:
         where += " AND ts_ns BETWEEN ? AND ?"
         params += [window[0], window[1]]
     rows = run.rows(
-        f"""SELECT name, avg(value), max(value), arg_max(value, ts_ns), count(*)
+        f"""SELECT name, favg(value), max(value), arg_max(value, ts_ns), count(*)
             FROM samples WHERE {where} GROUP BY name ORDER BY name""",
         params,
     )
@@ -51,7 +55,7 @@ def resources(run: Run, points: int = 60, window: tuple[int, int] | None = None)
     res.start_ns = t0
     width = max(1, (t1 - t0) // max(1, points - 1) + 1)
     srows = run.rows(
-        f"""SELECT name, (ts_ns - {t0}) // {width} AS b, avg(value)
+        f"""SELECT name, (ts_ns - {t0}) // {width} AS b, favg(value)
             FROM samples WHERE {where} GROUP BY name, b ORDER BY name, b""",
         params,
     )
