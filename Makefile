@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt -e '.[torch,dev,dask,darshan]' tensorflow-cpu
+	$(PIP) install --quiet -c constraints.txt -e '.[torch,dev,dask,darshan,frameworks]' tensorflow-cpu
 	touch $(STAMP)
 
 venv: $(STAMP)
