@@ -63,6 +63,11 @@ _STEP_COUNTS = Aggregation(
 )
 
 
+def _collector_notes(processes: list[dict[str, Any]]) -> list[str]:
+    """What collectors said they could not measure, once each, in the order the processes started."""
+    return list(dict.fromkeys(n for p in processes for n in p["notes"]))
+
+
 def _processes(run: Run, ctx: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     steps = {(str(h), int(p)): int(n) for h, p, n in aggregate(run, ctx, _STEP_COUNTS)}
     rows = run.rows(
@@ -82,6 +87,10 @@ def _processes(run: Run, ctx: dict[str, Any] | None = None) -> list[dict[str, An
         except ValueError:
             errors = []
         traced = bool(info and '"source": "agent"' in info)
+        try:
+            notes = [str(n) for n in (json.loads(info).get("notes") or [])] if traced else []
+        except (ValueError, AttributeError, TypeError):
+            notes = []
         out.append(
             {
                 "host": h,
@@ -99,6 +108,7 @@ def _processes(run: Run, ctx: dict[str, Any] | None = None) -> list[dict[str, An
                 "steps": int(nsteps or 0),
                 "dropped_events": int(dropped or 0),
                 "errors": errors,
+                "notes": notes,
             }
         )
     return out
@@ -270,7 +280,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
             "hosts": sorted({p["host"] for p in processes}) or m.get("hosts", []),
             "dropped_events": dropped,
             "errors": errors,
-            "warnings": list(run.warnings) + section_warnings,
+            "warnings": list(run.warnings) + section_warnings + _collector_notes(processes),
             "disk_bytes": run.disk_bytes,
             "gpus": res.gpus,
         },

@@ -6,12 +6,17 @@ What is measured, and how honestly:
   epochs, and the validation passes (``eval``). Keras runs forward, backward and the optimizer update
   as one compiled call, so that time is one phase, ``compute`` (forward + backward + optimizer,
   fused), not an invented split.
-* Input wait in ``fit``/``evaluate``: Keras normally fetches the next batch inside its compiled
-  function, where Python cannot time it. With ``steps_per_execution=1`` holoprof hands Keras a plain
-  Python iterator over the same dataset (Keras's own path for non-``tf.data`` iterators), so each
-  fetch is timed as ``data_wait`` and the compiled step gets the batch as its argument. The
-  computation is unchanged; the step function is traced once more for the last, smaller batch.
-  ``holoprof run --tf-input-timing off`` restores Keras's path (input wait then counts in ``compute``).
+* Input wait in ``fit``/``evaluate``: Keras fetches the next batch inside its compiled function,
+  where Python cannot time it, so by default the wait for input is part of ``compute`` (the phase's
+  ``fused`` attribute then lists ``data_wait``, and the report says so). Tracing never changes what
+  the job computes, and any other way of timing the fetch does: ``holoprof run --tf-input-timing on``
+  hands Keras a plain Python iterator over the same dataset (Keras's own path for non-``tf.data``
+  iterators, used only with ``steps_per_execution=1``), so each fetch is timed as ``data_wait``; but
+  that path trains differently. At the end of a dataset of unknown length Keras's in-graph fetch
+  advances the optimizer's iteration counter once more (17 iterations for 16 batches an epoch),
+  which moves Adam's bias correction and learning-rate schedules; the Python path does not; and the
+  step function is traced without the iterator, which shifts the op-level seeds of unseeded
+  ``tf.random`` ops. Use it to diagnose an input pipeline, not for a run whose results matter.
 * Custom loops: iterating a ``tf.data`` dataset eagerly is ``data_wait``; ``GradientTape.gradient``
   is ``backward``; ``optimizer.apply_gradients`` is ``optimizer`` and ends a step. A ``tf.function``
   whose trace applied gradients is a training step function: each call is ``compute`` and a step.
@@ -31,6 +36,12 @@ from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
 from holoprof.collect.util import path_bytes as _path_bytes
 
+IN_GRAPH_FETCH_NOTE = (
+    "Keras fetched its batches inside the compiled train step, so `compute` includes the wait for input "
+    "and data_wait is not measured (holoprof run --tf-input-timing on measures it, but changes how Keras "
+    "iterates: use it to diagnose the input pipeline, not for a run whose results matter)"
+)
+
 
 class TensorFlowCollector(Collector):
     name = "tensorflow"
@@ -38,12 +49,13 @@ class TensorFlowCollector(Collector):
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
         self._done: set[str] = set()
-        self.input_timing = str(agent.options.get("tf_input_timing", "on")) != "off"
+        self.input_timing = str(agent.options.get("tf_input_timing", "off")) == "on"
         self._mode: list[str] = []  # keras calls in progress: fit / evaluate / predict
         self._fetch_end = 0
         self._fn_stack: list[int] = []
         self._train_fns: set[int] = set()
         self._gpu_names: list[str] | None = None
+        self._in_graph_noted = False
 
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -79,6 +91,13 @@ class TensorFlowCollector(Collector):
 
     def _mode_now(self) -> str | None:
         return self._mode[-1] if self._mode else None
+
+    def note_in_graph_fetch(self) -> None:
+        """Say once, in the report, that this process's ``compute`` includes the wait for input."""
+        if self._in_graph_noted:
+            return
+        self._in_graph_noted = True
+        self.agent.info.setdefault("notes", []).append(IN_GRAPH_FETCH_NOTE)
 
     # -- TensorFlow: custom loops, checkpoints, GPU memory -----------------------------------------
     def _patch_tf(self, tf: ModuleType) -> None:
@@ -381,8 +400,13 @@ def _make_callback(keras: ModuleType, col: TensorFlowCollector) -> Any:
 
         def _train_end(self) -> None:
             t1 = now_ns()
-            t0 = col._fetch_end if col._fetch_end >= self._b0 else self._b0
-            col._phase("compute", t0, t1, {"fused": ["forward", "backward", "optimizer"]})
+            if col._fetch_end >= self._b0:  # the batch was fetched by the timed iterator
+                col._phase("compute", col._fetch_end, t1, {"fused": ["forward", "backward", "optimizer"]})
+            else:
+                col._phase(
+                    "compute", self._b0, t1, {"fused": ["data_wait", "forward", "backward", "optimizer"]}
+                )
+                col.note_in_graph_fetch()
             steps.optimizer_seen = True
             steps.update_done(t1)
 
@@ -419,7 +443,10 @@ def add_run_arguments(parser: Any) -> None:
         "--tf-input-timing",
         choices=("on", "off"),
         default=None,
-        help="Keras: time each batch fetch as data_wait (default on; off keeps Keras's in-graph fetch)",
+        help=(
+            "Keras: time each batch fetch as data_wait (default off: Keras's in-graph fetch, the exact "
+            "computation; on changes how Keras iterates, for diagnosing an input pipeline)"
+        ),
     )
 
 
