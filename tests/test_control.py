@@ -69,13 +69,13 @@ class LiveJob:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.proc.communicate()
-            folders = [p for p in Path(self.run_dir).glob("*-*") if p.is_dir()]
-            for folder in folders:
-                names = os.listdir(folder)
-                if any(n.startswith("spans-") for n in names) and any(
-                    n.startswith("processes-") for n in names
-                ):
-                    return
+            run = Path(self.run_dir)
+            spans = {p.relative_to(run / "spans") for p in run.glob("spans/*/*/") if any(p.glob("part-*"))}
+            procs = {
+                p.relative_to(run / "processes") for p in run.glob("processes/*/*/") if any(p.glob("part-*"))
+            }
+            if spans & procs:  # a process that wrote both
+                return
             time.sleep(0.2)
         raise AssertionError(f"the traced job did not start within {timeout_s} s")
 

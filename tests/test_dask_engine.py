@@ -254,7 +254,7 @@ def test_failed_ranks_of_a_many_partition_run_are_found_on_the_cluster(
     for rank, code, end in ((1, 3, 1), (2, None, None)):
         pid = 10_000 + rank
         write_chunk(
-            os.path.join(run_dir, f"synth-{pid}"), "processes",
+            run_dir, "processes",
             {"host": ["synth"], "pid": [pid], "rank": [rank], "world_size": [3], "role": ["rank"],
              "start_ns": [1], "end_ns": [end], "exit_code": [code], "updated_ns": [time.time_ns()],
              "info": ['{"source": "agent"}']},

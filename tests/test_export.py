@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -171,16 +170,15 @@ def test_tensorboard_export_of_a_run_without_steps_says_so(tmp_path: Path) -> No
     assert proc.returncode == 2 and "no training steps" in proc.stderr
 
 
-def _bare_run(tmp_path: Path, t0: int, folder: str) -> tuple[str, str]:
-    """An empty finished run that started at ``t0``, and a process folder in it to write chunks to."""
+def _bare_run(tmp_path: Path, t0: int) -> str:
+    """An empty finished run that started at ``t0``."""
     from holoprof.store import rundir
 
     run_dir = rundir.create_run_dir(str(tmp_path / "run"))
     manifest = rundir.new_manifest(["python", "edge.py"], "edge", {})
     manifest.update(start_ns=t0, end_ns=t0 + 10**9, status="finished", exit_code=0)
     rundir.write_manifest(run_dir, manifest)
-    os.makedirs(os.path.join(run_dir, folder), mode=0o700)
-    return run_dir, os.path.join(run_dir, folder)
+    return run_dir
 
 
 def test_chrome_events_formatted_by_duckdb_carry_every_record_exactly(tmp_path: Path) -> None:
@@ -194,8 +192,8 @@ def test_chrome_events_formatted_by_duckdb_carry_every_record_exactly(tmp_path: 
     from holoprof.store.chunks import write_chunk
 
     t0 = T0_NS
-    run_dir, folder = _bare_run(tmp_path, t0, "a-1")
-    write_chunk(folder, "processes", {"host": ["a"], "pid": [1], "rank": [-1], "role": ["main"],
+    run_dir = _bare_run(tmp_path, t0)
+    write_chunk(run_dir, "processes", {"host": ["a"], "pid": [1], "rank": [-1], "role": ["main"],
                                       "argv": ['["edge.py"]'], "start_ns": [t0], "end_ns": [t0 + 10**9]})  # fmt: skip
     names = ['say "hi"', "back\\slash", "line\nbreak\x01", "café ✓", "plain", "x", "y", "z"]
     attrs = [None, "", "{}", '{"a": 1, "b": [2]}', '  {"c": "d"}\n', "not an object", "[1, 2]", None]
@@ -215,18 +213,18 @@ def test_chrome_events_formatted_by_duckdb_carry_every_record_exactly(tmp_path: 
     hosts = ["a", "a", "a", "a", "a", "b", "b", "a"]
     tids = [1, 1, 1, 1, 1, 2, 2, 1]
     n = len(names)
-    write_chunk(folder, "spans", {
+    write_chunk(run_dir, "spans", {
         "host": hosts, "pid": [1] * n, "tid": tids, "span_id": list(range(10, 10 + n)),
         "parent_id": parents, "kind": ["phase"] * 7 + ['odd "kind"'], "name": names, "start_ns": starts,
         "end_ns": ends, "step": steps, "attrs": attrs,
     })  # fmt: skip
     values = [0.1, 1e20, float("nan"), float("inf"), None, 95.0]
-    write_chunk(folder, "samples", {
+    write_chunk(run_dir, "samples", {
         "host": ["a"] * 5 + ["b"], "pid": [1] * 6, "ts_ns": [t0 + i * 10**6 for i in range(6)],
         "name": ["job.cpu_percent", "job.x", "job.y", "proc.rss", "job.z", "proc.cpu"], "value": values,
         "target_pid": [-1, -1, -1, 1, -1, 3],
     })  # fmt: skip
-    write_chunk(folder, "io_ops", {
+    write_chunk(run_dir, "io_ops", {
         "host": ["a", "a", "b"], "pid": [1, 1, 1], "module": ["POSIX", None, "STDIO"],
         "path": ["/data/shard-0.bin", None, "rel/name"], "op": ["read", "write", None],
         "offset": [4096, None, 0], "size_bytes": [65536, 7, None],
@@ -291,19 +289,19 @@ def test_chrome_trace_of_many_hosts_extreme_times_and_odd_paths(tmp_path: Path) 
     from holoprof.store.chunks import write_chunk
 
     t0 = 10**18
-    run_dir, folder = _bare_run(tmp_path, t0, "h-7")
+    run_dir = _bare_run(tmp_path, t0)
     hosts = [f"node{i:04d}" for i in range(600)]
     n = len(hosts)
-    write_chunk(folder, "spans", {
+    write_chunk(run_dir, "spans", {
         "host": hosts, "pid": [7] * n, "tid": [7] * n, "span_id": list(range(n)), "kind": ["phase"] * n,
         "name": ["forward"] * n, "start_ns": [t0 + i for i in range(n)], "end_ns": [t0 + 2 * i for i in range(n)],
     })  # fmt: skip
     lo, hi = -(2**63) + 1, 2**63 - 1
-    write_chunk(folder, "spans", {
+    write_chunk(run_dir, "spans", {
         "host": ["node0000"] * 3, "pid": [7] * 3, "tid": [7] * 3, "span_id": [-1, -2, -3], "kind": ["odd"] * 3,
         "name": ["early", "late", "backwards"], "start_ns": [lo, 2**62, t0], "end_ns": [hi, hi, t0 - 5],
     })  # fmt: skip
-    write_chunk(folder, "io_ops", {
+    write_chunk(run_dir, "io_ops", {
         "host": ["node0001"], "pid": [7], "path": ["/data/we\nird/f.bin"], "op": ["read"],
         "start_ns": [t0], "end_ns": [t0 + 1],
     })  # fmt: skip

@@ -49,7 +49,7 @@ def printed_int(output: str, key: str) -> int:
 def wait_for_flushed_steps(run_dir: Path, timeout: float = 60) -> None:
     """Wait until the job's writer has flushed spans, then a few flush intervals (0.2 s) more."""
     deadline = time.monotonic() + timeout
-    while not list(run_dir.glob("*/spans-*")):
+    while not list(run_dir.glob("spans/*/*/part-*")):
         assert time.monotonic() < deadline, "no spans were flushed"
         time.sleep(0.05)
     time.sleep(0.6)
@@ -128,16 +128,16 @@ def test_run_whose_launcher_was_killed_too_still_loads(tmp_path: Path) -> None:
 def test_truncated_chunk_is_skipped_and_reported(tmp_path: Path, standard_run: TracedRun) -> None:
     run_dir = Path(copy_run(standard_run.run_dir, tmp_path / "run"))
     main = main_process(standard_run.report)
-    folder = run_dir / f"{main['host']}-{main['pid']}"
-    real = sorted(folder.glob("spans-*.parquet"))
+    folder = run_dir / "spans" / f"hostname={main['host']}" / f"proc={main['pid']}"
+    real = sorted(folder.glob("part-*.parquet"))
     assert real, list(folder.iterdir())
     data = real[0].read_bytes()
-    (folder / "spans-99999999.parquet").write_bytes(data[: len(data) // 2])
+    (folder / "part-99999999.parquet").write_bytes(data[: len(data) // 2])
 
     proc = run_holoprof("report", str(run_dir), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert any("spans-99999999.parquet" in w for w in doc["run"]["warnings"]), doc["run"]["warnings"]
+    assert any("part-99999999.parquet" in w for w in doc["run"]["warnings"]), doc["run"]["warnings"]
     assert doc["steps"]["count"] == standard_run.report["steps"]["count"], "the good chunks all count"
     assert holoprof.load(run_dir).warnings, "the Python API says so too"
 
@@ -152,8 +152,9 @@ def test_truncated_raw_chunk_left_by_a_killed_process_is_skipped_and_reported(
     # What a process killed in the middle of a flush leaves when nobody converted its chunks.
     run_dir = Path(copy_run(standard_run.run_dir, tmp_path / "run"))
     main = main_process(standard_run.report)
-    folder = run_dir / f"{main['host']}-{main['pid']}"
-    (spans,) = folder.glob("spans-*.parquet")
+    folder = run_dir / f"{main['host']}-{main['pid']}"  # the process's staging folder
+    folder.mkdir()
+    (spans,) = (run_dir / "spans" / f"hostname={main['host']}" / f"proc={main['pid']}").glob("part-*.parquet")
     raw = write_raw(str(folder), "spans", pq.read_table(spans).to_pydict(), seq=99_999_998)
     assert raw is not None
     data = Path(raw).read_bytes()

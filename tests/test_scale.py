@@ -204,7 +204,7 @@ def _late_chunk(run: object, main: object, extra: list[tuple[object, ...]]) -> N
 
     n = len(extra)
     write_chunk(
-        run.chunks.folders[0],  # type: ignore[attr-defined]
+        run.path,  # type: ignore[attr-defined]
         "spans",
         {
             "host": [main.host] * n,  # type: ignore[attr-defined]

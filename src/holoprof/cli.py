@@ -142,6 +142,10 @@ EXTRA_COMMANDS["pack"] = (
     "a run as one portable file: holoprof pack RUN -o run.holoprof",
 )
 EXTRA_COMMANDS["diff"] = ("holoprof.analyze.diff", "compare two runs: holoprof diff RUN_A RUN_B [--json]")
+EXTRA_COMMANDS["query"] = (
+    "holoprof.present.query",
+    'SQL over a run\'s tables and views: holoprof query RUN "SELECT ..." [--json|--csv]',
+)
 EXTRA_COMMANDS["whatif"] = ("holoprof.present.whatif", "predict data-parallel scaling: holoprof whatif RUN")
 EXTRA_COMMANDS["ctl"] = ("holoprof.serve.ctl", "on-demand actions in a running job: holoprof ctl RUN ACTION")
 EXTRA_COMMANDS["serve"] = ("holoprof.serve.app", "live dashboard and JSON API: holoprof serve RUNS")
@@ -210,6 +214,27 @@ def _out_of_memory() -> str:
     )
 
 
+def _corrupt_chunk(exc: BaseException, args: argparse.Namespace | None) -> str | None:
+    """The one line for a chunk whose pages cannot be decoded (its footer read fine when the run was
+    loaded), or None when ``exc`` is not DuckDB failing to read data."""
+    if type(exc).__module__.split(".")[0] not in ("duckdb", "_duckdb") or type(exc).__name__ not in (
+        "Error",
+        "IOException",
+        "InvalidInputException",
+        "SerializationException",
+    ):
+        return None
+    from holoprof.store.reader import corrupt_chunks
+
+    text = " ".join(str(exc).split())[:160]
+    runs = [getattr(args, a) for a in ("run", "run_a", "run_b") if isinstance(getattr(args, a, None), str)]
+    bad = [f for r in runs for f in corrupt_chunks(r)]
+    if not bad:
+        return None
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    return f"the chunk {bad[0]}{more} is corrupt ({text}); move it out of the run directory to read the rest"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.argv[1:] if argv is None else argv)
     try:
@@ -227,9 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python's own, or DuckDB's past its memory limit
         from holoprof.store.reader import is_out_of_memory
 
-        if not isinstance(exc, MemoryError) and not is_out_of_memory(exc):
+        if isinstance(exc, MemoryError) or is_out_of_memory(exc):
+            sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
+            return 2
+        chunk = _corrupt_chunk(exc, args if "args" in locals() else None)
+        if chunk is None:
             raise
-        sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
+        sys.stderr.write(f"holoprof: error: {chunk}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("holoprof: interrupted\n")

@@ -122,7 +122,7 @@ COLUMNS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("module", "string"),  # POSIX | STDIO
         ("layer", "string"),  # native | python | darshan
         ("path", "string"),
-        ("counters", "string"),  # JSON object: Darshan counter name -> value
+        ("counters", "string"),  # JSON object: Darshan counter name -> value (all of them)
     ),
     "io_ops": (
         *IDENTITY_COLUMNS,
@@ -153,6 +153,37 @@ COLUMNS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("info", "string"),  # JSON: collectors active, options, I/O layer, ...
     ),
 }
+
+
+# Darshan's counters, one typed column each in ``io_files`` (named as Darshan names them; null where a
+# module has no such counter). ``counters`` keeps every counter as JSON, including any not listed here;
+# a counter added here later reads as null in the files written before. Floats are the ``*_F_*``.
+_POSIX_COUNTERS: Final = (
+    "OPENS FILENOS DUPS READS WRITES SEEKS STATS MMAPS FSYNCS FDSYNCS RENAME_SOURCES RENAME_TARGETS "
+    "RENAMED_FROM MODE BYTES_READ BYTES_WRITTEN MAX_BYTE_READ MAX_BYTE_WRITTEN CONSEC_READS CONSEC_WRITES "
+    "SEQ_READS SEQ_WRITES RW_SWITCHES MEM_NOT_ALIGNED MEM_ALIGNMENT FILE_NOT_ALIGNED FILE_ALIGNMENT "
+    "MAX_READ_TIME_SIZE MAX_WRITE_TIME_SIZE {sizes} STRIDE1_STRIDE STRIDE2_STRIDE STRIDE3_STRIDE "
+    "STRIDE4_STRIDE STRIDE1_COUNT STRIDE2_COUNT STRIDE3_COUNT STRIDE4_COUNT ACCESS1_ACCESS ACCESS2_ACCESS "
+    "ACCESS3_ACCESS ACCESS4_ACCESS ACCESS1_COUNT ACCESS2_COUNT ACCESS3_COUNT ACCESS4_COUNT FASTEST_RANK "
+    "FASTEST_RANK_BYTES SLOWEST_RANK SLOWEST_RANK_BYTES F_OPEN_START_TIMESTAMP F_READ_START_TIMESTAMP "
+    "F_WRITE_START_TIMESTAMP F_CLOSE_START_TIMESTAMP F_OPEN_END_TIMESTAMP F_READ_END_TIMESTAMP "
+    "F_WRITE_END_TIMESTAMP F_CLOSE_END_TIMESTAMP F_READ_TIME F_WRITE_TIME F_META_TIME F_MAX_READ_TIME "
+    "F_MAX_WRITE_TIME F_FASTEST_RANK_TIME F_SLOWEST_RANK_TIME F_VARIANCE_RANK_TIME F_VARIANCE_RANK_BYTES"
+)
+_STDIO_COUNTERS: Final = (
+    "OPENS FDOPENS READS WRITES SEEKS FLUSHES BYTES_WRITTEN BYTES_READ MAX_BYTE_READ MAX_BYTE_WRITTEN "
+    "FASTEST_RANK FASTEST_RANK_BYTES SLOWEST_RANK SLOWEST_RANK_BYTES F_META_TIME F_WRITE_TIME F_READ_TIME "
+    "F_OPEN_START_TIMESTAMP F_CLOSE_START_TIMESTAMP F_WRITE_START_TIMESTAMP F_READ_START_TIMESTAMP "
+    "F_OPEN_END_TIMESTAMP F_CLOSE_END_TIMESTAMP F_WRITE_END_TIMESTAMP F_READ_END_TIMESTAMP "
+    "F_FASTEST_RANK_TIME F_SLOWEST_RANK_TIME F_VARIANCE_RANK_TIME F_VARIANCE_RANK_BYTES"
+)
+
+
+def _darshan_counters() -> tuple[tuple[str, str], ...]:
+    sizes = " ".join(f"SIZE_{rw}_{b}" for rw in ("READ", "WRITE") for b, _, _ in DARSHAN_SIZE_BUCKETS)
+    names = [f"POSIX_{n}" for n in _POSIX_COUNTERS.format(sizes=sizes).split()]
+    names += [f"STDIO_{n}" for n in _STDIO_COUNTERS.split()]
+    return tuple((n, "double" if "_F_" in n else "int64") for n in names)
 
 
 def column_names(table: str) -> tuple[str, ...]:
@@ -189,3 +220,7 @@ DARSHAN_SIZE_BUCKETS: Final[tuple[tuple[str, int, int], ...]] = (
     ("100M_1G", 100 * 1024 * 1024, 1024 * 1024 * 1024),
     ("1G_PLUS", 1024 * 1024 * 1024, 2**63 - 1),
 )
+
+#: (name, type) of every typed counter column of ``io_files``, after its other columns.
+IO_COUNTERS: Final[tuple[tuple[str, str], ...]] = _darshan_counters()
+COLUMNS["io_files"] = (*COLUMNS["io_files"], *IO_COUNTERS)

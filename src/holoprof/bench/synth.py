@@ -1,6 +1,6 @@
 """Generate large, realistic runs with known totals (for benchmarks and scale tests).
 
-A generated run looks like what the agent writes: per rank a process folder with Parquet chunks of
+A generated run looks like what the agent writes: per rank a partition of each table with Parquet chunks of
 steps and phases (data_wait, forward, backward, optimizer), resource samples, and a processes row.
 With ``comm=True`` each step also has DDP's gradient buckets (``ddp_bucket`` comm spans overlapped with
 backward) and an exposed loss ``all_reduce`` in a ``communication`` phase; with ``io_files=N`` each
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.store import rundir
+from holoprof.store import layout, rundir
 
 #: mean phase durations (ns) of a generated step
 PHASE_MEANS_NS = {"data_wait": 2_000_000, "forward": 3_000_000, "backward": 5_000_000, "optimizer": 1_000_000}
@@ -117,8 +117,9 @@ def generate_run(
         mine: dict[str, Any] = {"spans": 0, "steps": steps, "step_ns": 0, "phase_ns": {}}
         totals.per_rank[rank] = mine
         pid = 10_000 + rank
-        folder = os.path.join(run_dir, f"{host}-{pid}")
-        os.makedirs(folder, mode=0o700)
+        folder = run_dir  # write_chunk puts each table's rows into the run's table folders
+        spans_dir = layout.partition_dir(run_dir, "spans", host, pid)
+        os.makedirs(spans_dir, mode=0o700)
         seq = 0
         clock = t0
         offset = 0  # with io_ops: where the rank's next read starts in its training file
@@ -206,7 +207,7 @@ def generate_run(
                 ],
                 schema=schema,
             )
-            pq.write_table(tbl, os.path.join(folder, f"spans-{seq:08d}.parquet"), compression="zstd")
+            pq.write_table(tbl, os.path.join(spans_dir, layout.part_name(seq)), compression="zstd")
             seq += 1
             totals.spans += m
             mine["spans"] += m

@@ -175,7 +175,7 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> 
         if rows:
             host, _, pid = os.path.basename(folder).rpartition("-")
             write_chunk(
-                folder,
+                run_dir,
                 "io_files",
                 {
                     "host": [host] * len(rows),
@@ -188,6 +188,7 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> 
                     "counters": [json.dumps(r["counters"]) for r in rows],
                 },
                 seq=IMPORTED_SEQ + i,  # never the number of a raw chunk still waiting for conversion
+                writer=(host, int(header.get("pid") or pid)),
             )
             n += len(rows)
         os.remove(path)  # its rows are in io_files now
@@ -247,7 +248,10 @@ def _warm_up_converter() -> None:
 
         with tempfile.TemporaryDirectory(prefix="holoprof-warm-") as d:
             write_chunk(
-                d, "samples", {"ts_ns": [0], "name": ["warm-up"], "value": [0.0], "target_pid": [-1]}, seq=0
+                d,
+                "samples",
+                {"host": ["warm-up"], "pid": [0], "ts_ns": [0], "name": ["warm-up"], "value": [0.0]},
+                seq=0,
             )
     except Exception:
         pass

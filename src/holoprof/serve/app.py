@@ -49,8 +49,11 @@ MAX_BODY_BYTES = 16 * 1024
 REPORT_MIN_INTERVAL_S = 1.0
 #: A live run's report is rebuilt at most once per REPORT_DUTY times its last build's duration (and
 #: never more than once per REPORT_MIN_INTERVAL_S), so that the dashboard of a large running job takes
-#: at most about a tenth of a core from it: 10 M spans, a 2 s build, refresh every 20 s.
+#: at most about a tenth of a core from it ...
 REPORT_DUTY = 10.0
+#: ... but never less often than once per REPORT_MAX_INTERVAL_S: the dashboard and /metrics stay within
+#: a few seconds of the job (a build of a compacted running job takes well under a second).
+REPORT_MAX_INTERVAL_S = 3.0
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 _ARTIFACT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,250}$")
 CSP = (
@@ -75,6 +78,7 @@ class _Cached:
     built_at: float = 0.0
     build_s: float = 0.0  # how long the last build took
     doc: dict[str, Any] | None = None
+    error: str | None = None  # why the run cannot be read (a broken manifest or chunk)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -103,21 +107,20 @@ def run_status(manifest: dict[str, Any]) -> str:
 
 
 def data_key(run_dir: str) -> tuple[float, int]:
-    """The newest modification time among the run's chunks and manifest, and how many files there are."""
+    """The newest modification time among the run's chunks and manifest, and how many files there are
+    (in the table folders and the staging folders, and the folders of a run of the earlier layout)."""
+    from holoprof.store import layout
+
     newest, count = 0.0, 0
     try:
         newest = os.stat(os.path.join(run_dir, model.MANIFEST)).st_mtime
     except OSError:
         pass
-    try:
-        entries = list(os.scandir(run_dir))
-    except OSError:
-        return newest, count
-    for e in entries:
-        if e.name in (model.CONTROL_DIR, model.ARTIFACTS_DIR) or not e.is_dir(follow_symlinks=False):
-            continue
+    folders = layout.process_folders(run_dir)
+    folders += [d for t in model.TABLES for d in layout.partition_dirs(run_dir, t)]
+    for folder in folders:
         try:
-            for c in os.scandir(e.path):
+            for c in os.scandir(folder):
                 count += 1
                 newest = max(newest, c.stat(follow_symlinks=False).st_mtime)
         except OSError:
@@ -155,31 +158,44 @@ class Runs:
         return p
 
     def summary(self) -> list[dict[str, Any]]:
+        """One line per run. A running run's report is brought up to date (as /metrics does), so that
+        its step count follows the job; a run that cannot be read is listed as ``broken``, with why."""
+        from holoprof.store import rundir
+
         out = []
         for run_id, p in self.paths().items():
+            error = None
             try:
-                with open(os.path.join(p, model.MANIFEST)) as f:
-                    m = json.load(f)
-            except (OSError, ValueError):
-                continue
-            if not isinstance(m, dict):
-                continue
+                m = rundir.read_manifest(p)
+            except HoloprofError as exc:
+                m, error = _manifest(p), str(exc)
+            status = run_status(m)
+            doc = None
+            if error is None and status == "running":
+                try:
+                    doc = self.report(run_id)
+                except HttpError as exc:
+                    error = exc.message
             cached = self._cache.get(run_id)
-            doc = cached.doc if cached else None
+            if cached is not None:
+                doc = doc or cached.doc
+                error = error or cached.error
+            steps = doc.get("steps", {}) if doc else {}
             out.append(
                 {
                     "id": run_id,
                     "name": m.get("name"),
-                    "status": run_status(m),
+                    "status": "broken" if error else status,
+                    "error": error,
                     "command": m.get("command"),
-                    "start_ns": m.get("start_ns"),
-                    "end_ns": m.get("end_ns"),
+                    "start_ns": _int_or_none(m.get("start_ns")),
+                    "end_ns": _int_or_none(m.get("end_ns")),
                     "exit_code": m.get("exit_code"),
-                    "steps": doc["steps"]["count"] if doc else None,
-                    "median_step_s": doc["steps"]["median_s"] if doc else None,
+                    "steps": steps.get("count"),
+                    "median_step_s": steps.get("median_s"),
                 }
             )
-        out.sort(key=lambda r: int(r.get("start_ns") or 0), reverse=True)
+        out.sort(key=lambda r: r["start_ns"] or 0, reverse=True)
         return out
 
     def report(self, run_id: str) -> dict[str, Any]:
@@ -190,7 +206,7 @@ class Runs:
             cached = self._cache.setdefault(run_id, _Cached())
         with cached.lock:
             now = time.monotonic()
-            every = max(REPORT_MIN_INTERVAL_S, REPORT_DUTY * cached.build_s)
+            every = max(REPORT_MIN_INTERVAL_S, min(REPORT_DUTY * cached.build_s, REPORT_MAX_INTERVAL_S))
             if cached.doc is not None and (now - cached.built_at < every):
                 return cached.doc
             key = data_key(path)
@@ -203,16 +219,17 @@ class Runs:
             started = time.monotonic()
             try:
                 run = load(path)
-            except HoloprofError as exc:
-                raise HttpError(409, str(exc))
-            try:
-                doc = build_report(run)
-            finally:
                 try:
-                    run.con.close()
-                except Exception:
-                    pass
-            cached.key, cached.built_at, cached.doc = key, time.monotonic(), doc
+                    doc = build_report(run)
+                finally:
+                    try:
+                        run.con.close()
+                    except Exception:
+                        pass
+            except HoloprofError as exc:
+                cached.error, cached.doc, cached.built_at = str(exc), None, time.monotonic()
+                raise HttpError(409, str(exc))
+            cached.key, cached.built_at, cached.doc, cached.error = key, time.monotonic(), doc, None
             cached.build_s = cached.built_at - started
             return doc
 
@@ -653,6 +670,10 @@ class Handler(BaseHTTPRequestHandler):
         except HoloprofError as exc:
             raise HttpError(409, str(exc))
         self._json(201, {**req, "processes": [p.key for p in procs]})
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _finite(doc: Any) -> Any:

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from holoprof import model
+from holoprof.store import layout
 
 _counter = itertools.count()
 _lock = threading.Lock()
@@ -59,17 +60,25 @@ def pyarrow_without_pandas() -> None:
         pa.scalar(0)  # the first array-like check: pyarrow's one lazy probe for pandas
 
 
-def chunk_name(table: str, seq: int) -> str:
-    return f"{table}-{seq:08d}{model.CHUNK_SUFFIX}"
-
-
 def write_chunk(
-    folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq: int | None = None, exact: bool = False
-) -> str | None:
-    """Write one chunk of ``table`` (column name -> values) into ``folder``; return its path.
+    run_dir: str,
+    table: str,
+    columns: Mapping[str, Sequence[Any]],
+    seq: int | None = None,
+    exact: bool = False,
+    writer: tuple[str, int] | None = None,
+) -> list[str]:
+    """Write the rows of ``table`` (column name -> values) into the table's partition folders of
+    ``run_dir``; return the paths written.
 
-    Missing columns are filled with nulls; columns not in the schema are an error. Returns None when
-    there are no rows.
+    A partition belongs to the process that writes it, which numbers its parts in order: ``writer``
+    (host, pid) puts every row into that process's partition (rows a process records about others,
+    such as the launcher's snapshots of the job's processes, stay in its own); without it, each
+    process of the rows (``host``, ``pid``) gets a part of its own (imports, which write once).
+
+    Missing columns are filled with nulls (the typed I/O counters from ``counters``); columns not in
+    the schema are an error. Each part is written under a hidden temporary name and renamed, so a
+    reader sees it whole or not at all. Nothing is written when there are no rows.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -80,30 +89,63 @@ def write_chunk(
         raise ValueError(f"unknown columns for table {table!r}: {sorted(unknown)}")
     n = max((len(v) for v in columns.values()), default=0)
     if n == 0:
-        return None
+        return []
+    if "host" not in columns or "pid" not in columns:
+        raise ValueError(f"rows of table {table!r} need their process: columns 'host' and 'pid'")
+    if table == "io_files":
+        columns = {**typed_counters(columns.get("counters") or [None] * n), **columns}
     arrays = []
-    for field in schema:
-        values = columns.get(field.name)
+    for f in schema:
+        values = columns.get(f.name)
         if values is None:
-            arrays.append(pa.nulls(n, type=field.type))
+            arrays.append(pa.nulls(n, type=f.type))
         else:
-            arrays.append(pa.array(values, type=field.type))
+            arrays.append(pa.array(values, type=f.type))
     tbl = pa.Table.from_arrays(arrays, schema=schema)
     if seq is None:
         with _lock:
             seq = next(_counter)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    path = os.path.join(folder, chunk_name(table, seq))
-    while not exact and os.path.exists(path):  # another writer used the same sequence number
-        seq += 1_000_000
-        path = os.path.join(folder, chunk_name(table, seq))
-    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
-    pq.write_table(
-        tbl,
-        tmp,
-        compression="zstd",
-        use_dictionary=True,
-        write_statistics=True,
-    )
-    os.replace(tmp, path)
-    return path
+    rows: dict[tuple[Any, Any], list[int]] = {}
+    if writer is not None:
+        rows[writer] = list(range(n))
+    else:
+        for i, key in enumerate(zip(columns["host"], columns["pid"], strict=False)):
+            rows.setdefault(key, []).append(i)
+    paths = []
+    for (host, pid), idx in sorted(rows.items(), key=lambda kv: str(kv[0])):
+        part = tbl if len(rows) == 1 else tbl.take(pa.array(idx, type=pa.int64()))
+        folder = layout.partition_dir(run_dir, table, str(host), int(pid))
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        s = seq
+        path = os.path.join(folder, layout.part_name(s))
+        while not exact and os.path.exists(path):  # another writer used the same sequence number
+            s += 1_000_000
+            path = os.path.join(folder, layout.part_name(s))
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}-{threading.get_ident()}")
+        pq.write_table(part, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def typed_counters(counters: Sequence[Any]) -> dict[str, list[Any]]:
+    """The typed counter columns of ``io_files`` rows from their ``counters`` (JSON text or dicts):
+    one list per counter of :data:`holoprof.model.IO_COUNTERS`, None where a row lacks it."""
+    import json
+
+    out: dict[str, list[Any]] = {name: [] for name, _ in model.IO_COUNTERS}
+    for c in counters:
+        d = json.loads(c) if isinstance(c, str) else c
+        if not isinstance(d, dict):
+            d = {}
+        for name, t in model.IO_COUNTERS:
+            v = d.get(name)
+            if v is not None:
+                try:
+                    v = float(v) if t == "double" else int(v)
+                except (TypeError, ValueError, OverflowError):
+                    v = None
+                if t == "int64" and v is not None and not -(2**63) <= v < 2**63:
+                    v = None
+            out[name].append(v)
+    return out

@@ -289,9 +289,8 @@ def import_darshan(log: str, out: str | None = None) -> str:
     doc = convert(report, path)
     name = "darshan-" + (os.path.splitext(os.path.basename(path))[0] or "log")
     run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
-    folder = os.path.join(run_dir, f"{HOST}-import")
     for seq, (table, cols) in enumerate(doc["tables"].items()):
-        write_chunk(folder, table, cols, seq=seq)
+        write_chunk(run_dir, table, cols, seq=seq)  # one part per rank of the log
     manifest = rundir.new_manifest(doc["command"], name, {})
     manifest.update(
         {

@@ -353,10 +353,10 @@ class _Device:
 
 
 class _Writer:
-    """Buffers rows of one process folder and writes Parquet chunks of bounded size."""
+    """Buffers rows of one process and writes Parquet chunks of bounded size into the run."""
 
-    def __init__(self, folder: str, base: dict[str, Any]) -> None:
-        self.folder = folder
+    def __init__(self, run_dir: str, base: dict[str, Any]) -> None:
+        self.run_dir = run_dir
         self.base = base
         self.rows: list[tuple[Any, ...]] = []
         self.seq = 0
@@ -384,7 +384,7 @@ class _Writer:
         names = ("tid", "span_id", "parent_id", "kind", "name", "start_ns", "end_ns", "step", "attrs")
         data: dict[str, list[Any]] = {k: [v] * n for k, v in self.base.items()}
         data.update({k: list(c) for k, c in zip(names, cols, strict=True)})
-        write_chunk(self.folder, "spans", data, seq=self.seq)
+        write_chunk(self.run_dir, "spans", data, seq=self.seq)
         self.seq += 1
         self.total += n
         self.rows = []
@@ -523,8 +523,9 @@ def _in_forks(tasks: list[tuple[Any, ...]], jobs: int) -> list[_Result]:
 
 
 def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: int) -> _Result:
-    """One trace file into one process folder; returns (first start, last end, temporal breakdown)."""
+    """One trace file into one process of the run; returns (first start, last end, temporal breakdown)."""
     from holoprof.store.chunks import write_chunk
+    from holoprof.store.layout import partition_dir
 
     rank = int(head.get("rank", idx if nfiles > 1 else -1))
     world = int(head.get("world_size", nfiles if nfiles > 1 else -1))
@@ -553,9 +554,8 @@ def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: i
         tid = _thread_id(ev.get("tid", 0))
         if writer is None:
             pid_main = pid
-            folder = os.path.join(run_dir, f"{HOST}-{rank if rank >= 0 else pid}")
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            writer = _Writer(folder, {"host": HOST, "pid": rank if rank >= 0 else pid, "rank": rank})
+            folder = partition_dir(run_dir, "spans", HOST, rank if rank >= 0 else pid)
+            writer = _Writer(run_dir, {"host": HOST, "pid": rank if rank >= 0 else pid, "rank": rank})
         t_min = s if t_min is None else min(t_min, s)
         t_max = max(t_max, e)
         if name.startswith("ProfilerStep#"):
@@ -604,7 +604,7 @@ def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: i
     del device
     now = time.time_ns()
     write_chunk(
-        folder,
+        run_dir,
         "processes",
         {
             "host": [HOST],
@@ -642,9 +642,10 @@ def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: i
 
 
 def _span_parts(folder: str) -> str:
-    from holoprof.store.layout import folder_chunks
+    from holoprof.store.layout import scan_dir
 
-    parts = [p for _, p in sorted(folder_chunks(folder).get("spans", ([], []))[1])]
+    found = scan_dir(folder, "spans").get("spans")
+    parts = [p for _, p in sorted(found.parts)] if found else []
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in parts) + "]" if parts else ""
 
 

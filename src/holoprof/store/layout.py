@@ -1,16 +1,44 @@
-"""Finding the chunks of a run: process folders, chunk names, validity."""
+"""Where the chunks of a run are: table folders partitioned by process, staging folders, the old layout.
+
+A run directory holds one folder per table, Hive-partitioned by host and process::
+
+    RUN/spans/hostname=<host>/proc=<pid>/part-<seq>.parquet        one flush of one process
+    RUN/spans/hostname=<host>/proc=<pid>/part-c<first>-<last>.parquet   parts <first>..<last>, compacted
+
+so that DuckDB, pandas, polars and Spark read ``RUN/<table>`` as one table. The files keep their own
+``host`` and ``pid`` columns (a file read alone still says whose it is). The partition keys are named
+``hostname`` and ``proc`` because a key that is also a column of the files breaks pyarrow (and so
+pandas): it types the key from the folder names (a dictionary, an int32) and refuses to merge it with
+the file's column. Readers add them as two more columns with the same values (the host URI-escaped
+where it holds a character a folder name cannot). Files whose name starts with ``.`` or ``_`` (files
+being written) are skipped by those readers and by this module.
+
+Each process of a job writes its raw chunks (:mod:`holoprof.store.raw`) into a *staging folder*
+``RUN/<host>-<pid>/``; the converter turns them into parts of the table folders. Runs written before
+table folders existed keep their Parquet chunks in such process folders
+(``<host>-<pid>/<table>-<seq>.parquet``, ``<table>-c<first>-<last>.parquet``): they load as before.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from urllib.parse import quote, unquote
 
 from holoprof import model
 
-_PART = re.compile(r"^(?P<table>[a-z_]+)-(?P<seq>\d{8,})\.parquet$")
-_COMPACT = re.compile(r"^(?P<table>[a-z_]+)-c(?P<first>\d+)-(?P<last>\d+)\.parquet$")
+_PART = re.compile(r"^part-(?P<seq>\d{8,})\.parquet$")
+_COMPACT = re.compile(r"^part-c(?P<first>\d+)-(?P<last>\d+)\.parquet$")
+_OLD_PART = re.compile(r"^(?P<table>[a-z_]+)-(?P<seq>\d{8,})\.parquet$")
+_OLD_COMPACT = re.compile(r"^(?P<table>[a-z_]+)-c(?P<first>\d+)-(?P<last>\d+)\.parquet$")
 _MAGIC = b"PAR1"
+#: the partition keys (folder names ``hostname=<host>``, ``proc=<pid>``)
+HOST_KEY = "hostname"
+PID_KEY = "proc"
+#: characters a host name keeps as they are in a partition folder's name
+_HOST_SAFE = "-._~"
 
 
 @dataclass
@@ -18,6 +46,45 @@ class Chunks:
     files: dict[str, list[str]] = field(default_factory=lambda: {t: [] for t in model.TABLES})
     bad: list[str] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ChunkDir:
+    """The chunks of one table of one process: a partition folder, or a process folder of the old
+    layout (which holds every table side by side)."""
+
+    table: str
+    path: str
+    compacted: list[tuple[int, int, str]] = field(default_factory=list)  # (first, last, path)
+    parts: list[tuple[int, str]] = field(default_factory=list)  # (seq, path)
+    old: bool = False
+
+    def compacted_path(self, first: int, last: int) -> str:
+        prefix = self.table if self.old else "part"
+        return os.path.join(self.path, f"{prefix}-c{first:08d}-{last:08d}{model.CHUNK_SUFFIX}")
+
+
+def part_name(seq: int) -> str:
+    return f"part-{seq:08d}{model.CHUNK_SUFFIX}"
+
+
+def partition_dir(run_dir: str, table: str, host: str, pid: int) -> str:
+    """``RUN/<table>/hostname=<host>/proc=<pid>``."""
+    return os.path.join(
+        run_dir, table, f"{HOST_KEY}={quote(str(host), safe=_HOST_SAFE)}", f"{PID_KEY}={int(pid)}"
+    )
+
+
+def partition_of(path: str) -> tuple[str, int] | None:
+    """(host, pid) of a partition folder (or of a file in one), None when it is not one."""
+    d = path if os.path.isdir(path) else os.path.dirname(path)
+    pid_part, host_part = os.path.basename(d), os.path.basename(os.path.dirname(d))
+    if not (host_part.startswith(f"{HOST_KEY}=") and pid_part.startswith(f"{PID_KEY}=")):
+        return None
+    try:
+        return unquote(host_part.partition("=")[2]), int(pid_part.partition("=")[2])
+    except ValueError:
+        return None
 
 
 def is_complete_parquet(path: str) -> bool:
@@ -35,34 +102,71 @@ def is_complete_parquet(path: str) -> bool:
 
 
 def process_folders(run_dir: str) -> list[str]:
-    out = []
-    for entry in sorted(os.listdir(run_dir)):
-        if entry in (model.CONTROL_DIR, model.ARTIFACTS_DIR) or entry.startswith("."):
+    """The staging folders of the processes (``RUN/<host>-<pid>``), and the process folders of a run
+    of the old layout."""
+    out: list[str] = []
+    try:
+        entries = sorted(os.listdir(run_dir))
+    except OSError:
+        return out
+    for entry in entries:
+        if entry in (model.CONTROL_DIR, model.ARTIFACTS_DIR) or entry in model.TABLES or entry[:1] in "._":
             continue
         p = os.path.join(run_dir, entry)
-        if os.path.isdir(p):
+        if os.path.isdir(p) and not os.path.islink(p):
             out.append(p)
     return out
 
 
-def folder_chunks(folder: str) -> dict[str, tuple[list[tuple[int, int, str]], list[tuple[int, str]]]]:
-    """Per table: compacted files [(first, last, path)] and parts [(seq, path)]."""
-    res: dict[str, tuple[list[tuple[int, int, str]], list[tuple[int, str]]]] = {}
+def _subdirs(path: str, prefix: str) -> list[str]:
     try:
-        names = os.listdir(folder)
+        names = sorted(os.listdir(path))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        p = os.path.join(path, n)
+        if n.startswith(prefix) and os.path.isdir(p) and not os.path.islink(p):
+            out.append(p)
+    return out
+
+
+def partition_dirs(run_dir: str, table: str) -> list[str]:
+    """The partition folders of ``table`` (``RUN/<table>/hostname=*/proc=*``)."""
+    return [
+        p for h in _subdirs(os.path.join(run_dir, table), f"{HOST_KEY}=") for p in _subdirs(h, f"{PID_KEY}=")
+    ]
+
+
+def scan_dir(path: str, table: str | None) -> dict[str, ChunkDir]:
+    """The chunks in ``path``: a partition folder of ``table``, or an old process folder (``None``)."""
+    res: dict[str, ChunkDir] = {}
+    try:
+        names = os.listdir(path)
     except OSError:
         return res
     for n in names:
-        m = _COMPACT.match(n)
-        if m and m["table"] in model.TABLES:
-            res.setdefault(m["table"], ([], []))[0].append(
-                (int(m["first"]), int(m["last"]), os.path.join(folder, n))
-            )
+        m = (_COMPACT if table else _OLD_COMPACT).match(n)
+        t = table or (m["table"] if m else None)
+        if m and t in model.TABLES:
+            cd = res.setdefault(t, ChunkDir(t, path, old=table is None))
+            cd.compacted.append((int(m["first"]), int(m["last"]), os.path.join(path, n)))
             continue
-        m = _PART.match(n)
-        if m and m["table"] in model.TABLES:
-            res.setdefault(m["table"], ([], []))[1].append((int(m["seq"]), os.path.join(folder, n)))
+        m = (_PART if table else _OLD_PART).match(n)
+        t = table or (m["table"] if m else None)
+        if m and t in model.TABLES:
+            cd = res.setdefault(t, ChunkDir(t, path, old=table is None))
+            cd.parts.append((int(m["seq"]), os.path.join(path, n)))
     return res
+
+
+def chunk_dirs(run_dir: str) -> Iterator[ChunkDir]:
+    """Every table's chunks, one process at a time: the table folders, then old process folders."""
+    for table in model.TABLES:
+        for d in partition_dirs(run_dir, table):
+            yield from scan_dir(d, table).values()
+    for folder in process_folders(run_dir):
+        yield from scan_dir(folder, None).values()
 
 
 def find_chunks(run_dir: str) -> Chunks:
@@ -71,34 +175,35 @@ def find_chunks(run_dir: str) -> Chunks:
 
     out = Chunks()
     for folder in process_folders(run_dir):
-        out.folders.append(folder)
         try:
             _, bad = convert_folder(folder)
             out.bad += bad
         except OSError:
             pass
-        for table, (compacted, parts) in folder_chunks(folder).items():
-            covered: list[tuple[int, int]] = []
-            # a compacted file inside a larger one is a leftover of an interrupted compaction
-            compacted = [
-                c
-                for c in compacted
-                if not any(
-                    o is not c and o[0] <= c[0] and c[1] <= o[1] and (o[0], o[1]) != (c[0], c[1])
-                    for o in compacted
-                )
-            ]
-            for first, last, path in sorted(compacted):
-                if is_complete_parquet(path):
-                    covered.append((first, last))
-                    out.files[table].append(path)
-                else:
-                    out.bad.append(path)
-            for seq, path in sorted(parts):
-                if any(a <= seq <= b for a, b in covered):
-                    continue  # already inside a compacted file (compaction was interrupted)
-                if is_complete_parquet(path):
-                    out.files[table].append(path)
-                else:
-                    out.bad.append(path)
+    for cd in chunk_dirs(run_dir):
+        if cd.path not in out.folders:
+            out.folders.append(cd.path)
+        covered: list[tuple[int, int]] = []
+        # a compacted file inside a larger one is a leftover of an interrupted compaction
+        compacted = [
+            c
+            for c in cd.compacted
+            if not any(
+                o is not c and o[0] <= c[0] and c[1] <= o[1] and (o[0], o[1]) != (c[0], c[1])
+                for o in cd.compacted
+            )
+        ]
+        for first, last, path in sorted(compacted):
+            if is_complete_parquet(path):
+                covered.append((first, last))
+                out.files[cd.table].append(path)
+            else:
+                out.bad.append(path)
+        for seq, path in sorted(cd.parts):
+            if any(a <= seq <= b for a, b in covered):
+                continue  # already inside a compacted file (compaction was interrupted)
+            if is_complete_parquet(path):
+                out.files[cd.table].append(path)
+            else:
+                out.bad.append(path)
     return out

@@ -7,8 +7,11 @@ stores each flush as a *raw chunk* — the columns, serialized with ``marshal`` 
 ``holoprof.start()``, turns raw chunks into Parquet chunks within a couple of seconds. Loading a run
 converts any raw chunk left over (a launcher that was killed).
 
-A raw chunk ``<table>-<seq>.hpr`` becomes ``<table>-<seq>.parquet``; when both exist (a conversion was
-interrupted), the Parquet file wins.
+Raw chunks wait in the process's staging folder (``RUN/<host>-<pid>/<table>-<seq>.hpr``); a raw chunk
+becomes the part ``RUN/<table>/host=<host>/pid=<pid>/part-<seq>.parquet`` (written again, the same,
+when a conversion was interrupted before the raw chunk was removed). The converter also compacts the
+parts of a running job (:func:`holoprof.store.compact.compact_live`), so that the number of files of
+each process and table stays bounded however long the job runs.
 """
 
 from __future__ import annotations
@@ -37,7 +40,12 @@ def write_raw(folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq
     data = _MAGIC + zlib.compress(payload, 1)
     path = os.path.join(folder, f"{table}-{seq:08d}{RAW_SUFFIX}")
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
+    try:
+        f = open(tmp, "wb")  # noqa: SIM115
+    except FileNotFoundError:  # the staging folder was tidied away while this process lived on
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        f = open(tmp, "wb")  # noqa: SIM115
+    with f:
         f.write(data)
     os.replace(tmp, path)
     return path
@@ -62,11 +70,16 @@ _convert_lock = threading.Lock()
 
 
 def convert_folder(folder: str) -> tuple[int, list[str]]:
-    """Convert the raw chunks of one process folder to Parquet. Returns (converted, bad paths)."""
+    """Convert the raw chunks of one staging folder to parts of the run's table folders.
+    Returns (converted, bad paths)."""
     from holoprof.store.chunks import write_chunk
 
     converted = 0
     bad: list[str] = []
+    host, _, pid = os.path.basename(folder).rpartition("-")
+    if not host or not pid.isdigit():
+        return 0, bad  # not a staging folder
+    writer = (host, int(pid))
     try:
         names = sorted(os.listdir(folder))
     except OSError:
@@ -76,17 +89,18 @@ def convert_folder(folder: str) -> tuple[int, list[str]]:
         if not m:
             continue
         path = os.path.join(folder, name)
-        parquet = os.path.join(folder, f"{m['table']}-{m['seq']}{model.CHUNK_SUFFIX}")
-        if os.path.exists(parquet):
-            _remove(path)
-            continue
         try:
             table, cols = read_raw(path)
         except (ValueError, OSError):
             bad.append(path)
             continue
-        with _convert_lock:
-            write_chunk(folder, table, cols, seq=int(m["seq"]), exact=True)
+        try:
+            with _convert_lock:
+                run_dir = os.path.dirname(folder)
+                write_chunk(run_dir, table, cols, seq=int(m["seq"]), exact=True, writer=writer)
+        except (ValueError, TypeError, ArithmeticError):  # rows pyarrow cannot type
+            bad.append(path)
+            continue
         _remove(path)
         converted += 1
     return converted, bad
@@ -125,15 +139,25 @@ class Converter:
         return self
 
     def _loop(self) -> None:
+        from holoprof.store.compact import compact_live
+
         while not self._stop.wait(self.interval_s):
             try:
                 convert_run(self.run_dir)
+                compact_live(self.run_dir)
             except Exception as exc:  # keep converting later; the raw chunks stay readable
                 if len(self.errors) < 10:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def stop(self) -> None:
-        """Stop and convert everything that is left."""
+        """Stop, convert everything that is left and remove the staging folders left empty."""
+        from holoprof.store.layout import process_folders
+
         self._stop.set()
         self._thread.join(30)
         convert_run(self.run_dir)
+        for folder in process_folders(self.run_dir):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass  # not empty: a process still writes there, or a chunk that could not be converted

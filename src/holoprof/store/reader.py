@@ -48,6 +48,18 @@ def windows(
     return out
 
 
+#: The views a loaded run adds to its tables.
+VIEWS: tuple[str, ...] = ("io_file_totals",)
+#: counters that mean nothing summed over processes (a mode, alignments, the most common strides and
+#: access sizes, which rank was fastest): left out of :meth:`Run.file_totals`
+_NOT_ADDITIVE = ("_MODE", "ALIGNMENT", "STRIDE", "ACCESS", "_RANK")
+
+
+def _old_layout(path: str) -> bool:
+    """A chunk written before the table folders (``<host>-<pid>/<table>-*.parquet``)."""
+    return layout.partition_of(path) is None
+
+
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
@@ -101,17 +113,30 @@ class Run:
         self.status = self._infer_status()
 
     def _register(self, table: str, files: list[str]) -> None:
-        raw = f"{table}_raw" if table == "processes" else table
+        raw = f"{table}_raw" if table in ("processes", "io_files") else table
+        files = self._readable(table, files)
         if files:
             lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
             cond = self.filter.sql(table)
+            # the files' own columns only (not the partition keys), each typed as the schema says
+            src = f"read_parquet({lst}, union_by_name=true, hive_partitioning=false)"
+            present = {r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+            cols = []
+            for name, t in model.COLUMNS[table]:
+                ty = model.duckdb_type(t)
+                col = f'"{name}"' if name in present else f"NULL::{ty}"
+                if table == "io_files" and (name, t) in model.IO_COUNTERS and "counters" in present:
+                    # runs of the earlier layout have the counters as JSON only
+                    js = f"TRY_CAST(json_extract_string(counters, {_sql_str('$.' + name)}) AS {ty})"
+                    col = f"coalesce({col}, {js})" if any(_old_layout(f) for f in files) else col
+                cols.append(f'{col} AS "{name}"')
             self.con.execute(
-                f"CREATE VIEW {raw} AS SELECT * FROM read_parquet({lst}, union_by_name=true)"
+                f"CREATE VIEW {raw} AS SELECT {', '.join(cols)} FROM {src}"
                 + (f" WHERE {cond}" if cond else "")
             )
         else:
-            cols = ", ".join(f'"{n}" {model.duckdb_type(t)}' for n, t in model.COLUMNS[table])
-            self.con.execute(f"CREATE TABLE {raw} ({cols})")
+            cols_ = ", ".join(f'"{n}" {model.duckdb_type(t)}' for n, t in model.COLUMNS[table])
+            self.con.execute(f"CREATE TABLE {raw} ({cols_})")
         if table == "processes":
             # Rows are snapshots: keep the newest per process, an agent's own row over the sampler's.
             self.con.execute(
@@ -121,6 +146,50 @@ class Run:
                        ORDER BY (coalesce(info, '') LIKE '%"source": "sampler"%'), updated_ns DESC) AS rn
                      FROM processes_raw) WHERE rn = 1"""
             )
+        if table == "io_files":
+            self.con.execute("CREATE VIEW io_files AS SELECT * FROM io_files_raw")
+            # Rows are cumulative snapshots: the last one per process and file is its total there.
+            self.con.execute(
+                """CREATE VIEW io_file_totals AS SELECT * EXCLUDE (rn) FROM (
+                     SELECT *, row_number() OVER (
+                       PARTITION BY host, pid, module, path
+                       ORDER BY (counters IS NULL), ts_ns DESC, counters DESC) AS rn
+                     FROM io_files_raw) WHERE rn = 1"""
+            )
+
+    def _readable(self, table: str, files: list[str]) -> list[str]:
+        """The files whose footer reads and whose columns have the schema's types; the others are
+        skipped, with a warning (a corrupt chunk: a damaged disk, a copy cut short)."""
+        import duckdb
+
+        types = {n: model.duckdb_type(t) for n, t in model.COLUMNS[table]}
+
+        def wrong(rows: list[tuple[Any, ...]]) -> list[str]:
+            return [f"{n} is {t}" for n, t, *_ in rows if n in types and str(t) != types[n]]
+
+        def describe(fs: list[str]) -> list[tuple[Any, ...]]:
+            lst = "[" + ", ".join(_sql_str(f) for f in fs) + "]"
+            sql = f"DESCRIBE SELECT * FROM read_parquet({lst}, union_by_name=true, hive_partitioning=false)"
+            return self.con.execute(sql).fetchall()
+
+        try:
+            if not files or not wrong(describe(files)):
+                return files
+        except duckdb.Error:
+            pass
+        good = []
+        for f in files:  # one at a time, to name the broken ones
+            try:
+                why = wrong(describe([f]))
+            except duckdb.Error as exc:
+                why = [str(exc).strip().splitlines()[0]]
+            if why:
+                self.warnings.append(
+                    f"skipped the corrupt chunk {os.path.relpath(f, self.path)} ({'; '.join(why)[:200]})"
+                )
+            else:
+                good.append(f)
+        return good
 
     def _infer_status(self) -> str:
         status = str(self.manifest.get("status", "running"))
@@ -143,9 +212,37 @@ class Run:
 
     # tables -----------------------------------------------------------------------------------------
     def table(self, name: str) -> Any:
-        if name not in model.TABLES:
-            raise HoloprofError(f"unknown table {name!r}; the tables are: {', '.join(model.TABLES)}")
+        """A table (:data:`holoprof.model.TABLES`) or a view (:data:`VIEWS`) as a DuckDB relation."""
+        if name not in model.TABLES + VIEWS:
+            raise HoloprofError(
+                f"unknown table {name!r}; the tables are: {', '.join(model.TABLES)}; the views: {', '.join(VIEWS)}"
+            )
         return self.con.table(name)
+
+    @property
+    def io_file_totals(self) -> Any:
+        """The last snapshot of every process and file: what each process did to each file."""
+        return self.table("io_file_totals")
+
+    def file_totals(self) -> Any:
+        """One row per file (``module``, ``path``) over every process: the counters that add up
+        (counts, bytes, times) summed, ``*_MAX_*`` the largest, start timestamps the first and end
+        timestamps the last, and ``processes`` (how many processes used the file). A DuckDB relation,
+        largest ``bytes`` (read and written) first."""
+        aggs = []
+        for name, _ in model.IO_COUNTERS:
+            if name.endswith("START_TIMESTAMP"):
+                aggs.append(f'min(nullif("{name}", 0)) AS "{name}"')
+            elif name.endswith("END_TIMESTAMP") or "_MAX_" in name:
+                aggs.append(f'max("{name}") AS "{name}"')
+            elif not any(k in name for k in _NOT_ADDITIVE):
+                aggs.append(f'sum(greatest("{name}", 0)) AS "{name}"')
+        return self.con.sql(
+            f"""SELECT * FROM (SELECT module, path, count(*) AS processes, {", ".join(aggs)}
+                FROM io_file_totals GROUP BY module, path)
+                ORDER BY coalesce("POSIX_BYTES_READ", 0) + coalesce("POSIX_BYTES_WRITTEN", 0)
+                       + coalesce("STDIO_BYTES_READ", 0) + coalesce("STDIO_BYTES_WRITTEN", 0) DESC, path"""
+        )
 
     @property
     def spans(self) -> Any:
@@ -373,6 +470,25 @@ class Filter:
             a, b = self.steps
             conds.append(f"(step BETWEEN {int(a)} AND {int(b)} OR step < 0)")
         return " AND ".join(conds)
+
+
+def corrupt_chunks(path: str) -> list[str]:
+    """The chunks of the run ``path`` whose data cannot be decoded, each read whole (slow: for an
+    error message)."""
+    import duckdb
+
+    try:
+        run = load(path)
+    except HoloprofError:
+        return []
+    bad = []
+    for files in run.chunks.files.values():
+        for f in files:
+            try:
+                run.con.execute(f"SELECT max(hash(COLUMNS(*))) FROM read_parquet({_sql_str(f)})").fetchall()
+            except duckdb.Error:
+                bad.append(f)
+    return bad
 
 
 def load(

@@ -85,6 +85,21 @@ def new_manifest(command: list[str], name: str, options: dict[str, Any]) -> dict
     }
 
 
+#: the manifest's fields that commands read, and their JSON types (null is allowed for each)
+_MANIFEST_FIELDS: tuple[tuple[str, type | tuple[type, ...], str], ...] = (
+    ("schema_version", int, "an integer"),
+    ("start_ns", int, "an integer"),
+    ("end_ns", int, "an integer"),
+    ("launcher_pid", int, "an integer"),
+    ("exit_code", int, "an integer"),
+    ("status", str, "a string"),
+    ("name", str, "a string"),
+    ("command", list, "a list"),
+    ("hosts", list, "a list"),
+    ("options", dict, "an object"),
+)
+
+
 def read_manifest(run_dir: str) -> dict[str, Any]:
     """Read and check the manifest of ``run_dir``; raise a HoloprofError naming the fix."""
     if not os.path.exists(run_dir):
@@ -113,7 +128,19 @@ def read_manifest(run_dir: str) -> dict[str, Any]:
             f"{path} is not a holoprof manifest (no schema_version); restore it from a copy — the recorded "
             f"data in {run_dir} is untouched"
         )
-    if int(data.get("schema_version", 0)) > model.SCHEMA_VERSION:
+    for key, kinds, what in _MANIFEST_FIELDS:
+        v = data.get(key)
+        if key in data and not (isinstance(v, kinds) and not isinstance(v, bool)) and v is not None:
+            raise HoloprofError(
+                f"{path} is corrupted ({key} is {json.dumps(v)[:40]}, not {what}); restore it from a copy — "
+                f"the recorded data in {run_dir} is untouched"
+            )
+    if not isinstance(data["schema_version"], int):
+        raise HoloprofError(
+            f"{path} is corrupted (no schema_version); restore it from a copy — the recorded data in "
+            f"{run_dir} is untouched"
+        )
+    if data["schema_version"] > model.SCHEMA_VERSION:
         raise HoloprofError(
             f"{run_dir} was written by a newer holoprof (schema {data['schema_version']}); upgrade holoprof "
             "to read it"
