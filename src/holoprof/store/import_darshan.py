@@ -444,7 +444,7 @@ def import_darshan_log(log: str, out: str | None = None) -> tuple[str, list[str]
         )
         rundir.write_manifest(run_dir, manifest)
     except BaseException:
-        _remove_run(run_dir, keep_dir=existed)
+        remove_failed_run(run_dir, keep_dir=existed)
         raise
     return run_dir, list(doc["notes"])
 
@@ -454,7 +454,7 @@ def import_darshan(log: str, out: str | None = None) -> str:
     return import_darshan_log(log, out)[0]
 
 
-def _remove_run(run_dir: str, keep_dir: bool) -> None:
+def remove_failed_run(run_dir: str, keep_dir: bool) -> None:
     """Remove what a failed import wrote (the directory itself unless it was there, empty, before)."""
     import shutil
 

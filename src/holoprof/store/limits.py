@@ -13,7 +13,7 @@ variable                           default      what it bounds
 ``HOLOPROF_LIMIT_RATIO``           200          decompressed / compressed bytes, once past 16 MiB
 ``HOLOPROF_LIMIT_JSON_DEPTH``      64           nesting of arrays and objects in a trace
 ``HOLOPROF_LIMIT_STRING_BYTES``    16 MiB       one JSON string in a trace
-``HOLOPROF_LIMIT_PACK_FILES``      100,000      entries of a pack
+``HOLOPROF_LIMIT_PACK_FILES``      20,000       entries of a pack
 ``HOLOPROF_LIMIT_PARSER_BYTES``    8 GiB        memory (address space) of the process that parses a
                                                 Darshan log
 ``HOLOPROF_LIMIT_PARSER_SECONDS``  3600         time that process may take
@@ -36,6 +36,10 @@ GiB = 1024 * MiB
 RATIO_FLOOR_BYTES = 16 * MiB
 
 
+class LimitError(HoloprofError):
+    """An input crossed one of these limits (one line: the limit, and how to raise it)."""
+
+
 @dataclass(frozen=True)
 class Limit:
     env: str
@@ -47,7 +51,7 @@ INPUT_BYTES = Limit("HOLOPROF_LIMIT_INPUT_BYTES", 64 * GiB, "bytes after decompr
 RATIO = Limit("HOLOPROF_LIMIT_RATIO", 200, "decompression ratio")
 JSON_DEPTH = Limit("HOLOPROF_LIMIT_JSON_DEPTH", 64, "JSON nesting depth")
 STRING_BYTES = Limit("HOLOPROF_LIMIT_STRING_BYTES", 16 * MiB, "bytes in one JSON string")
-PACK_FILES = Limit("HOLOPROF_LIMIT_PACK_FILES", 100_000, "entries in a pack")
+PACK_FILES = Limit("HOLOPROF_LIMIT_PACK_FILES", 20_000, "entries in a pack")
 PARSER_BYTES = Limit("HOLOPROF_LIMIT_PARSER_BYTES", 8 * GiB, "memory of the Darshan parser")
 PARSER_SECONDS = Limit("HOLOPROF_LIMIT_PARSER_SECONDS", 3600, "seconds of the Darshan parser")
 ALL = (INPUT_BYTES, RATIO, JSON_DEPTH, STRING_BYTES, PACK_FILES, PARSER_BYTES, PARSER_SECONDS)
@@ -69,10 +73,10 @@ def value(limit: Limit) -> int:
     return v
 
 
-def exceeded(source: str, found: str, limit: Limit, current: int | None = None) -> HoloprofError:
+def exceeded(source: str, found: str, limit: Limit, current: int | None = None) -> LimitError:
     """The one-line error for ``source`` crossing ``limit`` (``found`` says what was found)."""
     v = value(limit) if current is None else current
-    return HoloprofError(
+    return LimitError(
         f"{source}: {found}, over the limit of {v:,} {limit.what}; the file is damaged or built to "
         f"exhaust memory — if you trust it, raise the limit: {limit.env}={2 * v}"
     )
@@ -101,10 +105,11 @@ class BoundedJSON:
     escapes (``\\"``) understood.
     """
 
-    def __init__(self, raw: IO[bytes], source: str, compressed: int) -> None:
+    def __init__(self, raw: IO[bytes], source: str, compressed: int, scan: bool = True) -> None:
         self.raw = raw
         self.source = source
         self.compressed = compressed
+        self.scan = scan
         self.total = 0
         self.depth = 0
         self.in_string = False
@@ -118,7 +123,8 @@ class BoundedJSON:
         if data:
             self.total += len(data)
             check_ratio(self.source, self.total, self.compressed)
-            self._scan(data)
+            if self.scan:
+                self._scan(data)
         return data
 
     def readable(self) -> bool:
