@@ -159,3 +159,27 @@ def test_an_oversized_manifest_in_a_pack_is_refused(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("HOLOPROF_LIMIT_RATIO", str(10**6))  # past the ratio, the manifest's own bound
     with pytest.raises(HoloprofError, match=r"manifest\.json of 33,554,432 bytes"):
         open_run(big)
+
+
+def test_a_parquet_decompression_bomb_in_a_pack_is_refused(tmp_path: Path) -> None:
+    """A chunk whose GZIP page inflates from 64 KiB to 64 MiB when the run is read: refused on opening
+    the pack, from the chunk's footer, and nothing of the pack is left extracted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chunk = tmp_path / "spans-00000000.parquet"
+    pq.write_table(pa.table({"name": pa.array([b"\0" * (64 << 20)])}), chunk, compression="gzip")
+    assert chunk.stat().st_size < 1 << 20
+    manifest = json.dumps({"schema_version": 1, "status": "finished", "command": ["x"]}).encode()
+    pack = tmp_path / "bomb.holoprof"
+    with tarfile.open(pack, "w") as tar:
+        ti = tarfile.TarInfo("run/manifest.json")
+        ti.size = len(manifest)
+        tar.addfile(ti, io.BytesIO(manifest))
+        tar.add(chunk, arcname="run/h-1/spans-00000000.parquet")
+    before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+    _refused_at_limit(pack, "HOLOPROF_LIMIT_RATIO", tmp_path)
+    with pytest.raises(HoloprofError, match=r"spans-00000000\.parquet"):
+        open_run(pack)
+    leftovers = set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) - before
+    assert not [d for d in leftovers if d.startswith("holoprof-pack-")]

@@ -9,7 +9,8 @@ Unpacking trusts nothing in the archive: only regular files and directories are 
 names, names with ``..`` components, links and device files are refused with a HoloprofError. The
 number of entries, the bytes they declare (against the pack's size: a gzipped pack of blanks would
 inflate a thousandfold) and the manifest's size are bounded (:mod:`holoprof.store.limits`), checked
-header by header before anything is extracted.
+header by header before anything is extracted; the Parquet files' footers are then held to the same
+decompression ratio.
 """
 
 from __future__ import annotations
@@ -141,6 +142,25 @@ def _members(tar: tarfile.TarFile, p: str) -> list[tarfile.TarInfo]:
     return members
 
 
+def _check_parquet(p: str, dest: str, members: list[tarfile.TarInfo]) -> None:
+    """The Parquet files of a pack may not declare more uncompressed data than the ratio limit allows
+    (a GZIP or ZSTD page of zeros inflates a thousandfold when the run is read): their footers are
+    read (a few hundred bytes each) and the declared size of their row groups checked. A footer that
+    cannot be read is left to the reader, which skips unreadable chunks."""
+    import pyarrow.parquet as pq
+
+    for m in members:
+        if not (m.isfile() and m.name.endswith(model.CHUNK_SUFFIX)):
+            continue
+        path = os.path.join(dest, m.name)
+        try:
+            md = pq.read_metadata(path)
+            declared = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        except Exception:
+            continue
+        limits.check_ratio(f"{p} ({m.name})", declared, m.size)
+
+
 def unpack(pack: str | os.PathLike[str], dest: str) -> str:
     """Extract ``pack`` into the directory ``dest`` (checked member by member); returns the run dir."""
     p = os.fspath(pack)
@@ -163,6 +183,7 @@ def unpack(pack: str | os.PathLike[str], dest: str) -> str:
         raise HoloprofError(f"{p} is not a readable holoprof pack ({exc}); make one with `holoprof pack RUN`")
     except OSError as exc:
         raise HoloprofError(f"cannot unpack {p} ({exc.strerror or exc}); check the free space in {dest}")
+    _check_parquet(p, dest, members)
     for root in sorted(roots):
         cand = os.path.join(dest, root)
         if os.path.isfile(os.path.join(cand, model.MANIFEST)):
