@@ -609,3 +609,28 @@ from holoprof.cli import main
 sys.argv[0] = "holoprof"
 sys.exit(main())
 """
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan"])
+def test_a_limit_that_is_not_a_positive_integer_is_refused(tmp_path: os.PathLike[str], value: str) -> None:
+    path = os.path.join(tmp_path, "t.json")
+    with open(path, "w") as f:
+        f.write('{"traceEvents": []}')
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "holoprof.cli",
+            "import",
+            "torch-trace",
+            path,
+            "--out",
+            os.path.join(tmp_path, "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOLOPROF_LIMIT_JSON_DEPTH": value},
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "HOLOPROF_LIMIT_JSON_DEPTH=" in r.stderr and "not a positive integer" in r.stderr

@@ -135,6 +135,7 @@ def parse_log(log: str) -> dict[str, Any]:
     crossed, or any error the library printed is a HoloprofError here, naming the log.
     """
     import pickle
+    import resource
     import signal
     import subprocess
     import tempfile
@@ -177,6 +178,10 @@ def parse_log(log: str) -> dict[str, Any]:
     said_most = next((ln for ln in library if "failed" in ln), library[0]) if library else ""
     why = f" (the Darshan library said: {said_most.removeprefix('Error: ').rstrip('.')})" if library else ""
     if outcome is None:
+        # the child's peak (KiB on Linux) near its limit: it may have died of the limit, not of the log
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        if peak >= memory // 2:
+            why += f"; it may have run out of the {memory:,} bytes allowed ({limits.PARSER_BYTES.env})"
         if proc.returncode < 0:
             try:
                 how = f"crashed with {signal.Signals(-proc.returncode).name}"
@@ -202,24 +207,38 @@ def _child() -> None:
     import resource
 
     path, result, memory = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    try:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    except (ValueError, OSError):
-        pass
     payload: tuple[str, Any]
     try:
+        import darshan  # noqa: F401  (the libraries are loaded before the limit: it bounds the parse)
+
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        except (ValueError, OSError):
+            pass
         payload = ("ok", convert(read_log(path), path))
-    except HoloprofError as exc:
-        payload = ("error", str(exc))
-    except MemoryError:
-        payload = (
-            "error",
-            str(limits.exceeded(path, "parsing needs more memory", limits.PARSER_BYTES, memory)),
-        )
-    except Exception as exc:
-        payload = ("error", f"{path} is not a readable Darshan log ({type(exc).__name__}: {exc})")
+    except (MemoryError, HoloprofError, Exception) as exc:
+        # under the limit, the C library's failed allocations surface as any error ("Failed to open
+        # file."): an address space near the limit says which it was
+        if isinstance(exc, MemoryError) or _address_space() >= memory // 2:
+            payload = (
+                "error",
+                str(limits.exceeded(path, "parsing needs more memory", limits.PARSER_BYTES, memory)),
+            )
+        elif isinstance(exc, HoloprofError):
+            payload = ("error", str(exc))
+        else:
+            payload = ("error", f"{path} is not a readable Darshan log ({type(exc).__name__}: {exc})")
     with open(result, "wb") as f:
         pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _address_space() -> int:
+    """This process's virtual memory size in bytes (0 where /proc cannot tell)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def read_log(log: str) -> Any:

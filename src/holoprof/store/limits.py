@@ -49,11 +49,11 @@ class Limit:
 
 INPUT_BYTES = Limit("HOLOPROF_LIMIT_INPUT_BYTES", 64 * GiB, "bytes after decompression")
 RATIO = Limit("HOLOPROF_LIMIT_RATIO", 200, "decompression ratio")
-JSON_DEPTH = Limit("HOLOPROF_LIMIT_JSON_DEPTH", 64, "JSON nesting depth")
+JSON_DEPTH = Limit("HOLOPROF_LIMIT_JSON_DEPTH", 64, "JSON nesting levels")
 STRING_BYTES = Limit("HOLOPROF_LIMIT_STRING_BYTES", 16 * MiB, "bytes in one JSON string")
 PACK_FILES = Limit("HOLOPROF_LIMIT_PACK_FILES", 20_000, "entries in a pack")
-PARSER_BYTES = Limit("HOLOPROF_LIMIT_PARSER_BYTES", 8 * GiB, "memory of the Darshan parser")
-PARSER_SECONDS = Limit("HOLOPROF_LIMIT_PARSER_SECONDS", 3600, "seconds of the Darshan parser")
+PARSER_BYTES = Limit("HOLOPROF_LIMIT_PARSER_BYTES", 8 * GiB, "bytes of memory for the Darshan parser")
+PARSER_SECONDS = Limit("HOLOPROF_LIMIT_PARSER_SECONDS", 3600, "seconds for the Darshan parser")
 ALL = (INPUT_BYTES, RATIO, JSON_DEPTH, STRING_BYTES, PACK_FILES, PARSER_BYTES, PARSER_SECONDS)
 
 
@@ -77,8 +77,8 @@ def exceeded(source: str, found: str, limit: Limit, current: int | None = None) 
     """The one-line error for ``source`` crossing ``limit`` (``found`` says what was found)."""
     v = value(limit) if current is None else current
     return LimitError(
-        f"{source}: {found}, over the limit of {v:,} {limit.what}; the file is damaged or built to "
-        f"exhaust memory — if you trust it, raise the limit: {limit.env}={2 * v}"
+        f"{source}: {found}, over the limit of {v:,} ({limit.what}); the file is damaged or built to "
+        f"exhaust memory or time — if you trust it, raise the limit: {limit.env}={2 * v}"
     )
 
 
