@@ -134,6 +134,7 @@ def parse_log(log: str) -> dict[str, Any]:
     child runs under the memory and time limits of :mod:`holoprof.store.limits`; its crash, a limit
     crossed, or any error the library printed is a HoloprofError here, naming the log.
     """
+    import importlib.util
     import pickle
     import resource
     import signal
@@ -141,16 +142,19 @@ def parse_log(log: str) -> dict[str, Any]:
     import tempfile
 
     path = _check_path(log)
-    try:
-        import darshan  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("darshan") is None:  # looked up, not imported: the child imports it
         raise MissingExtraError("importing Darshan logs", "darshan", "darshan")
     seconds = limits.value(limits.PARSER_SECONDS)
     memory = limits.value(limits.PARSER_BYTES)
     with tempfile.TemporaryDirectory(prefix="holoprof-darshan-") as tmp:
         result = os.path.join(tmp, "result.pickle")
         errors = os.path.join(tmp, "stderr.txt")
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        import holoprof
+
+        # the child imports this very holoprof, installed or not
+        home = os.path.dirname(os.path.dirname(os.path.abspath(holoprof.__file__)))
+        pythonpath = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": pythonpath, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         code = "from holoprof.store.import_darshan import _child; _child()"
         with open(errors, "wb") as err:
             try:
