@@ -306,3 +306,48 @@ def test_findings_on_an_imported_log_speak_of_the_job(tmp_path: Path, name: str)
     for phrase in ("this machine", "DataLoader", "num_workers", "/dev/shm", "before training"):
         assert phrase not in text, phrase
     assert "burst buffer" in text
+
+
+def _dxt_bomb(path: Path, segments: int) -> Path:
+    """dxt.darshan with its first DXT_POSIX record grown to ``segments`` zero segments: 32 bytes each
+    once inflated, a few bytes each in the log's zlib region (the region is the log's last)."""
+    import struct
+    import zlib
+
+    data = bytearray((EXAMPLES / "dxt.darshan").read_bytes())
+    slot = 40 + 16 * 8  # the header's map entry (offset, length) of module 8, DXT_POSIX
+    off, length = struct.unpack_from("<QQ", data, slot)
+    assert off + length == len(data)
+    region = bytearray(zlib.decompress(bytes(data[off : off + length])))
+    first = struct.unpack_from("<q", region, 88)[0]  # the segment count after the record's hostname
+    struct.pack_into("<q", region, 88, segments)
+    at = 104 + 32 * first
+    region[at:at] = bytes(32 * (segments - first))
+    packed = zlib.compress(bytes(region), 6)
+    out = data[:off] + packed
+    struct.pack_into("<QQ", out, slot, off, len(packed))
+    path.write_bytes(bytes(out))
+    return path
+
+
+def test_a_log_that_inflates_past_the_parser_memory_limit_is_refused(tmp_path: Path) -> None:
+    """A 200 KB log whose DXT region holds three million segments: the parser stops at its memory limit
+    (lowered here to 1 GiB, under which the intact log imports), in one line naming the limit."""
+    limit = {"HOLOPROF_LIMIT_PARSER_BYTES": str(1 << 30)}
+    intact = run_holoprof(
+        "import",
+        "darshan",
+        str(EXAMPLES / "dxt.darshan"),
+        "--out",
+        str(tmp_path / "ok"),
+        "--no-report",
+        cwd=tmp_path,
+        env=limit,
+    )
+    assert intact.returncode == 0, intact.stderr
+    bomb = _dxt_bomb(tmp_path / "bomb.darshan", 3_000_000)
+    assert bomb.stat().st_size < 400_000
+    out = tmp_path / "out"
+    proc = run_holoprof("import", "darshan", str(bomb), "--out", str(out), cwd=tmp_path, env=limit)
+    _assert_refused(proc, out)
+    assert "HOLOPROF_LIMIT_PARSER_BYTES" in proc.stderr
