@@ -634,3 +634,42 @@ def test_a_limit_that_is_not_a_positive_integer_is_refused(tmp_path: os.PathLike
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "HOLOPROF_LIMIT_JSON_DEPTH=" in r.stderr and "not a positive integer" in r.stderr
+
+
+def test_findings_on_an_imported_trace_do_not_count_this_machines_cores(tmp_path: os.PathLike[str]) -> None:
+    """A trace made elsewhere that waits for data 60% of each step: input_bound, without the cores of
+    the machine that reads the trace in its evidence or its advice."""
+    events = []
+    for step in range(8):
+        t = 1000 + 200 * step
+        events += [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{step}",
+                "pid": 3,
+                "tid": 1,
+                "ts": t,
+                "dur": 100,
+            },
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                "pid": 3,
+                "tid": 1,
+                "ts": t + 1,
+                "dur": 60,
+            },
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 3, "tid": 1, "ts": t + 62, "dur": 30},
+        ]
+    path = os.path.join(tmp_path, "slow_input.json")
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    out = os.path.join(tmp_path, "run")
+    r = _cli("import", "torch-trace", path, "--out", out, "--no-report")
+    assert r.returncode == 0, r.stderr
+    (finding,) = [f for f in _report(out)["findings"] if f["id"] == "input_bound"]
+    assert finding["evidence"]["data_wait_fraction"] >= 0.5
+    assert "cpu_cores" not in finding["evidence"]
+    assert "this machine" not in json.dumps(finding)

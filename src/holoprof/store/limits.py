@@ -119,7 +119,9 @@ class BoundedJSON:
         self.max_string = value(STRING_BYTES)
 
     def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n if n is not None and n >= 0 else 1 << 20)
+        if n is None or n < 0:  # everything that is left, block by block, each one checked
+            return b"".join(iter(lambda: self.read(1 << 20), b""))
+        data = self.raw.read(n)
         if data:
             self.total += len(data)
             check_ratio(self.source, self.total, self.compressed)
