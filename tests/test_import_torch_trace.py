@@ -515,3 +515,161 @@ def test_nanosecond_timestamps_are_rounded_not_truncated(tmp_path: os.PathLike[s
     assert b["non_compute_s"] == 0
     ((kernel_ns,),) = _spans(out, "SELECT end_ns - start_ns FROM spans WHERE name = 'Kernel'")
     assert kernel_ns == 1001
+
+
+# --- input that is not a trace, and input built to exhaust memory or time ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"{}", "no traceEvents"),
+        (b"[1,2,3]", "not an object"),
+        (b'{"traceEvents":[1]}', "traceEvents[0] is int"),
+        (b'{"traceEvents":[{"ph":"X","name":"a","ts":1,"dur":1},"x"]}', "traceEvents[1] is str"),
+        (b'{"traceEvents":{"ph":"X"}}', "not a list"),
+        (b'{"traceEvents":[]}', "holds no trace events"),
+        (b'{"traceEvents":[{"ph":"i","name":"instant","ts":1}]}', "holds no trace events"),
+    ],
+)
+def test_json_that_is_not_a_trace_is_refused(tmp_path: os.PathLike[str], content: bytes, why: str) -> None:
+    bad = os.path.join(tmp_path, "bad.json")
+    with open(bad, "wb") as f:
+        f.write(content)
+    out = os.path.join(tmp_path, "run")
+    r = _cli("import", "torch-trace", bad, "--out", out)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("holoprof: error:") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert why in r.stderr and not os.path.exists(out)
+
+
+def _bombs(tmp: str) -> dict[str, tuple[str, str]]:
+    """Small gzipped files that inflate into what exhausted memory or time before: name -> (path, the
+    limit's variable)."""
+    import gzip
+
+    made = {
+        # 200,000 nested arrays: ijson kept a prefix per level (quadratic memory: 23.7 GB)
+        "nesting": (b'{"traceEvents":[{"args":' + b"[" * 200_000, "HOLOPROF_LIMIT_JSON_DEPTH"),
+        # ... and before traceEvents, where the header is read
+        "nesting-in-header": (b'{"meta":' + b"{" * 100_000, "HOLOPROF_LIMIT_JSON_DEPTH"),
+        # one 24 MiB string (a 512 MiB one ran 300 s)
+        "string": (
+            b'{"traceEvents":[{"ph":"X","name":"' + b"a" * (24 << 20) + b'"}]}',
+            "HOLOPROF_LIMIT_STRING_BYTES",
+        ),
+        # 32 MiB of blanks from 32 KiB
+        "ratio": (b'{"traceEvents":[' + b" " * (32 << 20) + b"]}", "HOLOPROF_LIMIT_RATIO"),
+    }
+    out = {}
+    for name, (text, var) in made.items():
+        path = os.path.join(tmp, f"{name}.json.gz")
+        with open(path, "wb") as f:
+            f.write(gzip.compress(text, 6))
+        assert os.path.getsize(path) < 200_000
+        out[name] = (path, var)
+    return out
+
+
+@pytest.mark.parametrize("bomb", ["nesting", "nesting-in-header", "string", "ratio"])
+def test_bombs_stop_at_a_limit_in_one_line(tmp_path: os.PathLike[str], bomb: str) -> None:
+    path, var = _bombs(str(tmp_path))[bomb]
+    out = os.path.join(tmp_path, "run")
+    # a long string compresses well: past the ratio limit, the string's own limit
+    env = {**os.environ, "HOLOPROF_LIMIT_RATIO": str(10**6)} if bomb == "string" else None
+    r = subprocess.run(
+        [sys.executable, "-c", _UNDER_RLIMIT, "import", "torch-trace", path, "--out", out],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("holoprof: error:") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{var}=" in r.stderr and not os.path.exists(out)
+    if bomb.startswith("nesting"):
+        return  # past the depth limit, the parser's memory grows with the square of the depth
+    # the limit is a setting: raised, the same file gets past it (and is refused for having no events)
+    r = subprocess.run(
+        [sys.executable, "-c", _UNDER_RLIMIT, "import", "torch-trace", path, "--out", out],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**(env or os.environ), var: str(10**9)},
+    )
+    assert r.returncode == 2 and "holds no trace events" in r.stderr, r.stderr
+
+
+#: the command line under a 2 GiB address-space limit: a bomb that got past the limits would fail here
+#: with MemoryError instead of taking the machine's memory
+_UNDER_RLIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from holoprof.cli import main
+sys.argv[0] = "holoprof"
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan"])
+def test_a_limit_that_is_not_a_positive_integer_is_refused(tmp_path: os.PathLike[str], value: str) -> None:
+    path = os.path.join(tmp_path, "t.json")
+    with open(path, "w") as f:
+        f.write('{"traceEvents": []}')
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "holoprof.cli",
+            "import",
+            "torch-trace",
+            path,
+            "--out",
+            os.path.join(tmp_path, "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOLOPROF_LIMIT_JSON_DEPTH": value},
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "HOLOPROF_LIMIT_JSON_DEPTH=" in r.stderr and "not a positive integer" in r.stderr
+
+
+def test_findings_on_an_imported_trace_do_not_count_this_machines_cores(tmp_path: os.PathLike[str]) -> None:
+    """A trace made elsewhere that waits for data 60% of each step: input_bound, without the cores of
+    the machine that reads the trace in its evidence or its advice."""
+    events = []
+    for step in range(8):
+        t = 1000 + 200 * step
+        events += [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{step}",
+                "pid": 3,
+                "tid": 1,
+                "ts": t,
+                "dur": 100,
+            },
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                "pid": 3,
+                "tid": 1,
+                "ts": t + 1,
+                "dur": 60,
+            },
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 3, "tid": 1, "ts": t + 62, "dur": 30},
+        ]
+    path = os.path.join(tmp_path, "slow_input.json")
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    out = os.path.join(tmp_path, "run")
+    r = _cli("import", "torch-trace", path, "--out", out, "--no-report")
+    assert r.returncode == 0, r.stderr
+    (finding,) = [f for f in _report(out)["findings"] if f["id"] == "input_bound"]
+    assert finding["evidence"]["data_wait_fraction"] >= 0.5
+    assert "cpu_cores" not in finding["evidence"]
+    assert "this machine" not in json.dumps(finding)

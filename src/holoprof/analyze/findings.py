@@ -90,12 +90,15 @@ def input_whatif(
 
 
 def input_bound(
-    st: StepStats, loader: dict[str, Any], cpus: int | None = None, gpu: bool = False
+    st: StepStats, loader: dict[str, Any], cpus: int | None = None, gpu: bool = False, imported: bool = False
 ) -> Finding | None:
+    """``imported``: the run was read from a file made elsewhere (a profiler trace): the cores of the
+    machine that reads it say nothing about the job, so the advice does not count them."""
     frac = steady_share(st, "data_wait")
     if st.count == 0 or frac < INPUT_BOUND_MEDIUM:
         return None
     severity = "high" if frac >= INPUT_BOUND_HIGH else "medium"
+    cores_known = cpus is not None or not imported
     cpus = cpus or os.cpu_count() or 1
     workers = loader.get("num_workers")
     evidence: dict[str, Any] = {
@@ -104,8 +107,9 @@ def input_bound(
         "data_wait_median_s": round(st.phases["data_wait"].median_s, 6),
         "step_median_s": round(st.median_s, 6),
         "steps": st.count,
-        "cpu_cores": cpus,
     }
+    if cores_known:
+        evidence["cpu_cores"] = cpus
     for k in ("num_workers", "batch_size", "prefetch_factor", "pin_memory", "persistent_workers", "dataset"):
         if k in loader:
             evidence[k] = loader[k]
@@ -114,7 +118,7 @@ def input_bound(
         fix = (
             f"load batches in parallel with the training step: DataLoader(..., num_workers={n}, "
             "persistent_workers=True, pin_memory=True) — the loader runs in the training process now "
-            f"(num_workers=0) and this machine has {cpus} CPU cores"
+            + (f"(num_workers=0) and this machine has {cpus} CPU cores" if cores_known else "(num_workers=0)")
         )
     elif isinstance(workers, int):
         n = min(max(workers * 2, workers + 2), max(workers + 1, 2 * cpus))
@@ -223,10 +227,12 @@ def low_device_utilization(st: StepStats | None, res: Resources) -> Finding | No
     )
 
 
-def all_findings(st: StepStats | None, res: Resources, loader: dict[str, Any]) -> list[Finding]:
+def all_findings(
+    st: StepStats | None, res: Resources, loader: dict[str, Any], imported: bool = False
+) -> list[Finding]:
     out: list[Finding | None] = []
     if st is not None:
-        out += [input_bound(st, loader, gpu=bool(res.gpus)), host_overhead(st)]
+        out += [input_bound(st, loader, gpu=bool(res.gpus), imported=imported), host_overhead(st)]
     out.append(low_device_utilization(st, res))
     return ordered([f for f in out if f is not None])
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
@@ -89,6 +89,77 @@ def _num(name: str, cast: str, col: str = "c") -> str:
     )
 
 
+#: Counters of the modules above POSIX (imported Darshan logs: MPI-IO, HDF5, PnetCDF, DAOS/DFS) per
+#: measure of the ``by_module`` totals; a record has only its own module's counters, so their sum is
+#: the record's value. POSIX and STDIO records are measured as everywhere else (``_SUMS``).
+_MODULE_MEASURES: dict[str, tuple[str, ...]] = {
+    "bytes_read": (
+        "MPIIO_BYTES_READ",
+        "H5D_BYTES_READ",
+        "PNETCDF_FILE_BYTES_READ",
+        "PNETCDF_VAR_BYTES_READ",
+        "DFS_BYTES_READ",
+        "DAOS_BYTES_READ",
+    ),
+    "bytes_written": (
+        "MPIIO_BYTES_WRITTEN",
+        "H5D_BYTES_WRITTEN",
+        "PNETCDF_FILE_BYTES_WRITTEN",
+        "PNETCDF_VAR_BYTES_WRITTEN",
+        "DFS_BYTES_WRITTEN",
+        "DAOS_BYTES_WRITTEN",
+    ),
+    "reads": (
+        "MPIIO_INDEP_READS",
+        "MPIIO_COLL_READS",
+        "MPIIO_SPLIT_READS",
+        "MPIIO_NB_READS",
+        "H5D_READS",
+        "PNETCDF_VAR_INDEP_READS",
+        "PNETCDF_VAR_COLL_READS",
+        "PNETCDF_VAR_NB_READS",
+        "DFS_READS",
+        "DFS_READXS",
+        "DAOS_ARRAY_READS",
+    ),
+    "writes": (
+        "MPIIO_INDEP_WRITES",
+        "MPIIO_COLL_WRITES",
+        "MPIIO_SPLIT_WRITES",
+        "MPIIO_NB_WRITES",
+        "H5D_WRITES",
+        "PNETCDF_VAR_INDEP_WRITES",
+        "PNETCDF_VAR_COLL_WRITES",
+        "PNETCDF_VAR_NB_WRITES",
+        "DFS_WRITES",
+        "DFS_WRITEXS",
+        "DAOS_ARRAY_WRITES",
+    ),
+    "opens": (
+        "MPIIO_INDEP_OPENS",
+        "MPIIO_COLL_OPENS",
+        "H5F_OPENS",
+        "H5D_OPENS",
+        "PNETCDF_FILE_CREATES",
+        "PNETCDF_FILE_OPENS",
+        "PNETCDF_VAR_OPENS",
+        "DFS_OPENS",
+        "DAOS_OBJ_OPENS",
+        "DAOS_ARRAY_OPENS",
+        "DAOS_KV_OPENS",
+    ),
+}
+_BASE_MODULES = ("POSIX", "STDIO")
+
+
+def _module_measure(measure: str) -> str:
+    terms = " + ".join(
+        f"greatest(coalesce(TRY_CAST(json_extract_string(c, '$.{n}') AS BIGINT), 0), 0)"
+        for n in _MODULE_MEASURES[measure]
+    )
+    return f"CASE WHEN module IN {_BASE_MODULES} THEN 0 ELSE {terms} END"
+
+
 _KEYS = "host, pid, module, path"
 #: The last snapshot of every (process, module, file): of the rows with counters, the newest (then the
 #: greatest counters, so that equal times give one answer), and the layer of the newest row with one.
@@ -113,6 +184,7 @@ _LAST = Aggregation(
                 f"{_num('SIZE_READ_' + b, 'BIGINT')} AS sr_{i}"
                 for i, (b, _, _) in enumerate(model.DARSHAN_SIZE_BUCKETS)
             ]
+            + [f"{_module_measure(m)} AS m_{m}" for m in _MODULE_MEASURES]
         ),
     ),
     order=_KEYS,
@@ -155,6 +227,8 @@ class FileRow:
     layer: str
     v: dict[str, float]
     size_read: list[int]
+    #: the ``_MODULE_MEASURES`` of a record of a module above POSIX (empty for POSIX and STDIO)
+    other: dict[str, float] = field(default_factory=dict)
 
 
 def file_rows(run: Run, ctx: dict[str, Any] | None = None) -> list[FileRow]:
@@ -170,6 +244,7 @@ def file_rows(run: Run, ctx: dict[str, Any] | None = None) -> list[FileRow]:
         host, pid, module, path, layer = r[:5]
         vals = r[5 : 5 + len(names)]
         buckets = r[5 + len(names) : 5 + len(names) + nb]
+        other = r[5 + len(names) + nb :]
         out.append(
             FileRow(
                 str(host),
@@ -179,6 +254,9 @@ def file_rows(run: Run, ctx: dict[str, Any] | None = None) -> list[FileRow]:
                 str(layer),
                 {n: float(x or 0) for n, x in zip(names, vals, strict=True)},
                 [int(x or 0) for x in buckets],
+                {}
+                if str(module) in _BASE_MODULES
+                else {m: float(x or 0) for m, x in zip(_MODULE_MEASURES, other, strict=True)},
             )
         )
     if ctx is not None:
@@ -216,6 +294,19 @@ def dump_rows(run: Run, known: set[tuple[str, int]]) -> list[FileRow]:
             sizes = [int(get(f"SIZE_READ_{b}")) for b, _, _ in model.DARSHAN_SIZE_BUCKETS]
             out.append(FileRow(host, pid, mod, str(r["path"]), "native", {k: v[k] for k in keys}, sizes))
     return out
+
+
+def _by_module(rows: list[FileRow]) -> dict[str, dict[str, int]]:
+    """Totals per Darshan module (records, bytes, operations, opens), largest first. The modules are
+    layers of one another (an MPI-IO write is also a POSIX write): their totals are not added up."""
+    out: dict[str, dict[str, int]] = {}
+    for f in rows:
+        vals = f.v if f.module in _BASE_MODULES else f.other
+        d = out.setdefault(f.module, {"records": 0, **{m: 0 for m in _MODULE_MEASURES}})
+        d["records"] += 1
+        for m in _MODULE_MEASURES:
+            d[m] += int(vals.get(m, 0))
+    return dict(sorted(out.items(), key=lambda kv: (-(kv[1]["bytes_read"] + kv[1]["bytes_written"]), kv[0])))
 
 
 def _touched(f: FileRow) -> bool:
@@ -299,8 +390,11 @@ def _time_series(run: Run, ctx: dict[str, Any] | None, t0_ns: int) -> list[list[
 def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
     rows = file_rows(run, ctx)
     rows += dump_rows(run, {(f.host, f.pid) for f in rows})
+    by_module = _by_module(rows)
     rows = [f for f in rows if _touched(f) or f.v["stats"]]
-    if not any(_touched(f) for f in rows):  # stat calls alone are not I/O worth a section
+    if not any(_touched(f) for f in rows) and not any(
+        m["opens"] or m["reads"] or m["writes"] for m in by_module.values()
+    ):  # stat calls alone are not I/O worth a section
         return {}, []
     roles = _roles(run)
     tot = {k: sum(f.v[k] for f in rows) for k in ("bytes_read", "bytes_written", "reads", "writes", "opens")}
@@ -436,6 +530,7 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
     small_reads = sum(hist[b] for b in SMALL_READ_BUCKETS)
     section: dict[str, Any] = {
         "layers": sorted({f.layer for f in rows}),
+        "by_module": by_module,
         "bytes_read": int(tot["bytes_read"]),
         "bytes_written": int(tot["bytes_written"]),
         "files": len(touched),
@@ -467,9 +562,12 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         "staging": staging,
         "files_detail": files_detail,
     }
-    findings = [f for f in (_small_file_io(section, st), _io_bandwidth(section, st)) if f is not None]
+    hpc = _from_hpc_log(run)
+    findings = [
+        f for f in (_small_file_io(section, st, hpc), _io_bandwidth(section, st, hpc)) if f is not None
+    ]
     if not findings:
-        staging_finding = _staging_finding(section)
+        staging_finding = _staging_finding(section, hpc)
         if staging_finding is not None:
             findings.append(staging_finding)
     return section, findings
@@ -523,7 +621,18 @@ def _severity(st: Any, io_explains: float) -> str:
     return "low"
 
 
-def _small_file_io(section: dict[str, Any], st: Any) -> Finding | None:
+def _from_hpc_log(run: Run) -> bool:
+    """The run is an imported Darshan log: its findings speak of the job's ranks and its file system,
+    not of a DataLoader or of the machine that reads the log."""
+    source = run.manifest.get("source")
+    return (
+        run.manifest.get("status") == "imported"
+        and isinstance(source, dict)
+        and source.get("format") == "darshan"
+    )
+
+
+def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
     n = section["files_read"]
     median = section["file_size_median_bytes"]
     small_share = section["small_read_fraction"]
@@ -564,7 +673,12 @@ def _small_file_io(section: dict[str, Any], st: Any) -> Finding | None:
         title=f"small-file I/O: {why}; {section['read_time_s'] + section['meta_time_s']:.2f} s in reads and metadata",
         evidence=evidence,
         recommendation=(
-            "pack the samples into a few large shards (tar / WebDataset, TFRecord, one .npy per shard) and "
+            "gather the application's data into a few large files (HDF5, NetCDF, ADIOS, or one shared file "
+            "through MPI-IO) and access them in blocks of 1 MiB or more; let the job's ranks combine small "
+            "accesses (MPI-IO collective I/O, fewer aggregator ranks) and stage hot inputs on a faster tier "
+            "(burst buffer, node-local NVMe) — see the staging evidence."
+            if hpc
+            else "pack the samples into a few large shards (tar / WebDataset, TFRecord, one .npy per shard) and "
             "read them sequentially in blocks of 1 MiB or more; until then use more DataLoader workers "
             "(num_workers) so that opens and small reads overlap, and stage the dataset on a fast tier "
             "(/dev/shm, local NVMe) — see the staging evidence." + link
@@ -579,7 +693,7 @@ def _small_file_io(section: dict[str, Any], st: Any) -> Finding | None:
     )
 
 
-def _io_bandwidth(section: dict[str, Any], st: Any) -> Finding | None:
+def _io_bandwidth(section: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
     ref = section["reference_bandwidth"]
     achieved = section["bandwidth_read_window_bytes_per_s"]
     if not ref or section["bytes_read"] < BANDWIDTH_MIN_BYTES or achieved <= 0:
@@ -611,11 +725,17 @@ def _io_bandwidth(section: dict[str, Any], st: Any) -> Finding | None:
         severity=_severity(st, io_explains),
         title=(
             f"read bandwidth: the job read at {achieved / MiB:.1f} MiB/s, {100 * ratio:.0f}% of the "
-            f"{ref['bytes_per_s'] / MiB:.0f} MiB/s measured on this machine"
+            f"{ref['bytes_per_s'] / MiB:.0f} MiB/s "
+            + ("that it reached on its fastest file" if hpc else "measured on this machine")
         ),
         evidence=evidence,
         recommendation=(
-            "read with more parallelism (more DataLoader workers, several files in flight), in larger "
+            "read with more parallelism across the job's ranks (MPI-IO collective reads, more readers per "
+            "file), in larger sequential blocks, and stage the hottest directories on a faster tier (burst "
+            "buffer, node-local NVMe) — see the staging evidence; measure the file system the job used with "
+            "`holoprof iobench PATH` on that system"
+            if hpc
+            else "read with more parallelism (more DataLoader workers, several files in flight), in larger "
             "sequential blocks, and stage the hottest directories on a faster tier (/dev/shm, local NVMe) "
             "— see the staging evidence; measure the device with `holoprof iobench PATH`"
         ),
@@ -629,7 +749,7 @@ def _io_bandwidth(section: dict[str, Any], st: Any) -> Finding | None:
     )
 
 
-def _staging_finding(section: dict[str, Any]) -> Finding | None:
+def _staging_finding(section: dict[str, Any], hpc: bool = False) -> Finding | None:
     """Low-severity advice: the directories whose reads would gain most from a faster tier."""
     items = [s for s in section["staging"] if s.get("expected_saving_s", 0) > 0]
     total = section["read_time_s"] + section["meta_time_s"]
@@ -645,7 +765,11 @@ def _staging_finding(section: dict[str, Any]) -> Finding | None:
             "reference": section["reference_bandwidth"].get("source"),
             "read_and_meta_time_s": round(total, 6),
         },
-        recommendation="copy these directories to /dev/shm or local NVMe before training and read them there",
+        recommendation=(
+            "stage these directories on a burst buffer or node-local NVMe before the job runs and read them there"
+            if hpc
+            else "copy these directories to /dev/shm or local NVMe before training and read them there"
+        ),
         estimated_gain=0.0,
         threshold={"saving_share_min": 0.5, "saving_s_min": 1.0},
     )

@@ -235,7 +235,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
             )
     res = eng.resources()
     loader = loader_config(run, main) if main is not None else {}
-    found = findings_mod.all_findings(st, res, loader)
+    found = findings_mod.all_findings(st, res, loader, imported=run.manifest.get("status") == "imported")
     ctx = {
         "main": main,
         "steps": st,

@@ -48,6 +48,18 @@ def io_group(doc: dict[str, Any]) -> Group | None:
             f"sequential reads {100 * io.get('seq_read_fraction', 0):.0f}%"
         )
     )
+    mods = {m: d for m, d in (io.get("by_module") or {}).items() if d["opens"] or d["reads"] or d["writes"]}
+    if len(mods) > 1:  # layers of one another (MPI-IO over POSIX): shown side by side, never added
+        parts.append(
+            Text(
+                "by module: "
+                + "; ".join(
+                    f"{m} {fmt_bytes(d['bytes_read'])} read in {d['reads']} reads, "
+                    f"{fmt_bytes(d['bytes_written'])} written in {d['writes']} writes, {d['opens']} opens"
+                    for m, d in mods.items()
+                )
+            )
+        )
     ref = io.get("reference_bandwidth") or {}
     if ref:
         parts.append(Text(f"reference: {_rate(ref['bytes_per_s'])} ({ref['source']})", style="grey62"))

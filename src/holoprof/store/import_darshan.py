@@ -7,9 +7,16 @@ on it unchanged:
 * ``manifest.json`` — status ``imported``, ``command`` = the job's executable line from the log,
   start and end from the job record, ``source`` = {format, log, jobid, nprocs, log_version};
 * ``processes`` — one row per MPI rank (``host`` "darshan", ``pid`` = rank, role ``rank``);
-* ``io_files`` — one row per record of the POSIX and STDIO modules, ``layer`` "darshan", the counters
-  under Darshan's own names; records shared by all ranks (Darshan's rank -1) have ``pid`` -1;
-* ``io_ops`` — the DXT_POSIX segments when the log has them.
+* ``io_files`` — one row per record of every module that has counters (POSIX, STDIO, MPI-IO, H5F, H5D,
+  PNETCDF_FILE, PNETCDF_VAR, and the others PyDarshan reads), ``module`` = Darshan's module name,
+  ``layer`` "darshan", the counters under Darshan's own names; LUSTRE records give their striping
+  (``LUSTRE_COMP<i>_*``, OST ids); records shared by all ranks (Darshan's rank -1) have ``pid`` -1;
+* ``io_ops`` — the DXT_POSIX and DXT_MPIIO segments when the log has them (module POSIX / MPI-IO).
+
+A module holoprof has no table for (APMPI, APXC, HEATMAP) is named in the notes printed at the end
+and in the manifest's ``source.not_imported``. The log is parsed in a child process (see
+:func:`parse_log`): a damaged log is one line and exit status 2, never a crash, and the run directory
+is written only once the whole log has been read.
 
 Importers are registered in :data:`IMPORTERS` (format -> module, help); each module provides
 ``add_import_arguments(parser)`` and ``run_import(args) -> int``.
@@ -23,10 +30,11 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from holoprof.errors import HoloprofError, MissingExtraError
+from holoprof.store import limits
 
 #: format -> (module, help). The module provides add_import_arguments(parser) and run_import(args).
 IMPORTERS: dict[str, tuple[str, str]] = {
@@ -38,7 +46,10 @@ IMPORTERS: dict[str, tuple[str, str]] = {
 }
 
 HOST = "darshan"
-MODULES = ("POSIX", "STDIO")
+#: DXT modules -> the module their segments are operations of (``io_ops.module``)
+DXT_MODULES = {"DXT_POSIX": "POSIX", "DXT_MPIIO": "MPI-IO"}
+#: module -> the prefix of its counter names, where the two differ
+COUNTER_PREFIX = {"MPI-IO": "MPIIO"}
 NS = 1_000_000_000
 
 
@@ -93,28 +104,11 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    return imported(args, args.log, import_darshan(args.log, args.out))
+    run_dir, notes = import_darshan_log(args.log, args.out)
+    return imported(args, args.log, run_dir, notes)
 
 
-# --- reading the log -----------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """The Darshan C library prints its own errors on fd 2: keep them out of our one-line message."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
+# --- reading the log (in a child process) ----------------------------------------------------------
 def _check_path(log: str) -> str:
     path = os.path.abspath(log)
     if not os.path.exists(path):
@@ -126,38 +120,144 @@ def _check_path(log: str) -> str:
             f.read(1)
     except OSError as exc:
         raise HoloprofError(f"cannot read {log} ({exc.strerror or exc}); check its permissions")
+    size = os.path.getsize(path)
+    if size > limits.value(limits.INPUT_BYTES):
+        raise limits.exceeded(log, f"a log of {size:,} bytes", limits.INPUT_BYTES)
     return path
 
 
-def read_log(log: str) -> Any:
-    """A PyDarshan report with every module read; HoloprofError when the file is not a Darshan log."""
+def parse_log(log: str) -> dict[str, Any]:
+    """The log's tables and manifest fields (see :func:`convert`), read by PyDarshan in a child process.
+
+    The Darshan C library reads logs without checks of its own: a truncated or damaged log can make it
+    abort or crash (SIGSEGV), or stop reading a module early with only a message on its stderr. The
+    child runs under the memory and time limits of :mod:`holoprof.store.limits`; its crash, a limit
+    crossed, or any error the library printed is a HoloprofError here, naming the log.
+    """
+    import importlib.util
+    import pickle
+    import resource
+    import signal
+    import subprocess
+    import tempfile
+
     path = _check_path(log)
-    try:
-        import darshan
-    except ImportError:
+    if importlib.util.find_spec("darshan") is None:  # looked up, not imported: the child imports it
         raise MissingExtraError("importing Darshan logs", "darshan", "darshan")
-    failure: str | None = None
-    report: Any = None
-    with _quiet_stderr():
-        try:
-            report = darshan.DarshanReport(path, read_all=True)
-        except Exception as exc:
-            failure = f"{type(exc).__name__}: {exc}"
-            exc.__traceback__ = None
-        if failure is not None:
-            import gc
+    seconds = limits.value(limits.PARSER_SECONDS)
+    memory = limits.value(limits.PARSER_BYTES)
+    with tempfile.TemporaryDirectory(prefix="holoprof-darshan-") as tmp:
+        result = os.path.join(tmp, "result.pickle")
+        errors = os.path.join(tmp, "stderr.txt")
+        import holoprof
 
-            gc.collect()  # the half-open report's finalizer prints on fd 2 too
-    if failure is not None:
+        # the child imports this very holoprof, installed or not
+        home = os.path.dirname(os.path.dirname(os.path.abspath(holoprof.__file__)))
+        pythonpath = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": pythonpath, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        code = "from holoprof.store.import_darshan import _child; _child()"
+        with open(errors, "wb") as err:
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-c", code, path, result, str(memory)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env=env,
+                    timeout=seconds,
+                )
+            except subprocess.TimeoutExpired:
+                raise limits.exceeded(log, f"parsing took more than {seconds} s", limits.PARSER_SECONDS)
+        with open(errors, "rb") as f:
+            said = [
+                ln.strip() for ln in f.read(1 << 16).decode("utf-8", "replace").splitlines() if ln.strip()
+            ]
+        library = [ln for ln in said if ln.startswith("Error:") or "darshan-logutils" in ln]
+        outcome: tuple[str, Any] | None = None
+        if proc.returncode == 0 and os.path.exists(result):
+            with open(result, "rb") as f:
+                outcome = pickle.load(f)  # written by our own child just now
+    if outcome is not None and outcome[0] == "error":
+        raise HoloprofError(str(outcome[1]))
+    said_most = next((ln for ln in library if "failed" in ln), library[0]) if library else ""
+    why = f" (the Darshan library said: {said_most.removeprefix('Error: ').rstrip('.')})" if library else ""
+    if outcome is None:
+        # the child's peak (KiB on Linux) near its limit: it may have died of the limit, not of the log
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        if peak >= memory // 2:
+            why += f"; it may have run out of the {memory:,} bytes allowed ({limits.PARSER_BYTES.env})"
+        if proc.returncode < 0:
+            try:
+                how = f"crashed with {signal.Signals(-proc.returncode).name}"
+            except ValueError:
+                how = f"died of signal {-proc.returncode}"
+        else:
+            how = f"exited with status {proc.returncode}"
         raise HoloprofError(
-            f"{log} is not a readable Darshan log ({failure}); pass a .darshan file written by Darshan 3.x"
+            f"{log} is damaged or truncated: the Darshan parser {how}{why}; nothing was imported — pass "
+            "an intact .darshan file written by Darshan 3.x"
         )
-    return report
+    if library:
+        raise HoloprofError(
+            f"{log} is damaged or truncated{why}; nothing was imported — pass an intact .darshan file "
+            "written by Darshan 3.x"
+        )
+    return dict(outcome[1])
 
 
-def _names(report: Any, module: str) -> tuple[list[str], list[str]]:
-    c = report.counters.get(module, {})
-    return list(c.get("counters", [])), list(c.get("fcounters", []))
+def _child() -> None:
+    """The child process of :func:`parse_log`: ``argv`` = log, result file, memory limit (bytes)."""
+    import pickle
+    import resource
+
+    path, result, memory = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    payload: tuple[str, Any]
+    try:
+        import darshan  # noqa: F401  (the libraries are loaded before the limit: it bounds the parse)
+
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        except (ValueError, OSError):
+            pass
+        payload = ("ok", convert(read_log(path), path))
+    except (MemoryError, HoloprofError, Exception) as exc:
+        # under the limit, the C library's failed allocations surface as any error ("Failed to open
+        # file."): an address space near the limit says which it was
+        if isinstance(exc, MemoryError) or _address_space() >= memory // 2:
+            payload = (
+                "error",
+                str(limits.exceeded(path, "parsing needs more memory", limits.PARSER_BYTES, memory)),
+            )
+        elif isinstance(exc, HoloprofError):
+            payload = ("error", str(exc))
+        else:
+            payload = ("error", f"{path} is not a readable Darshan log ({type(exc).__name__}: {exc})")
+    with open(result, "wb") as f:
+        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _address_space() -> int:
+    """This process's virtual memory size in bytes (0 where /proc cannot tell)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def read_log(log: str) -> Any:
+    """A PyDarshan report with every module read; HoloprofError when the file is not a Darshan log.
+    The Darshan C library may crash on a damaged log: call this in a child process (see
+    :func:`parse_log`)."""
+    import darshan
+
+    try:
+        return darshan.DarshanReport(log, read_all=True)
+    except Exception as exc:
+        raise HoloprofError(
+            f"{log} is not a readable Darshan log ({type(exc).__name__}: {exc}); pass a .darshan file "
+            "written by Darshan 3.x"
+        )
 
 
 def _records(report: Any, module: str) -> list[dict[str, Any]]:
@@ -173,13 +273,27 @@ def _segments(segs: Any) -> list[dict[str, Any]]:
     return list(segs or [])
 
 
-def _num(v: Any) -> int | float:
-    f = float(v)
-    return int(f) if f.is_integer() and abs(f) < 2**63 else f
+def _lustre_counters(rec: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """A LUSTRE record's striping as darshan-parser names it: ``LUSTRE_COMP<i>_<COUNTER>`` and
+    ``LUSTRE_COMP<i>_OST_ID_<k>`` per layout component (from 1), and ``LUSTRE_NUM_COMPONENTS``."""
+    comps = list(rec.get("components") or [])
+    out: dict[str, Any] = {"LUSTRE_NUM_COMPONENTS": len(comps)}
+    for i, comp in enumerate(comps, 1):
+        for n, v in zip(names, comp.get("counters", []), strict=False):
+            out[n.replace("LUSTRE_COMP_", f"LUSTRE_COMP{i}_", 1)] = int(v)
+        for k, ost in enumerate(comp.get("ost_ids", [])):
+            out[f"LUSTRE_COMP{i}_OST_ID_{k}"] = int(ost)
+    return out
 
 
 def convert(report: Any, log_path: str) -> dict[str, Any]:
-    """The tables of a holoprof run (column lists) and the manifest fields, from a PyDarshan report."""
+    """The tables of a holoprof run (column lists), the manifest fields, and the notes to print, from a
+    PyDarshan report.
+
+    Every module whose records carry counters becomes ``io_files`` rows under its own name (POSIX,
+    STDIO, MPI-IO, H5F, H5D, PNETCDF_FILE, PNETCDF_VAR, DFS, DAOS, ...), LUSTRE records their striping,
+    DXT_POSIX and DXT_MPIIO segments ``io_ops``; any other module is named in the notes as not imported.
+    """
     meta = report.metadata
     job = meta.get("job", {})
     start_ns = int(job.get("start_time_sec", 0)) * NS + int(job.get("start_time_nsec", 0) or 0)
@@ -194,47 +308,85 @@ def convert(report: Any, log_path: str) -> dict[str, Any]:
         argv = exe.split()
     names = report.name_records
 
+    def name_of(rec: dict[str, Any]) -> str:
+        return str(names.get(rec["id"], f"<unknown record {rec['id']}>"))
+
     io_files: dict[str, list[Any]] = {
         k: [] for k in ("host", "pid", "rank", "ts_ns", "module", "layer", "path", "counters")
     }
-    for module in MODULES:
-        ints, floats = _names(report, module)
-        for rec in _records(report, module):
+    io_ops: dict[str, list[Any]] = {
+        k: []
+        for k in ("host", "pid", "rank", "module", "path", "op", "offset", "size_bytes", "start_ns", "end_ns")
+    }
+    imported_modules: dict[str, int] = {}
+    for module in report.records:
+        records = _records(report, module)
+        if module in DXT_MODULES:
+            base = DXT_MODULES[module]
+            for rec in records:
+                rank = int(rec.get("rank", -1))
+                path = name_of(rec)
+                for op, key in (("read", "read_segments"), ("write", "write_segments")):
+                    for seg in _segments(rec.get(key)):
+                        io_ops["host"].append(HOST)
+                        io_ops["pid"].append(rank)
+                        io_ops["rank"].append(rank)
+                        io_ops["module"].append(base)
+                        io_ops["path"].append(path)
+                        io_ops["op"].append(op)
+                        io_ops["offset"].append(int(seg["offset"]))
+                        io_ops["size_bytes"].append(int(seg["length"]))
+                        io_ops["start_ns"].append(start_ns + int(float(seg["start_time"]) * NS))
+                        io_ops["end_ns"].append(start_ns + int(float(seg["end_time"]) * NS))
+            imported_modules[module] = len(records)
+            continue
+        names_c = list(report.counters.get(module, {}).get("counters", []))
+        names_f = list(report.counters.get(module, {}).get("fcounters", []))
+        if module == "LUSTRE":
+            rows = [(rec, _lustre_counters(rec, names_c)) for rec in records]
+        elif records and "counters" in records[0] and names_c:
+            rows = []
+            for rec in records:
+                counters: dict[str, Any] = {}
+                for n, v in zip(names_c, rec["counters"], strict=False):
+                    counters[n] = int(v)
+                for n, v in zip(names_f, rec.get("fcounters", []), strict=False):
+                    counters[n] = float(v)
+                if "file_rec_id" in rec:  # H5D, PNETCDF_VAR: the file record the dataset is in
+                    counters[f"{COUNTER_PREFIX.get(module, module)}_FILE_REC_ID"] = int(rec["file_rec_id"])
+                rows.append((rec, counters))
+        else:
+            continue  # no counters: named below as not imported
+        for rec, counters in rows:
             rank = int(rec.get("rank", -1))
-            counters: dict[str, Any] = {}
-            for n, v in zip(ints, rec["counters"], strict=False):
-                counters[n] = int(v)
-            for n, v in zip(floats, rec["fcounters"], strict=False):
-                counters[n] = float(v)
-            path = str(names.get(rec["id"], f"<unknown record {rec['id']}>"))
             io_files["host"].append(HOST)
             io_files["pid"].append(rank)
             io_files["rank"].append(rank)
             io_files["ts_ns"].append(end_ns)
             io_files["module"].append(module)
             io_files["layer"].append("darshan")
-            io_files["path"].append(path)
+            io_files["path"].append(name_of(rec))
             io_files["counters"].append(json.dumps(counters))
+        imported_modules[module] = len(rows)
 
-    io_ops: dict[str, list[Any]] = {
-        k: []
-        for k in ("host", "pid", "rank", "module", "path", "op", "offset", "size_bytes", "start_ns", "end_ns")
-    }
-    for rec in _records(report, "DXT_POSIX"):
-        rank = int(rec.get("rank", -1))
-        path = str(names.get(rec["id"], f"<unknown record {rec['id']}>"))
-        for op, key in (("read", "read_segments"), ("write", "write_segments")):
-            for seg in _segments(rec.get(key)):
-                io_ops["host"].append(HOST)
-                io_ops["pid"].append(rank)
-                io_ops["rank"].append(rank)
-                io_ops["module"].append("POSIX")
-                io_ops["path"].append(path)
-                io_ops["op"].append(op)
-                io_ops["offset"].append(int(seg["offset"]))
-                io_ops["size_bytes"].append(int(seg["length"]))
-                io_ops["start_ns"].append(start_ns + int(float(seg["start_time"]) * NS))
-                io_ops["end_ns"].append(start_ns + int(float(seg["end_time"]) * NS))
+    notes: list[str] = [
+        "modules imported (records): " + ", ".join(f"{m} ({n})" for m, n in imported_modules.items())
+    ]
+    not_imported = {}
+    for module, info in sorted(report.modules.items()):
+        if module not in imported_modules:
+            n = info.get("num_records") if isinstance(info, dict) else None
+            not_imported[module] = n
+            notes.append(
+                f"module {module}{f' ({n} records)' if n else ''} is not imported: holoprof has no table for it"
+            )
+        elif isinstance(info, dict) and info.get("partial_flag"):
+            notes.append(
+                f"module {module}: Darshan ran out of record memory in the job and marked it partial; its "
+                "totals are lower bounds"
+            )
+    if getattr(report, "heatmaps", None):
+        notes.append("the HEATMAP module is not imported: holoprof has no table for it")
 
     ranks = list(range(nprocs))
     info = json.dumps({"source": "darshan", "log": log_path})
@@ -263,6 +415,7 @@ def convert(report: Any, log_path: str) -> dict[str, Any]:
         "command": argv,
         "start_ns": start_ns,
         "end_ns": end_ns,
+        "notes": notes,
         "source": {
             "format": "darshan",
             "log": log_path,
@@ -270,6 +423,8 @@ def convert(report: Any, log_path: str) -> dict[str, Any]:
             "nprocs": nprocs,
             "log_version": job.get("log_ver"),
             "modules": sorted(report.modules.keys()),
+            "imported_records": imported_modules,
+            "not_imported": not_imported,
         },
     }
 
@@ -279,29 +434,59 @@ def _lib_ver(job: dict[str, Any]) -> dict[str, str]:
     return {"darshan": str(m["lib_ver"])} if isinstance(m, dict) and "lib_ver" in m else {}
 
 
-def import_darshan(log: str, out: str | None = None) -> str:
-    """Import the Darshan log ``log`` into a new run directory ``out``; return its path."""
+def import_darshan_log(log: str, out: str | None = None) -> tuple[str, list[str]]:
+    """Import the Darshan log ``log`` into a new run directory ``out``: (its path, notes to print).
+
+    The log is parsed completely (in a child process) before the run directory is created; a failure
+    while writing removes the directory again, so that a failed import leaves nothing behind.
+    """
     from holoprof.store import rundir
     from holoprof.store.chunks import write_chunk
 
-    report = read_log(log)
+    doc = parse_log(log)
     path = os.path.abspath(log)
-    doc = convert(report, path)
     name = "darshan-" + (os.path.splitext(os.path.basename(path))[0] or "log")
-    run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
-    for seq, (table, cols) in enumerate(doc["tables"].items()):
-        write_chunk(run_dir, table, cols, seq=seq)  # one part per rank of the log
-    manifest = rundir.new_manifest(doc["command"], name, {})
-    manifest.update(
-        {
-            "status": "imported",
-            "start_ns": doc["start_ns"],
-            "end_ns": doc["end_ns"],
-            "hosts": [HOST],
-            "exit_code": None,
-            "launcher_pid": None,
-            "source": doc["source"],
-        }
-    )
-    rundir.write_manifest(run_dir, manifest)
-    return run_dir
+    target = os.path.abspath(out or rundir.default_run_dir(name))
+    existed = os.path.isdir(target)
+    run_dir = rundir.create_run_dir(target)
+    try:
+        for seq, (table, cols) in enumerate(doc["tables"].items()):
+            write_chunk(run_dir, table, cols, seq=seq)  # one part per rank of the log
+        manifest = rundir.new_manifest(doc["command"], name, {})
+        manifest.update(
+            {
+                "status": "imported",
+                "start_ns": doc["start_ns"],
+                "end_ns": doc["end_ns"],
+                "hosts": [HOST],
+                "exit_code": None,
+                "launcher_pid": None,
+                "source": doc["source"],
+            }
+        )
+        rundir.write_manifest(run_dir, manifest)
+    except BaseException:
+        remove_failed_run(run_dir, keep_dir=existed)
+        raise
+    return run_dir, list(doc["notes"])
+
+
+def import_darshan(log: str, out: str | None = None) -> str:
+    """Import the Darshan log ``log`` into a new run directory ``out``; return its path."""
+    return import_darshan_log(log, out)[0]
+
+
+def remove_failed_run(run_dir: str, keep_dir: bool) -> None:
+    """Remove what a failed import wrote (the directory itself unless it was there, empty, before)."""
+    import shutil
+
+    if keep_dir:
+        for entry in os.listdir(run_dir):
+            p = os.path.join(run_dir, entry)
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(p)
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)

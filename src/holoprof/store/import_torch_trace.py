@@ -50,6 +50,7 @@ from collections.abc import Iterator
 from typing import IO, Any, cast
 
 from holoprof.errors import HoloprofError, MissingExtraError
+from holoprof.store import limits
 
 #: traces smaller than this in all are imported in one process, when workers must be spawned (a spawned
 #: worker starts in ~0.5 s) or can be forked (a worker loads its own pyarrow and DuckDB: ~100 MiB)
@@ -58,6 +59,8 @@ FORK_MIN_BYTES = 32 * 2**20
 CHUNK_ROWS = 50_000  # rows buffered per process before a Parquet chunk is written
 TAIL_BYTES = 1 << 16  # a distributedInfo after the events is looked for in this many last bytes
 HOST = "kineto"
+I64 = 2**63  # timestamps, ids and step numbers outside (-I64, I64) are not stored (int64 columns)
+NOT_A_TRACE = "pass a file written by torch.profiler's export_chrome_trace"
 
 
 def add_import_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,51 +104,102 @@ def _trace_files(path: str) -> list[str]:
     return [path]
 
 
-def _open(path: str) -> IO[bytes]:
+def _open(path: str, scan: bool = True) -> IO[bytes]:
+    """The file's JSON text (gunzipped when it is gzipped), checked against the limits of
+    :mod:`holoprof.store.limits` as it is read (with ``scan``, nesting and string length too)."""
     try:
         with open(path, "rb") as f:
             magic = f.read(2)
-        return cast(IO[bytes], gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb"))
+        size = os.path.getsize(path)
+        return cast(
+            IO[bytes],
+            limits.BoundedJSON(
+                cast(IO[bytes], gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")),
+                path,
+                size,
+                scan=scan,
+            ),
+        )
     except OSError as exc:
         raise HoloprofError(f"cannot read {path} ({exc.strerror or exc}); check the path and its permissions")
 
 
+#: What a damaged file raises while it is read: JSON, gzip and zlib errors.
+_READ_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, ValueError, OverflowError, zlib.error)
+
+
+def _unreadable(path: str, exc: BaseException) -> HoloprofError:
+    first = str(exc).splitlines()[0] if str(exc) else "empty"
+    return HoloprofError(
+        f"{path} is not a readable PyTorch profiler trace ({type(exc).__name__}: {first[:200]}); {NOT_A_TRACE}"
+    )
+
+
 def _events(path: str) -> Iterator[dict[str, Any]]:
+    """The objects of ``traceEvents``; anything else there refuses the file."""
     import ijson
 
     with _open(path) as f:
         try:
-            yield from ijson.items(f, "traceEvents.item", use_float=True)
-        except (ijson.JSONError, EOFError, OSError, ValueError) as exc:
-            raise HoloprofError(
-                f"{path} is not a readable PyTorch profiler trace ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty'}); "
-                "pass a file written by torch.profiler's export_chrome_trace"
-            )
+            for i, ev in enumerate(ijson.items(f, "traceEvents.item", use_float=True)):
+                if not isinstance(ev, dict):
+                    raise HoloprofError(
+                        f"{path} is not a PyTorch profiler trace (traceEvents[{i}] is "
+                        f"{type(ev).__name__ if ev is not None else 'null'}, not an event object); {NOT_A_TRACE}"
+                    )
+                yield ev
+        except (ijson.JSONError, *_READ_ERRORS) as exc:
+            raise _unreadable(path, exc)
+
+
+def _int(v: Any, bound: int = I64) -> int | None:
+    """``v`` as an int within (-bound, bound), or None (floats must be whole)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float):
+        if not v.is_integer():
+            return None
+        v = int(v)
+    return v if isinstance(v, int) and -bound < v < bound else None
 
 
 def _header(path: str) -> dict[str, Any]:
-    """Top-level fields before traceEvents (Kineto writes them first)."""
+    """Top-level fields before traceEvents (Kineto writes them first). A file that is not a JSON
+    object with a ``traceEvents`` array is refused here, before anything is written."""
     import ijson
 
     head: dict[str, Any] = {}
+    found = False
     with _open(path) as f:
         try:
-            for prefix, event, value in ijson.parse(f, use_float=True):
+            for n, (prefix, event, value) in enumerate(ijson.parse(f, use_float=True)):
+                if n == 0 and event != "start_map":
+                    raise HoloprofError(
+                        f"{path} is not a PyTorch profiler trace (its JSON is not an object with traceEvents); "
+                        f"{NOT_A_TRACE}"
+                    )
                 if prefix == "traceEvents":
+                    if event != "start_array":
+                        raise HoloprofError(
+                            f"{path} is not a PyTorch profiler trace (its traceEvents is not a list); {NOT_A_TRACE}"
+                        )
+                    found = True
                     break
                 if prefix in ("baseTimeNanoseconds", "schemaVersion") and event == "number":
-                    head[prefix] = value
+                    if _int(value) is not None:
+                        head[prefix] = _int(value)
                 elif prefix == "distributedInfo.rank" and event == "number":
-                    head["rank"] = int(value)
+                    if _int(value, 2**31) is not None:
+                        head["rank"] = _int(value, 2**31)
                 elif prefix == "distributedInfo.world_size" and event == "number":
-                    head["world_size"] = int(value)
+                    if _int(value, 2**31) is not None:
+                        head["world_size"] = _int(value, 2**31)
                 elif prefix == "distributedInfo.backend" and event == "string":
                     head["backend"] = value
-        except (ijson.JSONError, EOFError, OSError, ValueError) as exc:
-            raise HoloprofError(
-                f"{path} is not a readable PyTorch profiler trace ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty'}); "
-                "pass a file written by torch.profiler's export_chrome_trace"
-            )
+        except (ijson.JSONError, *_READ_ERRORS) as exc:
+            raise _unreadable(path, exc)
+    if not found:
+        raise HoloprofError(f"{path} is not a PyTorch profiler trace (it has no traceEvents); {NOT_A_TRACE}")
     if "rank" not in head:
         head.update({k: v for k, v in _trailing_distributed_info(path).items() if k not in head})
     return head
@@ -156,16 +210,20 @@ def _trailing_distributed_info(path: str) -> dict[str, Any]:
     Holistic Trace Analysis's own test data): looked for in the file's last ``TAIL_BYTES``, without
     parsing the events a second time (a gzipped file is decompressed once more, not parsed)."""
     try:
-        with _open(path) as f:
-            if isinstance(f, gzip.GzipFile):
-                tail = b""
-                while chunk := f.read(1 << 22):
-                    tail = (tail + chunk)[-TAIL_BYTES:]
-            else:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+            if not gzipped:
                 f.seek(0, os.SEEK_END)
                 f.seek(max(0, f.tell() - TAIL_BYTES))
                 tail = f.read()
-    except (OSError, EOFError, zlib.error, HoloprofError):
+        if gzipped:
+            with _open(path, scan=False) as g:  # the size and ratio limits hold here too
+                tail = b""
+                while chunk := g.read(1 << 22):
+                    tail = (tail + chunk)[-TAIL_BYTES:]
+    except limits.LimitError:
+        raise
+    except (EOFError, OSError, ValueError, OverflowError, zlib.error, HoloprofError):
         return {}
     key = b'"distributedInfo"'
     i = tail.rfind(key)
@@ -178,9 +236,10 @@ def _trailing_distributed_info(path: str) -> dict[str, Any]:
         return {}
     head: dict[str, Any] = {}
     if isinstance(info, dict):
-        for k, out in (("rank", "rank"), ("world_size", "world_size")):
-            if isinstance(info.get(k), int | float) and not isinstance(info.get(k), bool):
-                head[out] = int(info[k])
+        for k in ("rank", "world_size"):
+            v = _int(info.get(k), 2**31)
+            if v is not None:
+                head[k] = v
         if isinstance(info.get("backend"), str):
             head["backend"] = info["backend"]
     return head
@@ -406,53 +465,68 @@ def import_torch_trace(path: str, out: str | None = None, jobs: int | None = 1) 
         raise MissingExtraError("importing PyTorch profiler traces", "torch", "ijson")
     from holoprof.store import rundir
     from holoprof.store.compact import compact_run
+    from holoprof.store.import_darshan import remove_failed_run
 
     files = _trace_files(path)
     heads = [_header(f) for f in files]
     name = os.path.basename(os.path.normpath(path)).split(".")[0] or "torch-trace"
-    run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
-    tasks = [
-        (run_dir, f, head, idx, len(files)) for idx, (f, head) in enumerate(zip(files, heads, strict=True))
-    ]
-    fork = _single_threaded()
-    if jobs is None:
-        size = sum(os.path.getsize(f) for f in files)
-        big = size >= (FORK_MIN_BYTES if fork else PARALLEL_MIN_BYTES)
-        jobs = (os.cpu_count() or 1) if big else 1
-    jobs = max(1, min(jobs, len(files)))
-    if jobs == 1:
-        results = [_import_file(*t) for t in tasks]
-    elif fork:
-        results = _in_forks(tasks, jobs)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+    target = os.path.abspath(out or rundir.default_run_dir(name))
+    existed = os.path.isdir(target)
+    run_dir = rundir.create_run_dir(target)
+    try:
+        tasks = [
+            (run_dir, f, head, idx, len(files))
+            for idx, (f, head) in enumerate(zip(files, heads, strict=True))
+        ]
+        fork = _single_threaded()
+        if jobs is None:
+            size = sum(os.path.getsize(f) for f in files)
+            big = size >= (FORK_MIN_BYTES if fork else PARALLEL_MIN_BYTES)
+            jobs = (os.cpu_count() or 1) if big else 1
+        jobs = max(1, min(jobs, len(files)))
+        if jobs == 1:
+            results = [_import_file(*t) for t in tasks]
+        elif fork:
+            results = _in_forks(tasks, jobs)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
-        from holoprof.store.chunks import pyarrow_without_pandas
+            from holoprof.store.chunks import pyarrow_without_pandas
 
-        spawn = multiprocessing.get_context("spawn")  # the caller holds threads: fork could copy a held lock
-        with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=pyarrow_without_pandas) as pool:
-            results = list(pool.map(_import_file, *zip(*tasks, strict=True)))
-    spans = [(a, b) for a, b, _ in results if a is not None]
-    t_min = min((a for a, _ in spans), default=0)
-    t_max = max((b for _, b in spans), default=0)
-    breakdowns = [b for _, _, b in results if b is not None]
-    compact_run(run_dir)
-    manifest = rundir.new_manifest([f"torch-trace {path}"], name, {})
-    manifest.update(
-        status="imported",
-        start_ns=t_min,
-        end_ns=t_max,
-        exit_code=0,
-        launcher_pid=-1,
-        source={
-            "format": "torch-trace",
-            "path": os.path.abspath(path),
-            "files": len(files),
-            "temporal_breakdown": breakdowns,
-        },
-    )
-    rundir.write_manifest(run_dir, manifest)
+            spawn = multiprocessing.get_context(
+                "spawn"
+            )  # the caller holds threads: fork could copy a held lock
+            with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=pyarrow_without_pandas) as pool:
+                results = list(pool.map(_import_file, *zip(*tasks, strict=True)))
+        spans = [(a, b) for a, b, _ in results if a is not None]
+        t_min = min((a for a, _ in spans), default=0)
+        t_max = max((b for _, b in spans), default=0)
+        breakdowns = [b for _, _, b in results if b is not None]
+        if not spans:
+            raise HoloprofError(
+                f'{path} holds no trace events (no complete "X" events in traceEvents); nothing to import — '
+                f"{NOT_A_TRACE}"
+            )
+        compact_run(run_dir)
+        manifest = rundir.new_manifest([f"torch-trace {path}"], name, {})
+        manifest.update(
+            status="imported",
+            start_ns=t_min,
+            end_ns=t_max,
+            exit_code=0,
+            launcher_pid=-1,
+            source={
+                "format": "torch-trace",
+                "path": os.path.abspath(path),
+                "files": len(files),
+                "temporal_breakdown": breakdowns,
+            },
+        )
+        rundir.write_manifest(run_dir, manifest)
+    except BaseException:  # a failed import leaves no run behind
+        remove_failed_run(run_dir, keep_dir=existed)
+        raise
     return run_dir
 
 
@@ -550,8 +624,10 @@ def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: i
             e = s + _ns(ev.get("dur", 0))
         except (KeyError, TypeError, ValueError, OverflowError):
             continue
-        pid = int(ev.get("pid", 0)) if str(ev.get("pid", "0")).lstrip("-").isdigit() else 0
-        tid = _thread_id(ev.get("tid", 0))
+        if not (-I64 < s < I64 and -I64 < e < I64):
+            continue
+        pid = _int(_thread_id(ev.get("pid", 0))) or 0
+        tid = _int(_thread_id(ev.get("tid", 0))) or 0
         if writer is None:
             pid_main = pid
             folder = partition_dir(run_dir, "spans", HOST, rank if rank >= 0 else pid)
@@ -562,6 +638,8 @@ def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: i
             try:
                 n = int(name.split("#", 1)[1])
             except ValueError:
+                continue
+            if not -I64 < n < I64:
                 continue
             step_starts[n] = s
             steps.setdefault(tid, []).append((s, e, n))
@@ -578,7 +656,8 @@ def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: i
             writer.add(tid, "comm", name, s, e, -1, {"cat": cat})
             continue
         if cat in ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "python_function"):
-            args = ev.get("args") or {}
+            args = ev.get("args")
+            args = args if isinstance(args, dict) else {}
             attrs: dict[str, Any] = {"cat": cat}
             if cat == "kernel":
                 attrs["device"] = args.get("device")

@@ -6,23 +6,31 @@ finished run is compacted (one Parquet file per table per process). Every comman
 temporary directory (mode 0700, removed when the program exits) and returns the run directory.
 
 Unpacking trusts nothing in the archive: only regular files and directories are extracted; absolute
-names, names with ``..`` components, links and device files are refused with a HoloprofError.
+names, names with ``..`` components, links and device files are refused with a HoloprofError. The
+number of entries, the bytes they declare (against the pack's size: a gzipped pack of blanks would
+inflate a thousandfold) and the manifest's size are bounded (:mod:`holoprof.store.limits`), checked
+header by header before anything is extracted; the Parquet files' footers are then held to the same
+decompression ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import lzma
 import os
 import shutil
 import sys
 import tarfile
 import tempfile
+import zlib
 
 from holoprof import model
 from holoprof.errors import HoloprofError
+from holoprof.store import limits
 
 PACK_SUFFIX = ".holoprof"
+MAX_MANIFEST_BYTES = 16 * 2**20
 _TEMP_DIRS: list[str] = []
 
 
@@ -99,9 +107,58 @@ def _root(name: str) -> str:
     return parts[0] if parts else ""
 
 
+def _is_tar(p: str) -> bool:
+    """``tarfile.is_tarfile``, False for a compressed stream that is cut short or damaged."""
+    try:
+        return tarfile.is_tarfile(p)
+    except (EOFError, zlib.error, lzma.LZMAError, ValueError):
+        return False
+
+
 def is_pack(path: str | os.PathLike[str]) -> bool:
     p = os.fspath(path)
-    return os.path.isfile(p) and tarfile.is_tarfile(p)
+    return os.path.isfile(p) and _is_tar(p)
+
+
+def _members(tar: tarfile.TarFile, p: str) -> list[tarfile.TarInfo]:
+    """The pack's members, read one header at a time and checked as they come: names, kinds, and the
+    limits on entries, bytes and decompression ratio (see :mod:`holoprof.store.limits`), so that a
+    bomb is refused at its first oversized header, before its data is inflated or written."""
+    max_files = limits.value(limits.PACK_FILES)
+    compressed = os.path.getsize(p)
+    members: list[tarfile.TarInfo] = []
+    declared = 0
+    for m in tar:
+        _check_member(m, p)
+        members.append(m)
+        if len(members) > max_files:
+            raise limits.exceeded(p, f"more than {max_files:,} entries", limits.PACK_FILES)
+        declared += max(0, m.size)
+        limits.check_ratio(p, declared, compressed)
+        if os.path.basename(m.name) == model.MANIFEST and m.size > MAX_MANIFEST_BYTES:
+            raise HoloprofError(
+                f"{p} holds a {m.name} of {m.size:,} bytes (a manifest is a few KiB); refusing to unpack it"
+            )
+    return members
+
+
+def _check_parquet(p: str, dest: str, members: list[tarfile.TarInfo]) -> None:
+    """The Parquet files of a pack may not declare more uncompressed data than the ratio limit allows
+    (a GZIP or ZSTD page of zeros inflates a thousandfold when the run is read): their footers are
+    read (a few hundred bytes each) and the declared size of their row groups checked. A footer that
+    cannot be read is left to the reader, which skips unreadable chunks."""
+    import pyarrow.parquet as pq
+
+    for m in members:
+        if not (m.isfile() and m.name.endswith(model.CHUNK_SUFFIX)):
+            continue
+        path = os.path.join(dest, m.name)
+        try:
+            md = pq.read_metadata(path)
+            declared = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        except Exception:
+            continue
+        limits.check_ratio(f"{p} ({m.name})", declared, m.size)
 
 
 def unpack(pack: str | os.PathLike[str], dest: str) -> str:
@@ -109,9 +166,7 @@ def unpack(pack: str | os.PathLike[str], dest: str) -> str:
     p = os.fspath(pack)
     try:
         with tarfile.open(p, "r:*") as tar:
-            members = tar.getmembers()
-            for m in members:
-                _check_member(m, p)
+            members = _members(tar, p)
             roots = {_root(m.name) for m in members} - {""}
             for m in members:
                 target = os.path.realpath(os.path.join(dest, m.name))
@@ -124,10 +179,11 @@ def unpack(pack: str | os.PathLike[str], dest: str) -> str:
                     tar.extract(m, dest, set_attrs=True, filter="data")
                 else:  # pragma: no cover - Python without extraction filters; members checked above
                     tar.extract(m, dest, set_attrs=True)
-    except tarfile.TarError as exc:
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, ValueError) as exc:
         raise HoloprofError(f"{p} is not a readable holoprof pack ({exc}); make one with `holoprof pack RUN`")
     except OSError as exc:
         raise HoloprofError(f"cannot unpack {p} ({exc.strerror or exc}); check the free space in {dest}")
+    _check_parquet(p, dest, members)
     for root in sorted(roots):
         cand = os.path.join(dest, root)
         if os.path.isfile(os.path.join(cand, model.MANIFEST)):
@@ -145,7 +201,7 @@ def open_run(path: str | os.PathLike[str]) -> str:
     p = os.path.abspath(os.fspath(path))
     if not os.path.isfile(p):
         return p
-    if not tarfile.is_tarfile(p):
+    if not _is_tar(p):
         raise HoloprofError(
             f"{p} is a file but not a holoprof pack; pass a run directory or a .holoprof file made by "
             "`holoprof pack RUN`"
