@@ -98,12 +98,18 @@ def write_chunk(
         seq += 1_000_000
         path = os.path.join(folder, chunk_name(table, seq))
     tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
-    pq.write_table(
-        tbl,
-        tmp,
-        compression="zstd",
-        use_dictionary=True,
-        write_statistics=True,
-    )
-    os.replace(tmp, path)
+    try:
+        pq.write_table(
+            tbl,
+            tmp,
+            compression="zstd",
+            use_dictionary=True,
+            write_statistics=True,
+        )
+        os.replace(tmp, path)
+    except BaseException:
+        from holoprof.store.raw import discard
+
+        discard(tmp)  # a full disk leaves no partial temporary file behind
+        raise
     return path

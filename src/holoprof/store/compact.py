@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from holoprof.store.layout import folder_chunks, is_complete_parquet, process_folders
+from holoprof.store.raw import discard
 
 #: Rows of chunk data merged into one compacted file (and held in memory at once).
 MAX_ROWS = 1_000_000
@@ -76,11 +77,15 @@ def compact_run(run_dir: str, min_parts: int = 2, max_rows: int = MAX_ROWS) -> i
                 lo, hi = group[0][0], group[-1][0]
                 dest = os.path.join(folder, f"{table}-c{lo:08d}-{hi:08d}.parquet")
                 tmp = dest + ".tmp"
-                pq.write_table(
-                    combined, tmp, compression="zstd", use_dictionary=True, row_group_size=1_000_000
-                )
+                try:
+                    pq.write_table(
+                        combined, tmp, compression="zstd", use_dictionary=True, row_group_size=1_000_000
+                    )
+                    os.replace(tmp, dest)
+                except BaseException:
+                    discard(tmp)  # a full disk leaves no partial temporary file behind
+                    raise
                 del combined
-                os.replace(tmp, dest)
                 for _, p in group:
                     os.remove(p)
                 merged += len(group)

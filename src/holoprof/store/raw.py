@@ -37,9 +37,13 @@ def write_raw(folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq
     data = _MAGIC + zlib.compress(payload, 1)
     path = os.path.join(folder, f"{table}-{seq:08d}{RAW_SUFFIX}")
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        discard(tmp)  # a full disk leaves no empty temporary file behind
+        raise
     return path
 
 
@@ -107,6 +111,14 @@ def _remove(path: str) -> None:
     try:
         os.remove(path)
     except FileNotFoundError:
+        pass
+
+
+def discard(path: str) -> None:
+    """Remove a temporary file that a failed write left, if any (never raises)."""
+    try:
+        os.remove(path)
+    except OSError:
         pass
 
 
