@@ -974,6 +974,8 @@ cache requested: {esc(result.cache_requested)}; at most {result.max_seconds:g} s
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``holoprof iobench``."""
+    from holoprof.cli import finite_float
+
     parser.add_argument("path", metavar="PATH", help="dataset: a directory of files, or one large file")
     parser.add_argument(
         "--threads", default="1,2,4,8", help="reader threads per process, a list (default 1,2,4,8)"
@@ -989,7 +991,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-seconds",
-        type=float,
+        type=finite_float,
         default=DEFAULT_MAX_SECONDS,
         help=f"time limit per configuration (default {DEFAULT_MAX_SECONDS:g})",
     )

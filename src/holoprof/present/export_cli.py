@@ -25,13 +25,17 @@ FORMATS = ("chrome", "tensorboard")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from holoprof.cli import finite_float
+
     parser.add_argument("run", help="a run directory or a .holoprof pack")
     parser.add_argument("--format", "-f", required=True, choices=FORMATS, help="chrome or tensorboard")
     parser.add_argument(
         "-o", "--out", required=True, help="the file (chrome) or log directory (tensorboard) to write"
     )
-    parser.add_argument("--from", dest="start_s", type=float, help="chrome: start of the window, seconds")
-    parser.add_argument("--to", dest="end_s", type=float, help="chrome: end of the window, seconds")
+    parser.add_argument(
+        "--from", dest="start_s", type=finite_float, help="chrome: start of the window, seconds"
+    )
+    parser.add_argument("--to", dest="end_s", type=finite_float, help="chrome: end of the window, seconds")
     from holoprof.cli import add_engine_arguments
 
     add_engine_arguments(parser)
