@@ -559,8 +559,9 @@ class Agent:
                     n = max((len(v) for v in cols.values()), default=0)
                     if n:
                         writes.append((table, {**{k: [v] * n for k, v in base.items()}, **cols}))
-            except Exception as exc:
-                self.fail("poller", exc)
+            except Exception as exc:  # named after the collector it belongs to, which is turned off
+                owner = getattr(poll, "__self__", None)
+                self.fail(owner if isinstance(owner, Collector) else getattr(owner, "name", "poller"), exc)
                 self.pollers.remove(poll)
         key = (
             tuple(sorted(ident.items())),
