@@ -170,3 +170,20 @@ def test_a_reader_that_closes_the_pipe_gets_no_traceback(
         os.close(write_end)
     assert proc.stderr == "", proc.stderr
     assert proc.returncode == 1, "Python's documented status for a closed pipe"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("export", "RUN", "--format", "chrome", "-o", "out.json", "--from", "1e308"), "at most 1e+09"),
+        (("export", "RUN", "--format", "chrome", "-o", "out.json", "--to", "1e300"), "at most 1e+09"),
+        (("iobench", ".", "--threads", "100000000000"), "100000000000 is above 1024"),
+        (("iobench", ".", "--processes", "5000"), "5000 is above 1024"),
+    ],
+)
+def test_numbers_out_of_range_are_refused(
+    tmp_path: Path, standard_run: TracedRun, args: tuple[str, ...], expected: str
+) -> None:
+    proc = run_holoprof(*[standard_run.run_dir if a == "RUN" else a for a in args], cwd=tmp_path, timeout=60)
+    assert_one_line_error(proc, expected)
+    assert os.listdir(tmp_path) == []

@@ -24,6 +24,10 @@ from holoprof.errors import HoloprofError
 FORMATS = ("chrome", "tensorboard")
 
 
+#: The largest --from/--to (seconds, about 31 years): a window past it cannot hold a recorded time.
+MAX_WINDOW_S = 1e9
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from holoprof.cli import finite_float
 
@@ -74,6 +78,8 @@ def export_run(
         raise HoloprofError(f"unknown export format {fmt!r}; use {' or '.join(FORMATS)}")
     if start_s is not None and start_s < 0:
         raise HoloprofError("--from must be 0 or more seconds after the run start")
+    if any(v is not None and abs(v) > MAX_WINDOW_S for v in (start_s, end_s)):
+        raise HoloprofError(f"--from and --to are seconds from the run start, at most {MAX_WINDOW_S:g}")
     if start_s is not None and end_s is not None and end_s <= start_s:
         raise HoloprofError(f"--to ({end_s}) must be after --from ({start_s})")
     if fmt != "chrome" and (start_s is not None or end_s is not None):
