@@ -112,3 +112,78 @@ def test_no_subcommand_prints_help_and_fails(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "run" in proc.stdout and "report" in proc.stdout
+
+
+#: Every numeric option of the command line that takes a fraction: (command before it, option).
+FLOAT_OPTIONS = [
+    (("run",), "--sample-interval"),
+    (("run",), "--flush-interval"),
+    (("run",), "--mtbf"),
+    (("export", "RUN", "--format", "chrome", "-o", "out.json"), "--from"),
+    (("export", "RUN", "--format", "chrome", "-o", "out.json"), "--to"),
+    (("whatif", "RUN"), "--bucket-mb"),
+    (("diff", "RUN", "RUN"), "--alpha"),
+    (("diff", "RUN", "RUN"), "--min-effect"),
+    (("ctl", "RUN", "stacks"), "--timeout"),
+    (("sweep", "--param", "bs=1,2"), "--max-seconds"),
+    (("iobench", "."), "--max-seconds"),
+]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+@pytest.mark.parametrize(("before", "option"), FLOAT_OPTIONS, ids=[f"{b[0]} {o}" for b, o in FLOAT_OPTIONS])
+def test_numeric_options_refuse_what_is_not_a_finite_number(
+    tmp_path: Path, standard_run: TracedRun, before: tuple[str, ...], option: str, value: str
+) -> None:
+    args = [standard_run.run_dir if a == "RUN" else a for a in before]
+    tail = ["--", "true"] if before[0] in ("run", "sweep") else []
+    proc = run_holoprof(*args, f"{option}={value}", *tail, cwd=tmp_path)
+    assert_one_line_error(proc, f"argument {option}:", repr(value))
+    assert os.listdir(tmp_path) == [], "nothing was run or written"
+
+
+def test_sweep_into_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    proc = run_holoprof("sweep", "--param", "bs=1,2", "--out", "file", "--", "echo", "{bs}", cwd=tmp_path)
+    assert_one_line_error(proc, "file exists and is not a directory")
+
+
+@pytest.mark.parametrize(
+    "args", [("report", "RUN", "--json"), ("report", "RUN"), ("diff", "RUN", "RUN2", "--json")]
+)
+def test_a_reader_that_closes_the_pipe_gets_no_traceback(
+    tmp_path: Path, standard_run: TracedRun, args: tuple[str, ...]
+) -> None:
+    """`holoprof report --json | head -c 10`: the reader is gone before holoprof writes."""
+    from conftest import HOLOPROF, job_env
+
+    other = copy_run(standard_run.run_dir, tmp_path / "copy")
+    argv = [{"RUN": standard_run.run_dir, "RUN2": other}.get(a, a) for a in args]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [*HOLOPROF, *argv], stdout=write_end, stderr=subprocess.PIPE, text=True, env=job_env(),
+            cwd=tmp_path, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == 1, "Python's documented status for a closed pipe"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("export", "RUN", "--format", "chrome", "-o", "out.json", "--from", "1e308"), "at most 1e+09"),
+        (("export", "RUN", "--format", "chrome", "-o", "out.json", "--to", "1e300"), "at most 1e+09"),
+        (("iobench", ".", "--threads", "100000000000"), "100000000000 is above 1024"),
+        (("iobench", ".", "--processes", "5000"), "5000 is above 1024"),
+    ],
+)
+def test_numbers_out_of_range_are_refused(
+    tmp_path: Path, standard_run: TracedRun, args: tuple[str, ...], expected: str
+) -> None:
+    proc = run_holoprof(*[standard_run.run_dir if a == "RUN" else a for a in args], cwd=tmp_path, timeout=60)
+    assert_one_line_error(proc, expected)
+    assert os.listdir(tmp_path) == []

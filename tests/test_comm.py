@@ -218,13 +218,24 @@ def test_ddp_results_are_unchanged_by_tracing(ddp_run: TracedRun, tmp_path: Path
     assert final_losses(proc.stdout) == final_losses(ddp_run.proc.stdout)
 
 
-def test_failing_comm_collector_leaves_the_job_unchanged(ddp_run: TracedRun, tmp_path: Path) -> None:
-    env = {"DDP_SYNC_ALLREDUCE": "1", "DDP_STEPS": str(STEPS), "HOLOPROF_FAULT_INJECT": "comm"}
+@pytest.mark.parametrize("point", ["collective", "wait"])
+def test_failing_comm_collector_leaves_the_job_unchanged(
+    ddp_run: TracedRun, tmp_path: Path, point: str
+) -> None:
+    # "wait": Work.wait() of the async collectives and point-to-point ops the job runs after training
+    env = {"DDP_SYNC_ALLREDUCE": "1", "DDP_STEPS": str(STEPS), "HOLOPROF_FAULT_INJECT": f"comm:{point}"}
+    if point == "wait":
+        env["DDP_COLLECTIVES"] = "1"
     run = torchrun(tmp_path, env)
     assert run.proc.returncode == 0, run.proc.stderr
-    assert "holoprof: the 'comm' collector failed" in run.proc.stderr
+    assert "Traceback" not in run.proc.stderr, run.proc.stderr
+    assert run.proc.stderr.count("holoprof: the 'comm' collector failed") == 2, "once per rank"
     assert final_losses(run.proc.stdout) == final_losses(ddp_run.proc.stdout)
     assert run.report["steps"]["count"] == STEPS, "the other collectors go on"
+    errors = run.report["run"]["errors"]
+    assert len(errors) == 2 and all(
+        f"comm: FaultInjected: injected fault (HOLOPROF_FAULT_INJECT=comm:{point})" in e for e in errors
+    ), errors
 
 
 def test_whatif_from_a_ddp_run_takes_its_communication_out(ddp_run: TracedRun, tmp_path: Path) -> None:

@@ -221,9 +221,9 @@ def test_memory_snapshot_and_io_trace_answer(live: LiveJob) -> None:
 
 
 def test_a_request_written_by_hand_with_bad_params_is_refused_by_the_agent(live: LiveJob) -> None:
-    """The agent validates too: a request file that skipped the command line's checks fails."""
+    """The agent validates too: a request file that skipped the command line's checks is refused."""
     state = _hand_request(live, "handmade-1", "deep-profile", {"steps": 100000})
-    assert state["state"] == "failed" and "steps must be between 1 and 100" in state["reason"]
+    assert state["state"] == "refused" and "steps must be between 1 and 100" in state["reason"]
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from conftest import (
     read_until,
     report_json,
     run_holoprof,
+    run_python,
     script,
     start_holoprof,
     traced,
@@ -251,18 +253,103 @@ def test_ctrl_c_interrupts_the_job_exactly_once(tmp_path: Path) -> None:
     assert "holoprof: run saved" in out
 
 
+def assert_failed_open(
+    run: TracedRun, untraced: subprocess.CompletedProcess[str], collector: str, point: str
+) -> None:
+    """The job ran as if untraced; the collector was turned off once, and the report says so."""
+    assert run.proc.returncode == untraced.returncode, run.proc.stderr
+    assert run.proc.stdout == untraced.stdout, run.proc.stderr
+    assert "Traceback" not in run.proc.stderr, run.proc.stderr
+    failed = [
+        line
+        for line in run.proc.stderr.splitlines()
+        if f"holoprof: the '{collector}' collector failed" in line
+    ]
+    assert len(failed) == 1 and f"{collector}:{point}" in failed[0], run.proc.stderr
+    errors = run.report["run"]["errors"]
+    assert len(errors) == 1 and f": {collector}: FaultInjected" in errors[0], errors
+    assert f"{collector}:{point}" in errors[0], errors
+
+
 def test_failing_collector_leaves_the_job_unchanged(tmp_path: Path, standard_untraced) -> None:
     run = traced(tmp_path, script("train.py"), env={"HOLOPROF_FAULT_INJECT": "torch"})
-    assert run.proc.returncode == 0, run.proc.stderr
-    assert run.proc.stdout == standard_untraced.stdout
-    failed = [
-        line for line in run.proc.stderr.splitlines() if "holoprof: the 'torch' collector failed" in line
-    ]
-    assert len(failed) == 1, run.proc.stderr
-    assert "Traceback" not in run.proc.stderr
-    errors = run.report["run"]["errors"]
-    assert len(errors) == 1 and "torch" in errors[0], errors
+    assert_failed_open(run, standard_untraced, "torch", "forward")
     assert main_process(run.report)["errors"], "the failing process records it"
+    terminal = run_holoprof("report", run.run_dir, cwd=tmp_path)
+    assert terminal.returncode == 0, terminal.stderr
+    assert "collector turned off" in terminal.stdout and "torch: FaultInjected" in terminal.stdout
+
+
+#: Every entry point a collector patches in a PyTorch job, as HOLOPROF_FAULT_INJECT=<collector>:<point>.
+ENTRY_POINTS = [
+    ("torch", "forward"),
+    ("torch", "backward"),
+    ("torch", "optimizer_pre"),
+    ("torch", "optimizer_post"),
+    ("torch", "zero_grad"),
+    ("torch", "dataloader"),
+    ("torch", "save"),
+    ("torch", "load"),
+    ("memory", "forward"),
+    ("memory", "optimizer_post"),
+    ("io", "install"),
+    ("io", "open"),  # the Python layer's open(), with --io-layer python
+]
+SHORT_TRAIN = ("--epochs", "1", "--batches", "4", "--reload")
+
+
+@pytest.fixture(scope="module")
+def short_untraced(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    tmp = tmp_path_factory.mktemp("short-untraced")
+    proc = run_python(script("train.py"), *SHORT_TRAIN, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert "reloaded" in proc.stdout
+    return proc
+
+
+@pytest.mark.parametrize(("collector", "point"), ENTRY_POINTS, ids=[f"{c}:{p}" for c, p in ENTRY_POINTS])
+def test_a_collector_failing_at_any_entry_point_leaves_the_job_unchanged(
+    tmp_path: Path, short_untraced: subprocess.CompletedProcess[str], collector: str, point: str
+) -> None:
+    # torch:optimizer_* fail inside torch's own loop over its optimizer hooks
+    run = traced(
+        tmp_path,
+        script("train.py"),
+        *SHORT_TRAIN,
+        options=("--io-layer", "python") if collector == "io" else (),
+        env={"HOLOPROF_FAULT_INJECT": f"{collector}:{point}"},
+    )
+    assert_failed_open(run, short_untraced, collector, point)
+
+
+def test_a_collector_failing_in_a_job_that_fails_keeps_its_exit_status(tmp_path: Path) -> None:
+    args = (script("train.py"), "--epochs", "1", "--raise-after", "2")
+    untraced = run_python(*args, cwd=tmp_path)
+    assert untraced.returncode == 1
+    run = traced(tmp_path, *args, env={"HOLOPROF_FAULT_INJECT": "torch:optimizer_post"})
+    assert run.proc.returncode == 1
+    assert run.proc.stdout == untraced.stdout
+    assert run.proc.stderr.count("RuntimeError: boom after 2 steps") == 1, "the job's own error, once"
+    assert "OrderedDict mutated" not in run.proc.stderr
+    assert any("torch:optimizer_post" in e for e in run.report["run"]["errors"])
+
+
+@pytest.mark.parametrize("point", ["start", "tick"])
+def test_failing_resource_sampling_is_in_the_report(tmp_path: Path, point: str) -> None:
+    run = traced(
+        tmp_path, script("manual_steps.py"), "20", "--phases",
+        options=("--sample-interval", "0.05"), env={"HOLOPROF_FAULT_INJECT": f"system:{point}"},
+    )  # fmt: skip
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert "holoprof: the 'system' collector failed" in run.proc.stderr
+    errors = run.report["run"]["errors"]
+    assert (
+        len(errors) == 1
+        and f"system: FaultInjected: injected fault (HOLOPROF_FAULT_INJECT=system:{point})" in (errors[0])
+    ), errors
+    assert run.report["steps"]["count"] == 20, "the job's own collectors go on"
+    terminal = run_holoprof("report", run.run_dir, cwd=tmp_path)
+    assert "collector turned off" in terminal.stdout and "system: FaultInjected" in terminal.stdout
 
 
 def test_flushes_while_the_job_imports_torch_do_not_break_it(tmp_path: Path) -> None:
@@ -276,3 +363,100 @@ def test_flushes_while_the_job_imports_torch_do_not_break_it(tmp_path: Path) -> 
     assert "steps 3" in run.proc.stdout
     assert run.report["steps"]["count"] == 3
     assert main_process(run.report)["role"] == "main"
+
+
+# --- a run directory that fills up or turns read-only ------------------------------------------------------
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own (needs root), so the test can fill it or remount it read-only."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def leftovers(run_dir: Path) -> list[str]:
+    """Temporary files and empty files a failed write may leave."""
+    return [str(p) for p in run_dir.rglob("*") if p.is_file() and (".tmp" in p.name or p.stat().st_size == 0)]
+
+
+def storage_lines(stderr: str) -> list[str]:
+    """The launcher's own lines about the run directory (the short report may mention it too)."""
+    return [line for line in stderr.splitlines() if line.startswith("holoprof: the run directory")]
+
+
+@pytest.mark.parametrize("free", [False, True], ids=["stays-full", "freed-before-exit"])
+def test_a_run_directory_that_fills_up_keeps_the_exit_status_and_counts_the_loss(
+    tmp_path: Path, small_fs: Path, free: bool
+) -> None:
+    extra = ["--free"] if free else []
+    untraced = run_python(
+        script("fill_disk.py"), str(small_fs / "filler-untraced"), "--free", "--exit", "3", cwd=tmp_path
+    )
+    assert untraced.returncode == 3, untraced.stderr
+    run_dir = small_fs / "run"
+    proc = run_holoprof(
+        "run", "--out", str(run_dir), "--",
+        script("fill_disk.py"), str(small_fs / "filler"), "--exit", "3", *extra,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.startswith(untraced.stdout), "the job's own output, then the report"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    (line,) = storage_lines(proc.stderr)
+    assert "No space left on device" in line and "events were dropped" in line, line
+    assert not leftovers(run_dir)
+    m = manifest(run_dir)
+    assert m["status"] == "crashed" and m["exit_code"] == 3, "finished, in the room kept for it"
+    assert m["storage_error"] == "No space left on device"
+    doc = report_json(run_dir)
+    assert doc["run"]["dropped_events"] > 0
+    assert any("could not be written" in w for w in doc["run"]["warnings"]), doc["run"]["warnings"]
+    if free:
+        assert main_process(doc)["dropped_events"] > 0, "the job's own count reached its last record"
+
+
+def test_a_run_directory_that_turns_read_only_keeps_the_exit_status(tmp_path: Path, small_fs: Path) -> None:
+    go = tmp_path / "go"
+    go.touch()
+    args = (script("fill_disk.py"), str(small_fs / "unused"), "--wait-for", str(go))
+    untraced = run_python(*args, cwd=tmp_path)
+    assert untraced.returncode == 0, untraced.stderr
+    go.unlink()
+    run_dir = small_fs / "run"
+    proc = start_holoprof("run", "--out", str(run_dir), "--no-report", "--", *args, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        head = read_until(proc.stdout.fileno(), "started")
+        wait_for_flushed_steps(run_dir)
+        subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+        go.touch()
+        rc, out, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert rc == 0, err
+    assert head + out == untraced.stdout
+    assert "Traceback" not in err, err
+    (line,) = storage_lines(err)
+    assert "Read-only file system" in line and "the manifest could not be finished" in line, line
+    subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
+    assert not leftovers(run_dir)
+    assert manifest(run_dir)["status"] == "running", "nothing could be written after the remount"
+    doc = report_json(run_dir)
+    assert doc["steps"]["count"] >= 1, "what was flushed before is there"

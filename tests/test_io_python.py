@@ -441,7 +441,7 @@ def test_a_failing_collector_is_switched_off_and_undone(
         agent.fail(col, exc)  # what Agent.start does with a collector that raises
     assert not col.enabled
     assert (builtins.open, os.read, os.stat) == orig
-    assert agent.errors and agent.errors[0].startswith("io: RuntimeError")
+    assert agent.errors and agent.errors[0].startswith("io: FaultInjected")
     assert col.poll() == []
 
 

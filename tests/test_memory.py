@@ -349,4 +349,4 @@ def test_a_failing_memory_collector_leaves_the_job_alone(tmp_path: Path, mlp_scr
     assert "the 'memory' collector failed" in run.proc.stderr
     assert run.report["steps"]["count"] == 4  # the torch collector goes on
     assert run.report["memory"] == {}
-    assert any("memory: RuntimeError: injected fault" in e for e in run.report["run"]["errors"])
+    assert any("memory: FaultInjected: injected fault" in e for e in run.report["run"]["errors"])

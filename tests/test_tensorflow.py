@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -212,3 +213,69 @@ def test_tfrecord_shards_read_by_tensorflows_cpp_reader_appear_with_their_bytes(
         assert shard in files, sorted(files)
         assert files[shard]["bytes_read"] == os.path.getsize(shard)
     assert doc["steps"]["count"] == 12  # 600 records / batches of 50
+
+
+#: Entry points of the TensorFlow collector, with the script that passes through each.
+TF_FAULTS = [
+    ("keras_callback", "keras_fit.py", ("fast", "1")),
+    ("keras_fit", "keras_fit.py", ("fast", "1")),
+    ("tf_data", "custom_loop.py", ("eager", "6")),
+    ("apply_gradients", "custom_loop.py", ("eager", "6")),
+]
+
+
+def tf_command(name: str, args: tuple[str, ...], tmp: str) -> list[str]:
+    script = os.path.join(SCRIPTS, name)
+    return [script, os.path.join(tmp, "ck"), *args] if name == "keras_fit.py" else [script, *args]
+
+
+@pytest.fixture(scope="module")
+def untraced_tf(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, tuple[str, ...]], str]:
+    """The stdout of an untraced run of a script (each script and arguments run once)."""
+    runs: dict[tuple[str, tuple[str, ...]], str] = {}
+
+    def run(name: str, args: tuple[str, ...]) -> str:
+        if (name, args) not in runs:
+            argv = tf_command(name, args, str(tmp_path_factory.mktemp("untraced-tf")))
+            proc = subprocess.run(
+                [sys.executable, *argv], capture_output=True, text=True, timeout=240, check=False,
+                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[name, args] = proc.stdout
+        return runs[name, args]
+
+    return run
+
+
+@pytest.mark.parametrize(("point", "name", "args"), TF_FAULTS, ids=[p for p, _, _ in TF_FAULTS])
+def test_a_failing_tensorflow_hook_leaves_the_job_unchanged(
+    tmp_path: os.PathLike[str],
+    untraced_tf: Callable[[str, tuple[str, ...]], str],
+    point: str,
+    name: str,
+    args: tuple[str, ...],
+) -> None:
+    expected = untraced_tf(name, args)
+    argv = tf_command(name, args, os.fspath(tmp_path))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env["HOLOPROF_FAULT_INJECT"] = f"tensorflow:{point}"
+    out = os.path.join(tmp_path, "run")
+    proc = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "run", "--no-report", "--out", out, "--", *argv],
+        capture_output=True, text=True, timeout=240, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == expected
+    failed = [line for line in proc.stderr.splitlines() if "the 'tensorflow' collector failed" in line]
+    assert len(failed) == 1 and f"tensorflow:{point}" in failed[0], proc.stderr[-3000:]
+    rep = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "report", out, "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    errors = json.loads(rep.stdout)["run"]["errors"]
+    assert (
+        len(errors) == 1
+        and f"tensorflow: FaultInjected: injected fault (HOLOPROF_FAULT_INJECT=tensorflow:{point})"
+        in (errors[0])
+    ), errors

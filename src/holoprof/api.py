@@ -37,10 +37,14 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
     run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
     options: dict[str, Any] = {"sample_interval_s": sample_interval_s}
     manifest = rundir.new_manifest(list(sys.argv), name, options)
-    rundir.write_manifest(run_dir, manifest)
+    rundir.write_manifest(run_dir, manifest, reserve=rundir.MANIFEST_RESERVE_BYTES)
     agent = start_agent(run_dir, role="main", options=options)
-    sampler = SystemSampler(agent, os.getpid(), sample_interval_s)
-    sampler.start()
+    sampler: SystemSampler | None = None
+    try:
+        sampler = SystemSampler(agent, os.getpid(), sample_interval_s)
+        sampler.start()
+    except Exception as exc:  # in the report's errors; tracing goes on without resource samples
+        agent.fail(SystemSampler.name, exc)
     from holoprof.store.raw import Converter
 
     converter = Converter(run_dir).start()
@@ -69,7 +73,8 @@ def stop(status: str = "finished") -> str | None:
     if "run_dir" not in _STATE:
         return None
     sampler = _STATE.pop("sampler")
-    sampler.stop()
+    if sampler is not None:
+        sampler.stop()
     stop_agent()
     for k, v in _STATE.pop("env").items():
         if v is None:
@@ -82,7 +87,10 @@ def stop(status: str = "finished") -> str | None:
         import_native_dumps(_STATE["run_dir"], _STATE.get("options"))
     except Exception:
         pass
-    _STATE.pop("converter").stop()
+    try:
+        _STATE.pop("converter").stop()
+    except OSError:
+        pass  # the raw chunks stay; loading the run converts them
     run_dir: str = _STATE.pop("run_dir")
     manifest = _STATE.pop("manifest")
     try:
@@ -90,7 +98,13 @@ def stop(status: str = "finished") -> str | None:
     except Exception:
         pass
     manifest.update(end_ns=time.time_ns(), status=status, exit_code=0 if status == "finished" else 1)
-    rundir.write_manifest(run_dir, manifest)
+    try:
+        rundir.write_manifest(run_dir, manifest)
+    except OSError as exc:  # never the job's problem: say so once
+        sys.stderr.write(
+            f"holoprof: could not finish the manifest of {run_dir} ({exc.strerror or exc}); "
+            "the run loads as unfinished\n"
+        )
     return run_dir
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -19,6 +20,17 @@ from holoprof.errors import HoloprofError
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2, no usage dump
         raise HoloprofError(f"{message}; see `{self.prog} --help`")
+
+
+def finite_float(text: str) -> float:
+    """argparse type of every numeric option that takes a fraction: a finite number (no nan or inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -103,9 +115,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a command traced: holoprof run -- python train.py")
     r.add_argument("--out", help="run directory to create (default: ./holoprof-runs/<time>-<name>)")
     r.add_argument("--name", help="name of the run (default: the script's name)")
-    r.add_argument("--sample-interval", type=float, help="seconds between resource samples (default 1)")
     r.add_argument(
-        "--flush-interval", type=float, help="seconds between flushes to disk (default 1, at most 1)"
+        "--sample-interval", type=finite_float, help="seconds between resource samples (default 1)"
+    )
+    r.add_argument(
+        "--flush-interval", type=finite_float, help="seconds between flushes to disk (default 1, at most 1)"
     )
     r.add_argument("--no-report", action="store_true", help="do not print the report at the end")
     for mod in _run_option_modules() if needed("run") else []:
@@ -243,11 +257,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if func is None:
             parser.print_help()
             return 2
-        return int(func(args) or 0)
+        rc = int(func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not at exit
+        return rc
+    except BrokenPipeError:
+        # The reader of our output closed it (`holoprof report --json | head`): what Python's
+        # documentation advises for SIGPIPE: point stdout at devnull so that the flush at exit is
+        # silent, and exit 1.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
     except HoloprofError as exc:
         message = " ".join(str(exc).split())  # always one line, whatever a library put in it
         sys.stderr.write(f"holoprof: error: {message}\n")
         return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("holoprof: interrupted\n")
+        return 130
     except Exception as exc:
         # Python's own, or DuckDB's past its memory limit
         from holoprof.store.reader import is_out_of_memory
@@ -260,15 +289,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         sys.stderr.write(f"holoprof: error: {chunk}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("holoprof: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
-        except OSError:
-            pass
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -79,7 +79,8 @@ ENV_RUN_DIR: Final = "HOLOPROF_RUN_DIR"  # the gate: no agent starts unless it i
 ENV_OPTIONS: Final = "HOLOPROF_OPTIONS"  # JSON object of agent options
 ENV_LAUNCHER_PID: Final = "HOLOPROF_LAUNCHER_PID"  # pid of `holoprof run`; its direct child is "main"
 ENV_BOOT_DIR: Final = "HOLOPROF_BOOT_DIR"  # the directory holding our sitecustomize (for chaining)
-ENV_FAULT: Final = "HOLOPROF_FAULT_INJECT"  # tests: "<collector>" makes that collector raise in its hook
+#: tests: "<collector>[:<entry point>]" makes that collector raise there (agent.core.fault_point)
+ENV_FAULT: Final = "HOLOPROF_FAULT_INJECT"
 
 # --- run directory layout ----------------------------------------------------------------------------
 MANIFEST: Final = "manifest.json"

@@ -3,7 +3,8 @@
 One epoch = ``--batches`` training steps over a DataLoader, then an eval pass under ``no_grad`` and a
 ``torch.save`` of the weights. Options switch on the variants the tests need: a slow ``__getitem__``
 (input-bound), a bigger model (compute-bound), worker processes, no optimizer (a manual update),
-gradient accumulation, a crash, a slow loop that announces itself (for signals).
+gradient accumulation, a crash, a slow loop that announces itself (for signals), a ``torch.load`` of
+the checkpoint at the end.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--announce-after", type=int, default=-1, help="print 'started' after N steps")
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--checkpoint", default="checkpoint.pt")
+    ap.add_argument("--reload", action="store_true", help="load the last checkpoint back at the end")
     return ap.parse_args()
 
 
@@ -112,6 +114,9 @@ def main() -> int:
                     correct += int((model(x).argmax(1) == y).sum())
             print(f"epoch {epoch} accuracy {correct / len(val):.4f}")
         torch.save(model.state_dict(), args.checkpoint)
+    if args.reload:
+        state = torch.load(args.checkpoint)
+        print(f"reloaded {sum(float(t.sum()) for t in state.values()):.6f}")
     print(f"steps {steps}")
     print(f"final loss {loss.item():.6f}")
     sys.stdout.flush()

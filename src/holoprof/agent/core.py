@@ -33,6 +33,9 @@ from holoprof import model
 
 _perf_ns = time.perf_counter_ns
 
+#: Tables whose rows are events (a lost row is a dropped event); the others hold snapshots.
+EVENT_TABLES = ("spans", "samples", "io_ops")
+
 #: A poller runs on the writer thread at each flush and returns rows to write:
 #: a list of (table, {column: values}) pairs.
 Poller = Callable[[], list[tuple[str, dict[str, list[Any]]]]]
@@ -152,36 +155,80 @@ class StepTracker:
             self.close(self.last_update_ns or t_ns)
 
 
+class FaultInjected(RuntimeError):
+    """Raised by a collector where ``HOLOPROF_FAULT_INJECT`` asks for it (tests of fail-open)."""
+
+
+def fault_point(collector: str, default: str) -> str | None:
+    """The entry point of ``collector`` at which ``HOLOPROF_FAULT_INJECT`` asks it to raise, or None.
+
+    ``HOLOPROF_FAULT_INJECT=<collector>:<entry point>`` (e.g. ``torch:optimizer_post``) names one;
+    ``<collector>`` alone means the collector's ``default_fault``.
+    """
+    value = os.environ.get(model.ENV_FAULT)
+    if not value:
+        return None
+    name, _, point = value.partition(":")
+    if name != collector:
+        return None
+    return point or default
+
+
+def check_fault(fault_at: str | None, name: str, point: str) -> None:
+    """Raise :class:`FaultInjected` when ``fault_at`` (from :func:`fault_point`) is ``point``."""
+    if fault_at == point:
+        raise FaultInjected(f"injected fault ({model.ENV_FAULT}={name}:{point})")
+
+
 class Collector:
     """Base class: a named source of records that can fail open.
 
     Every monkeypatch goes through :meth:`_set` and every hook handle through :meth:`_handles`, so
-    that :meth:`uninstall` (called when the collector fails, or at stop) undoes all of them.
+    that :meth:`uninstall` (at stop) undoes all of them. When the collector fails,
+    :meth:`turn_off` makes every hook a no-op at once and gives the patched functions back their
+    originals; hook handles stay registered (as no-ops) until :meth:`uninstall`, because a failure
+    may happen inside one of them while the framework iterates over its hooks (``optimizer.step()``
+    runs its global hooks from a live view of their dict: removing one there breaks the job).
     """
 
     name = "collector"
+    #: The entry point where ``HOLOPROF_FAULT_INJECT=<name>`` (with no ``:point``) raises.
+    default_fault = "install"
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.enabled = True
         self._patches: list[tuple[Any, str, Any]] = []
         self._handles: list[Any] = []
+        self.fault_at = fault_point(self.name, self.default_fault)
 
     def install(self) -> None:  # pragma: no cover - interface
         pass
+
+    def inject(self, point: str) -> None:
+        """Tests: raise at ``point`` when ``HOLOPROF_FAULT_INJECT`` names this collector and it.
+        Hooks call it only when ``fault_at`` is set, so it costs nothing otherwise."""
+        check_fault(self.fault_at, self.name, point)
 
     def _set(self, obj: Any, attr: str, value: Any) -> None:
         """Replace ``obj.attr`` with ``value``, keeping the original for :meth:`uninstall`."""
         self._patches.append((obj, attr, getattr(obj, attr)))
         setattr(obj, attr, value)
 
-    def uninstall(self) -> None:
+    def turn_off(self) -> None:
+        """Fail open: hooks become no-ops and patched functions get their originals back. Safe to
+        call from inside any hook (it changes no collection the framework may be iterating)."""
+        self.enabled = False
         for obj, attr, orig in reversed(self._patches):
             try:
                 setattr(obj, attr, orig)
             except Exception:
                 pass
         self._patches.clear()
+
+    def uninstall(self) -> None:
+        """Undo everything, hook handles included (at stop, never from inside a hook)."""
+        self.turn_off()
         for h in self._handles:
             try:
                 h.remove()
@@ -217,6 +264,7 @@ class Agent:
         self.pollers: list[Poller] = []
         self.finalizers: list[Callable[[], None]] = []
         self.errors: list[str] = []
+        self._failed: set[str] = set()  # names already in errors
         self._warned: set[str] = set()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards flushes (and fork)
@@ -225,6 +273,7 @@ class Agent:
         self._stopped = False
         self.exit_code = -1
         self.info: dict[str, Any] = {}
+        self.warn_storage = True  # off in the launcher, which says so itself at the end
 
     # -- per-process state (fresh after fork) ------------------------------------------------------
     def _init_process_state(self) -> None:
@@ -234,6 +283,8 @@ class Agent:
         self.spans_buf: list[tuple[Any, ...]] = []
         self.samples_buf: list[tuple[Any, ...]] = []
         self.dropped = 0
+        self.dropped_recorded = 0  # the dropped count in the last processes row that reached the disk
+        self.storage_error: str | None = None  # the first write to the run directory that failed
         self.clock_offset_ns = time.time_ns() - _perf_ns()
         self.start_ns = _perf_ns()
         self.folder = os.path.join(self.run_dir, f"{self.host}-{self.pid}")
@@ -274,16 +325,21 @@ class Agent:
 
     # -- fail open ---------------------------------------------------------------------------------
     def fail(self, collector: Collector | str, exc: BaseException) -> None:
-        """A collector raised: switch it off, tell the user once, keep the job going."""
+        """A collector raised: switch it off, tell the user once, keep the job going.
+
+        Each failing part is recorded once in ``errors`` (the report's errors section) and named in
+        one line on stderr; a collector is turned off with :meth:`Collector.turn_off`, which is safe
+        inside any hook."""
         name = collector if isinstance(collector, str) else collector.name
         if not isinstance(collector, str):
-            collector.enabled = False
             try:
-                collector.uninstall()
+                collector.turn_off()
             except Exception:
-                pass
-        msg = f"{name}: {type(exc).__name__}: {exc}"
-        self.errors.append(msg)
+                collector.enabled = False
+        if name in self._failed:
+            return
+        self._failed.add(name)
+        self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
         self.warn_once(
             name,
             f"holoprof: the '{name}' collector failed ({type(exc).__name__}: {exc}) and was turned off; "
@@ -389,6 +445,7 @@ class Agent:
         self._init_process_state()
         self.steps.reset()
         self.errors = []
+        self._failed = set()
         self.exit_code = -1
         self._stopped = False
         for c in self.collectors:
@@ -502,8 +559,9 @@ class Agent:
                     n = max((len(v) for v in cols.values()), default=0)
                     if n:
                         writes.append((table, {**{k: [v] * n for k, v in base.items()}, **cols}))
-            except Exception as exc:
-                self.fail("poller", exc)
+            except Exception as exc:  # named after the collector it belongs to, which is turned off
+                owner = getattr(poll, "__self__", None)
+                self.fail(owner if isinstance(owner, Collector) else getattr(owner, "name", "poller"), exc)
                 self.pollers.remove(poll)
         key = (
             tuple(sorted(ident.items())),
@@ -517,13 +575,20 @@ class Agent:
         for table, cols in writes:
             try:
                 write_raw(self.folder, table, cols, seq=next(self._seq))
-            except OSError as exc:  # full or vanished disk: count, tell once, keep going
-                lost = max((len(v) for v in cols.values()), default=0)
-                if table in ("spans", "samples"):
-                    self.dropped += lost
-                self.warn_once(
-                    "disk", f"holoprof: cannot write to {self.folder} ({exc}); events are being dropped"
-                )
+            except OSError as exc:  # full, read-only or vanished disk: count, tell once, keep going
+                if table in EVENT_TABLES:
+                    self.dropped += max((len(v) for v in cols.values()), default=0)
+                if self.storage_error is None:
+                    self.storage_error = f"{exc.strerror or exc}"
+                if self.warn_storage:
+                    self.warn_once(
+                        "disk",
+                        f"holoprof: cannot write to {self.folder} ({exc.strerror or exc}); events are "
+                        "being dropped and counted, your job continues unchanged",
+                    )
+            else:
+                if table == "processes":
+                    self.dropped_recorded = int(cols["dropped_events"][0])
         self._flushed_any = True
 
     def _process_row(self, ident: dict[str, Any], final: bool) -> dict[str, list[Any]]:

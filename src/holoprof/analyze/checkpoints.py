@@ -144,9 +144,11 @@ def _mtbf_s(run: Run) -> float | None:
 
 # -- `holoprof run --mtbf HOURS` ----------------------------------------------------------------------
 def add_run_arguments(parser: Any) -> None:
+    from holoprof.cli import finite_float
+
     parser.add_argument(
         "--mtbf",
-        type=float,
+        type=finite_float,
         metavar="HOURS",
         help="mean time between failures of the job's machines, for the checkpoint interval advice",
     )

@@ -312,15 +312,17 @@ def diff_runs(
 
 # --- the command -----------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from holoprof.cli import finite_float
+
     parser.add_argument("run_a", help="the baseline run (directory or .holoprof pack)")
     parser.add_argument("run_b", help="the run to compare with it")
     parser.add_argument("--json", action="store_true", help=f"print the comparison as JSON ({DIFF_SCHEMA})")
     parser.add_argument(
-        "--alpha", type=float, default=ALPHA, help=f"significance level of the test (default {ALPHA})"
+        "--alpha", type=finite_float, default=ALPHA, help=f"significance level of the test (default {ALPHA})"
     )
     parser.add_argument(
         "--min-effect",
-        type=float,
+        type=finite_float,
         default=MIN_EFFECT,
         help=f"smallest relative change of the median step called significant (default {MIN_EFFECT})",
     )

@@ -114,6 +114,20 @@ def _processes(run: Run, ctx: dict[str, Any] | None = None) -> list[dict[str, An
     return out
 
 
+def _launcher_losses(run: Run) -> tuple[int, list[str]]:
+    """Events dropped and errors (a resource sampler turned off) of ``holoprof run`` itself."""
+    dropped, errors = 0, []
+    rows = run.rows("SELECT host, pid, dropped_events, errors FROM processes WHERE role = 'launcher'")
+    for h, pid, n, errs in rows:
+        dropped += int(n or 0)
+        try:
+            found = json.loads(errs) if errs else []
+        except ValueError:
+            found = []
+        errors += [f"{h}-{pid} (holoprof run): {e}" for e in found if isinstance(e, str)]
+    return dropped, errors
+
+
 def _resources_doc(res: Resources) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     for name, s in res.stats.items():
@@ -259,8 +273,18 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
             or run.rows("SELECT max(ts_ns) FROM samples")[0][0]
         )
         end = last or start
-    dropped = sum(p["dropped_events"] for p in processes)
-    errors = [f"{p['host']}-{p['pid']}: {e}" for p in processes for e in p["errors"]]
+    launcher_dropped, launcher_errors = _launcher_losses(run)
+    dropped = sum(p["dropped_events"] for p in processes) + launcher_dropped
+    unrecorded = m.get("unrecorded_dropped_events")
+    if isinstance(unrecorded, int) and not isinstance(unrecorded, bool) and unrecorded > 0:
+        dropped += unrecorded  # events the launcher dropped when no processes row could be written
+    if isinstance(m.get("storage_error"), str):
+        section_warnings.insert(
+            0,
+            f"the run directory could not be written ({m['storage_error']}): events recorded after "
+            "that were dropped, so totals are low",
+        )
+    errors = [f"{p['host']}-{p['pid']}: {e}" for p in processes for e in p["errors"]] + launcher_errors
     ranks = sorted({p["rank"] for p in processes if p["rank"] >= 0})
     outside = outside_steps(run, main, st)
     return {

@@ -296,9 +296,16 @@ def sweep(
     from holoprof.launch.run import resolve_command
 
     resolve_command(fill(command, configurations(params)[0]))  # a missing script fails before any run
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise HoloprofError(f"{out_dir} exists and is not a directory; give a new --out directory")
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise HoloprofError(f"{out_dir} exists and is not empty; give another --out directory")
-    os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise HoloprofError(
+            f"cannot create {out_dir} ({exc.strerror or exc}); choose a writable place with --out"
+        )
     rows = []
     configs = configurations(params)
     for i, values in enumerate(configs):
@@ -323,6 +330,8 @@ def sweep(
 
 # --- command line --------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from holoprof.cli import finite_float
+
     p.add_argument(
         "--param",
         action="append",
@@ -332,7 +341,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, help="end each configuration cleanly after N optimizer steps")
     p.add_argument(
-        "--max-seconds", type=float, help="stop a configuration that runs longer (kept, marked timeout)"
+        "--max-seconds",
+        type=finite_float,
+        help="stop a configuration that runs longer (kept, marked timeout)",
     )
     p.add_argument("--out", help="directory for the runs (default: ./holoprof-runs/<time>-sweep)")
     p.add_argument("--memory", choices=("sampled", "full", "off"), help="memory accounting of each run")

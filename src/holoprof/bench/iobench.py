@@ -126,8 +126,12 @@ def parse_size(text: str, what: str = "size") -> int:
     return int(value)
 
 
-def parse_int_list(text: str, what: str, minimum: int) -> list[int]:
-    """'1,2,4,8' -> [1, 2, 4, 8]; each at least ``minimum``. Raises HoloprofError."""
+#: The most reader threads, reader processes or queued blocks one configuration may ask for.
+MAX_PARALLEL = 1024
+
+
+def parse_int_list(text: str, what: str, minimum: int, maximum: int = MAX_PARALLEL) -> list[int]:
+    """'1,2,4,8' -> [1, 2, 4, 8]; each between ``minimum`` and ``maximum``. Raises HoloprofError."""
     values: list[int] = []
     for part in str(text).split(","):
         part = part.strip()
@@ -139,6 +143,8 @@ def parse_int_list(text: str, what: str, minimum: int) -> list[int]:
             ) from None
         if value < minimum:
             raise HoloprofError(f"bad {what} list {text!r}: {value} is below {minimum}")
+        if value > maximum:
+            raise HoloprofError(f"bad {what} list {text!r}: {value} is above {maximum}")
         values.append(value)
     if not values:
         raise HoloprofError(f"empty {what} list; use e.g. --{what} 1,2,4")
@@ -974,6 +980,8 @@ cache requested: {esc(result.cache_requested)}; at most {result.max_seconds:g} s
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``holoprof iobench``."""
+    from holoprof.cli import finite_float
+
     parser.add_argument("path", metavar="PATH", help="dataset: a directory of files, or one large file")
     parser.add_argument(
         "--threads", default="1,2,4,8", help="reader threads per process, a list (default 1,2,4,8)"
@@ -989,7 +997,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-seconds",
-        type=float,
+        type=finite_float,
         default=DEFAULT_MAX_SECONDS,
         help=f"time limit per configuration (default {DEFAULT_MAX_SECONDS:g})",
     )

@@ -28,12 +28,10 @@ each parameter's gradient is produced during a few sampled steps, the input of `
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 from types import ModuleType
 from typing import Any
 
-from holoprof import model
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
 
@@ -60,10 +58,6 @@ ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 _MAX_PENDING = 10_000
 
 
-class _Fault(RuntimeError):
-    pass
-
-
 def _nbytes(x: Any) -> int:
     if x is None:
         return 0
@@ -81,10 +75,10 @@ class _Nesting(threading.local):
 
 class CommCollector(Collector):
     name = "comm"
+    default_fault = "collective"
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
-        self._fault = os.environ.get(model.ENV_FAULT) == self.name
         self._nest = _Nesting()
         self._groups: dict[int, tuple[int, str]] = {}
         self._pending: dict[int, tuple[str, int, int, dict[str, Any]]] = {}
@@ -196,8 +190,8 @@ class CommCollector(Collector):
             if nest.depth or not col.enabled:
                 return orig(*args, **kwargs)
             try:
-                if col._fault:
-                    raise _Fault("injected fault (HOLOPROF_FAULT_INJECT=comm)")
+                if col.fault_at:
+                    col.inject("collective")
                 if arg is None:
                     nbytes = 0
                 elif arg in kwargs:
@@ -273,6 +267,8 @@ class CommCollector(Collector):
                     tls.active = None
                 try:
                     t1 = now_ns()
+                    if col.fault_at:
+                        col.inject("wait")
                     pend = col._pending.pop(id(work), None) if col._pending else None
                     if pend is not None:
                         name, s0, step, attrs = pend

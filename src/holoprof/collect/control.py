@@ -11,11 +11,16 @@ Files (all written atomically: temporary name, then rename):
   ``target`` is ``null`` (every process of the job) or one of ``{"pid": P}``, ``{"rank": R}``,
   ``{"role": NAME}``.
 * ``control/<id>/<host>-<pid>.state`` — one per process that took the request:
-  ``{"state": queued|running|done|failed, "reason", "artifacts": [names], ...}``.
+  ``{"state": queued|running|done|failed|refused, "reason", "artifacts": [names], ...}``;
+  ``refused``: the request was not valid and did not run (``reason`` says why).
 * ``artifacts/<action>-<id>-<host>-<pid>.*`` — what the action produced.
 
 Requests are validated on both sides: known actions only (:data:`ACTION_SPECS`), integer parameters
-within bounds. Actions never run long on the training thread: a stack dump runs on the writer thread,
+within bounds. The mailbox is read and written only through real directories of the run
+(``control/`` and ``control/<id>/`` are opened with ``O_NOFOLLOW``, a symbolic link there is refused)
+and a request is read only from a regular file opened with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO never
+blocks the reader), at most :data:`MAX_REQUEST_BYTES` and nested at most :data:`MAX_REQUEST_DEPTH`
+deep. A bad request file is refused with a reason; it never turns the mailbox off. Actions never run long on the training thread: a stack dump runs on the writer thread,
 a deep profile starts and stops at step boundaries on the training thread and is exported on a thread
 of its own.
 
@@ -50,10 +55,14 @@ ACTION_SPECS: dict[str, dict[str, tuple[int, int, int]]] = {
     "io-trace": {"seconds": (1, 600, 10)},
 }
 TARGET_KEYS = ("pid", "rank", "role")
-STATES = ("queued", "running", "done", "failed")
-FINAL_STATES = ("done", "failed")
+STATES = ("queued", "running", "done", "failed", "refused")
+FINAL_STATES = ("done", "failed", "refused")
 NOT_AVAILABLE = "not available yet in this version"
 MAX_REQUEST_BYTES = 16 * 1024
+#: Arrays and objects nested deeper than this are refused before the JSON parser sees them.
+MAX_REQUEST_DEPTH = 8
+#: State files are a little larger than requests (they carry artifact names and info).
+MAX_STATE_BYTES = 4 * MAX_REQUEST_BYTES
 #: A request older than this is ignored by processes (they never saw it in time).
 MAX_REQUEST_AGE_S = 3600.0
 #: How long an armed deep profile waits for a training step before it gives up.
@@ -113,27 +122,153 @@ def new_request_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_dir(name: str, dir_fd: int | None = None) -> int:
+    """Open a directory that must be a real one (not a symbolic link); returns its descriptor.
+    Raises OSError (ELOOP or ENOTDIR for a link or a file)."""
+    return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _nesting_ok(data: bytes, limit: int) -> bool:
+    """Whether the arrays and objects of a JSON text nest at most ``limit`` deep (strings skipped)."""
+    depth = 0
+    in_str = esc = False
+    for b in data:
+        if in_str:
+            if esc:
+                esc = False
+            elif b == 0x5C:  # backslash
+                esc = True
+            elif b == 0x22:  # quote
+                in_str = False
+        elif b == 0x22:
+            in_str = True
+        elif b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return False
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return True
+
+
+def parse_request(data: bytes, limit: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
+    """The JSON object in ``data``; raises :class:`RequestError` naming what is wrong with it."""
+    if len(data) > limit:
+        raise RequestError(f"the request is larger than {limit} bytes")
+    if not _nesting_ok(data, MAX_REQUEST_DEPTH):
+        raise RequestError(f"the request nests deeper than {MAX_REQUEST_DEPTH} levels")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise RequestError(f"the request is not valid JSON ({exc})")
+    if not isinstance(doc, dict):
+        raise RequestError(f"the request must be a JSON object, not {type(doc).__name__}")
+    return doc
+
+
+def read_file(name: str, dir_fd: int, limit: int = MAX_REQUEST_BYTES) -> tuple[dict[str, Any], int]:
+    """Read the JSON object of ``name`` in the directory ``dir_fd``: a regular file only, opened
+    without following a symbolic link and without blocking. Returns it and the file's mtime (ns);
+    raises :class:`RequestError` with the reason it was refused."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        import errno
+
+        if exc.errno == errno.ELOOP:
+            raise RequestError("the request is a symbolic link; only regular files are read")
+        raise RequestError(f"the request cannot be opened ({exc.strerror or exc})")
+    try:
+        import stat
+
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RequestError(f"the request is {_kind(st.st_mode)}; only regular files are read")
+        if st.st_size > limit:
+            raise RequestError(f"the request is larger than {limit} bytes")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise RequestError(f"the request cannot be read ({exc.strerror or exc})")
+    finally:
+        _close(fd)
+    return parse_request(b"".join(chunks), limit), st.st_mtime_ns
+
+
 def _write_json(path: str, doc: dict[str, Any]) -> None:
     tmp = f"{path}.tmp{os.getpid()}-{threading.get_native_id()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def _read_json(path: str, limit: int = MAX_REQUEST_BYTES * 4) -> dict[str, Any] | None:
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
+        with open(tmp, "w") as f:
+            json.dump(doc, f, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _write_json_at(dir_fd: int, name: str, doc: dict[str, Any]) -> None:
+    """Write ``name`` atomically inside the directory ``dir_fd`` (a new file, never through a link)."""
+    data = (json.dumps(doc, sort_keys=True) + "\n").encode()
+    tmp = f".{name}.tmp{os.getpid()}-{threading.get_native_id()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        _unlink(tmp, dir_fd)
+        raise
+
+
+def _unlink(name: str, dir_fd: int | None = None) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
     except OSError:
-        return None
-    if len(data) > limit:
-        return None
+        pass
+
+
+def _read_json(name: str, dir_fd: int, limit: int = MAX_STATE_BYTES) -> dict[str, Any] | None:
     try:
-        doc = json.loads(data)
-    except ValueError:
+        return read_file(name, dir_fd, limit)[0]
+    except RequestError:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
 def write_request(
@@ -143,6 +278,7 @@ def write_request(
     action, norm, tgt = validate(action, params, target)
     control = os.path.join(run_dir, model.CONTROL_DIR)
     os.makedirs(control, mode=0o700, exist_ok=True)
+    cfd = open_dir(control)
     req = {
         "id": new_request_id(),
         "action": action,
@@ -150,50 +286,86 @@ def write_request(
         "params": norm,
         "created_ns": time.time_ns(),
     }
-    _write_json(os.path.join(control, f"req-{req['id']}.json"), req)
+    try:
+        _write_json_at(cfd, f"req-{req['id']}.json", req)
+    finally:
+        _close(cfd)
     return req
+
+
+def _control_fd(run_dir: str) -> int | None:
+    try:
+        return open_dir(os.path.join(run_dir, model.CONTROL_DIR))
+    except OSError:
+        return None
 
 
 def read_request(run_dir: str, req_id: str) -> dict[str, Any] | None:
     if not _ID.match(req_id):
         return None
-    return _read_json(os.path.join(run_dir, model.CONTROL_DIR, f"req-{req_id}.json"))
+    cfd = _control_fd(run_dir)
+    if cfd is None:
+        return None
+    try:
+        return _read_json(f"req-{req_id}.json", cfd, MAX_REQUEST_BYTES)
+    finally:
+        _close(cfd)
+
+
+def _states_at(cfd: int, req_id: str) -> list[dict[str, Any]]:
+    try:
+        dfd = open_dir(req_id, cfd)
+    except OSError:
+        return []
+    try:
+        names = sorted(os.listdir(dfd))
+        out = []
+        for name in names:
+            if name.endswith(".state") and not name.startswith("."):
+                doc = _read_json(name, dfd)
+                if doc is not None:
+                    out.append(doc)
+        return out
+    except OSError:
+        return []
+    finally:
+        _close(dfd)
 
 
 def request_states(run_dir: str, req_id: str) -> list[dict[str, Any]]:
     """The state files of one request: one per process that took it."""
     if not _ID.match(req_id):
         return []
-    folder = os.path.join(run_dir, model.CONTROL_DIR, req_id)
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
+    cfd = _control_fd(run_dir)
+    if cfd is None:
         return []
-    out = []
-    for name in names:
-        if name.endswith(".state"):
-            doc = _read_json(os.path.join(folder, name))
-            if doc is not None:
-                out.append(doc)
-    return out
+    try:
+        return _states_at(cfd, req_id)
+    finally:
+        _close(cfd)
 
 
 def list_requests(run_dir: str) -> list[dict[str, Any]]:
-    """Every request of the run, newest first, each with ``states`` (one per process that took it)."""
-    control = os.path.join(run_dir, model.CONTROL_DIR)
-    try:
-        names = os.listdir(control)
-    except OSError:
+    """Every valid request of the run, newest first, each with ``states`` (one per process that
+    took it). Request files that are not valid are left out (each process refuses them)."""
+    cfd = _control_fd(run_dir)
+    if cfd is None:
         return []
     out = []
-    for name in names:
-        if not (name.startswith("req-") and name.endswith(".json")):
-            continue
-        req = _read_json(os.path.join(control, name))
-        if req is None or not isinstance(req.get("id"), str) or not _ID.match(req["id"]):
-            continue
-        out.append({**req, "states": request_states(run_dir, req["id"])})
-    out.sort(key=lambda r: int(r.get("created_ns") or 0), reverse=True)
+    try:
+        names = os.listdir(cfd)
+        for name in names:
+            if not (name.startswith("req-") and name.endswith(".json")):
+                continue
+            req = _read_json(name, cfd, MAX_REQUEST_BYTES)
+            if req is None or not isinstance(req.get("id"), str) or not _ID.match(req["id"]):
+                continue
+            out.append({**req, "states": _states_at(cfd, req["id"])})
+    except OSError:
+        return []
+    finally:
+        _close(cfd)
+    out.sort(key=lambda r: r["created_ns"] if isinstance(r.get("created_ns"), int) else 0, reverse=True)
     return out
 
 
@@ -223,6 +395,7 @@ class Job:
         a = self.agent
         folder = os.path.join(a.run_dir, model.ARTIFACTS_DIR)
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        _close(open_dir(folder))  # a real directory of the run, not a link out of it
         return os.path.join(folder, f"{self.action}-{self.id}-{a.host}-{a.pid}{suffix}")
 
     def running(self, **info: Any) -> None:
@@ -235,6 +408,10 @@ class Job:
 
     def failed(self, reason: str) -> None:
         self._write("failed", reason=reason)
+
+    def refused(self, reason: str) -> None:
+        """The request is not valid: it does not run."""
+        self._write("refused", reason=reason)
 
     def _write(self, state: str, **info: Any) -> None:
         if self.state in FINAL_STATES:
@@ -579,51 +756,91 @@ class ControlCollector(Collector):
         return []
 
     def _poll_once(self) -> None:
-        control = os.path.join(self.agent.run_dir, model.CONTROL_DIR)
+        cfd = _control_fd(self.agent.run_dir)
+        if cfd is None:
+            return  # no mailbox (or not a real directory of the run): nothing to read
         try:
-            names = os.listdir(control)
-        except OSError:
-            return
-        for name in sorted(names):
-            if not (name.startswith("req-") and name.endswith(".json")):
-                continue
-            req_id = name[4:-5]
-            if req_id in self._seen:
-                continue
-            self._seen.add(req_id)
-            req = _read_json(os.path.join(control, name), MAX_REQUEST_BYTES)
-            if req is None or req.get("id") != req_id or not _ID.match(req_id):
-                continue
-            created = req.get("created_ns")
-            if not isinstance(created, int) or created < self._start_wall_ns:
-                continue  # made before this process started: not meant for it
-            if time.time_ns() - created > MAX_REQUEST_AGE_S * 1e9:
-                continue
-            if not self._addressed(req.get("target")):
-                continue
-            if os.path.exists(self.state_path(req_id)):
-                continue  # taken already (by this very process)
-            self._run(req)
+            try:
+                names = os.listdir(cfd)
+            except OSError:
+                return
+            for name in sorted(names):
+                if not (name.startswith("req-") and name.endswith(".json")):
+                    continue
+                req_id = name[4:-5]
+                if req_id in self._seen:
+                    continue
+                self._seen.add(req_id)
+                try:
+                    self._take(cfd, name, req_id)
+                except Exception as exc:  # one request never turns the mailbox off
+                    self.agent.warn_once(
+                        f"control-{req_id}",
+                        f"holoprof: request {req_id} could not be handled ({type(exc).__name__}: {exc}); "
+                        "the mailbox goes on",
+                    )
+        finally:
+            _close(cfd)
 
-    def _addressed(self, target: Any) -> bool:
+    def _take(self, cfd: int, name: str, req_id: str) -> None:
+        """Read one request file; run it if it is addressed to this process, refuse it if it is bad."""
+        if not _ID.match(req_id):
+            return  # no state can be written for it: its name is not an id
+        try:
+            req, mtime_ns = read_file(name, cfd)
+        except RequestError as exc:
+            try:
+                st = os.stat(name, dir_fd=cfd, follow_symlinks=False)
+            except OSError:
+                return
+            if st.st_mtime_ns >= self._start_wall_ns and not self._taken(cfd, req_id):
+                Job(self, req_id, "?", {}, st.st_mtime_ns).refused(str(exc))
+            return
+        if req.get("id") != req_id:
+            if mtime_ns >= self._start_wall_ns and not self._taken(cfd, req_id):
+                Job(self, req_id, "?", {}, mtime_ns).refused(
+                    f"the request's id {req.get('id')!r} is not the one in its file name ({req_id!r})"
+                )
+            return
+        created = req.get("created_ns")
+        if isinstance(created, bool) or not isinstance(created, int):
+            if mtime_ns >= self._start_wall_ns and not self._taken(cfd, req_id):
+                Job(self, req_id, str(req.get("action")), {}, mtime_ns).refused(
+                    "created_ns must be the request's time in nanoseconds (a whole number)"
+                )
+            return
+        if created < self._start_wall_ns:
+            return  # made before this process started: not meant for it
+        if time.time_ns() - created > MAX_REQUEST_AGE_S * 1e9:
+            return
+        if self._taken(cfd, req_id):
+            return  # taken already (by this very process)
+        job = Job(self, req_id, str(req.get("action")), {}, created)
+        try:
+            action, params, target = validate(req.get("action"), req.get("params"), req.get("target"))
+        except RequestError as exc:
+            job.refused(f"invalid request: {exc}")  # by every process: it may have been meant for any
+            return
+        if self._addressed(target):
+            job.params = params
+            self._run(job, action)
+
+    def _taken(self, cfd: int, req_id: str) -> bool:
+        a = self.agent
+        try:
+            os.stat(os.path.join(req_id, f"{a.host}-{a.pid}.state"), dir_fd=cfd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
+
+    def _addressed(self, target: dict[str, Any] | None) -> bool:
+        """Whether a (validated) target names this process."""
         if target is None:
             return True
-        if not isinstance(target, dict) or len(target) != 1:
-            return False
-        ident = self.agent.identity()
         ((key, value),) = target.items()
-        if key not in TARGET_KEYS:
-            return False
-        return bool(ident.get(key) == value)
+        return bool(self.agent.identity().get(key) == value)
 
-    def _run(self, req: dict[str, Any]) -> None:
-        job = Job(self, str(req["id"]), str(req.get("action")), {}, int(req["created_ns"]))
-        try:
-            action, params, _ = validate(req.get("action"), req.get("params"), req.get("target"))
-        except RequestError as exc:
-            job.failed(f"invalid request: {exc}")
-            return
-        job.params = params
+    def _run(self, job: Job, action: str) -> None:
         job.running()
         handler = ACTIONS.get(action)
         if handler is None:
@@ -634,16 +851,12 @@ class ControlCollector(Collector):
         except Exception as exc:
             job.failed(f"{type(exc).__name__}: {exc}")
 
-    def state_path(self, req_id: str) -> str:
-        a = self.agent
-        return os.path.join(a.run_dir, model.CONTROL_DIR, req_id, f"{a.host}-{a.pid}.state")
-
     def write_state(self, job: Job, info: dict[str, Any]) -> None:
+        """Write this process's state of ``job`` into ``control/<id>/``, a real directory of the run
+        (created here; a symbolic link in its place is refused, so nothing is written elsewhere)."""
         a = self.agent
         try:
             ident = a.identity()
-            path = self.state_path(job.id)
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             doc = {
                 "id": job.id,
                 "action": job.action,
@@ -657,6 +870,26 @@ class ControlCollector(Collector):
                 "updated_ns": time.time_ns(),
                 "info": info,
             }
-            _write_json(path, doc)
+            cfd = open_dir(os.path.join(a.run_dir, model.CONTROL_DIR))
+            try:
+                try:
+                    os.mkdir(job.id, 0o700, dir_fd=cfd)
+                except FileExistsError:
+                    pass
+                dfd = open_dir(job.id, cfd)
+                try:
+                    _write_json_at(dfd, f"{a.host}-{a.pid}.state", doc)
+                finally:
+                    _close(dfd)
+            finally:
+                _close(cfd)
+        except OSError as exc:
+            # this request cannot be answered (e.g. control/<id> is not a real directory of the run);
+            # the mailbox goes on with the next one
+            a.warn_once(
+                f"control-state-{job.id}",
+                f"holoprof: cannot write the state of request {job.id} ({exc.strerror or exc}); "
+                "it is left unanswered",
+            )
         except Exception as exc:
             a.fail(self, exc)

@@ -676,6 +676,8 @@ def _make_open(orig_open: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 if _plain_mode(mode, encoding, errors, newline):
                     f = _stats_for(file)
+                    if f is not None and _active is not None and _active.fault_at:
+                        _active.inject("open")
             except Exception as exc:
                 _fail(exc)
                 f = None
@@ -996,8 +998,7 @@ class IoCollector(Collector):
             post_import_finder().add("numpy", self._on_numpy)
         if self._trace_all:
             self.trace_start()
-        if os.environ.get(model.ENV_FAULT) == self.name:
-            raise RuntimeError("injected fault (HOLOPROF_FAULT_INJECT=io)")
+        self.inject("install")
 
     def _on_numpy(self, numpy: ModuleType) -> None:
         if not self.enabled or self.native is not None:
@@ -1009,9 +1010,9 @@ class IoCollector(Collector):
         except Exception as exc:
             self.agent.fail(self, exc)
 
-    def uninstall(self) -> None:
+    def turn_off(self) -> None:
         global _policy, _trace
-        super().uninstall()
+        super().turn_off()
         _policy = None
         _trace = None
 

@@ -149,6 +149,7 @@ def _unpack(box: Any) -> Any:
 
 class MemoryCollector(Collector):
     name = "memory"
+    default_fault = "forward"
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
@@ -157,7 +158,6 @@ class MemoryCollector(Collector):
         self.every = int(agent.options.get("memory_every", EVERY) or EVERY)
         stop = agent.options.get("stop_after_steps")
         self.stop_after = int(stop) if isinstance(stop, (int, float)) and stop > 0 else 0
-        self._fault = os.environ.get(model.ENV_FAULT) == self.name
         self._torch: ModuleType | None = None
         self._param_cls: Any = ()
         self._tensor_cls: Any = None
@@ -344,8 +344,8 @@ class MemoryCollector(Collector):
     def _begin_outermost(self, mod: Any, args: Any) -> None:
         torch = self._torch
         assert torch is not None
-        if self._fault:
-            raise RuntimeError("injected fault (HOLOPROF_FAULT_INJECT=memory)")
+        if self.fault_at:
+            self.inject("forward")
         step = self.agent.steps.index
         if not is_sampled(step, self.mode, self.every) or not torch.is_grad_enabled():
             return
@@ -440,6 +440,8 @@ class MemoryCollector(Collector):
         if not self.enabled:
             return
         try:
+            if self.fault_at:
+                self.inject("optimizer_post")
             step = self.agent.steps.index
             if self.mode != "off":
                 self._see_optimizer(optimizer)

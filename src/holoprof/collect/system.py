@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from holoprof.agent.core import Agent, now_ns
+from holoprof.agent.core import Agent, check_fault, fault_point, now_ns
 
 
 class _Gpus:
@@ -75,7 +75,14 @@ class _Gpus:
 
 
 class SystemSampler:
+    """Resources of the job's process tree, sampled by the launcher. A failure turns it off through
+    ``agent.fail`` (so the report's errors name it); the job goes on."""
+
+    name = "system"
+
     def __init__(self, agent: Agent, root_pid: int, interval_s: float = 1.0) -> None:
+        self.fault_at = fault_point(self.name, "start")
+        check_fault(self.fault_at, self.name, "start")
         import psutil
 
         self.psutil = psutil
@@ -84,6 +91,7 @@ class SystemSampler:
         self.interval_s = max(0.05, float(interval_s))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failed = False
         self._procs: dict[int, Any] = {}
         self._last_cpu: dict[int, float] = {}
         self._last_io: dict[int, tuple[int, int]] = {}
@@ -111,6 +119,8 @@ class SystemSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        if self._failed:
+            return
         try:
             self.tick()
         except Exception:
@@ -119,9 +129,11 @@ class SystemSampler:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
+                check_fault(self.fault_at, self.name, "tick")
                 self.tick()
             except Exception as exc:
-                self.agent.fail("system", exc)
+                self._failed = True
+                self.agent.fail(self.name, exc)
                 return
 
     def _tree(self) -> list[Any]:

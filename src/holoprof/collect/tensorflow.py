@@ -45,6 +45,7 @@ IN_GRAPH_FETCH_NOTE = (
 
 class TensorFlowCollector(Collector):
     name = "tensorflow"
+    default_fault = "keras_callback"
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
@@ -117,6 +118,8 @@ class TensorFlowCollector(Collector):
                 return orig_next(it)
             t0 = now_ns()
             try:
+                if col.fault_at:
+                    col.inject("tf_data")
                 steps.opener(t0)
             except Exception as exc:
                 agent.fail(col, exc)
@@ -145,6 +148,8 @@ class TensorFlowCollector(Collector):
             finally:
                 t.active = None
                 try:
+                    if col.fault_at:
+                        col.inject("gradient")
                     steps.activity(t0)
                     col._phase("backward", t0, now_ns())
                 except Exception as exc:
@@ -193,6 +198,8 @@ class TensorFlowCollector(Collector):
                 finally:
                     t.active = None
                     try:
+                        if col.fault_at:
+                            col.inject("checkpoint")
                         target = args[0] if args else next(iter(kwargs.values()), None)
                         path = result if isinstance(result, str) else target
                         attrs: dict[str, Any] = {"op": op, "api": f"{cls.__name__}.{meth}"}
@@ -245,6 +252,8 @@ class TensorFlowCollector(Collector):
                 if not col.enabled:
                     return orig(model, *args, **kwargs)
                 try:
+                    if col.fault_at:
+                        col.inject("keras_" + mode)
                     cbs = kwargs.get("callbacks")
                     # fit passes its own CallbackList to the evaluate() it runs for validation:
                     # that list already holds our callback, so leave it alone.
@@ -295,6 +304,8 @@ class TensorFlowCollector(Collector):
             finally:
                 t.active = None
                 try:
+                    if col.fault_at:
+                        col.inject("apply_gradients")
                     t1 = now_ns()
                     steps.optimizer_seen = True
                     col._phase("optimizer", t0, t1)
@@ -382,6 +393,8 @@ def _make_callback(keras: ModuleType, col: TensorFlowCollector) -> Any:
             if not col.enabled:
                 return
             try:
+                if col.fault_at:
+                    col.inject("keras_callback")
                 fn(*args)
             except Exception as exc:
                 agent.fail(col, exc)

@@ -22,22 +22,17 @@ import os
 from types import ModuleType
 from typing import Any
 
-from holoprof import model
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
 from holoprof.collect.util import path_bytes
 
 
-class _Fault(RuntimeError):
-    pass
-
-
 class TorchCollector(Collector):
     name = "torch"
+    default_fault = "forward"
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
-        self._fault = os.environ.get(model.ENV_FAULT) == self.name
         self._reset_state()
         self._torch: ModuleType | None = None
 
@@ -94,8 +89,8 @@ class TorchCollector(Collector):
                 return orig_call(self, *args, **kwargs)
             try:
                 t0 = now_ns()
-                if col._fault:
-                    raise _Fault("injected fault (HOLOPROF_FAULT_INJECT=torch)")
+                if col.fault_at:
+                    col.inject("forward")
                 training = is_grad_enabled()
                 name = "forward" if training else "eval"
                 col._begin_forward(training, t0)
@@ -126,6 +121,8 @@ class TorchCollector(Collector):
                     return orig(*args, **kwargs)
                 t0 = now_ns()
                 try:
+                    if col.fault_at:
+                        col.inject("backward")
                     dev = col._dev_begin()
                 except Exception as exc:
                     fail(exc)
@@ -153,10 +150,14 @@ class TorchCollector(Collector):
         self._set(torch.autograd, "grad", wrap_backward(torch.autograd.grad, False))
 
         # optimizer ---------------------------------------------------------------------------------
+        # These run inside torch's loop over its hooks: a failure here turns the collector off
+        # (its hooks become no-ops) and leaves the hook dicts alone.
         def opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             if not col.enabled:
                 return
             try:
+                if col.fault_at:
+                    col.inject("optimizer_pre")
                 col._opt_depth += 1
                 if col._opt_depth == 1:
                     if col._tls.active is not None:
@@ -167,12 +168,16 @@ class TorchCollector(Collector):
                     col._tls.active = "optimizer"
                     steps.optimizer_seen = True
             except Exception as exc:
+                col._opt_end()
                 fail(exc)
 
         def opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
             if not col.enabled:
+                col._opt_end()  # turned off between the two hooks: close what the first one opened
                 return
             try:
+                if col.fault_at:
+                    col.inject("optimizer_post")
                 col._opt_depth -= 1
                 if col._opt_depth < 0:
                     col._opt_depth = 0
@@ -187,6 +192,7 @@ class TorchCollector(Collector):
                         col._opt_dev = None
                     steps.update_done(t1)
             except Exception as exc:
+                col._opt_end()
                 fail(exc)
 
         self._handles.append(optim_mod.register_optimizer_step_pre_hook(opt_pre))
@@ -207,6 +213,8 @@ class TorchCollector(Collector):
                     return orig(self_, *args, **kwargs)
                 t0 = now_ns()
                 try:
+                    if col.fault_at:
+                        col.inject("zero_grad")
                     if steps.just_updated and col._pending_dw is None:
                         pass  # `step(); zero_grad()`: the end of this iteration, not the next one's start
                     elif is_grad_enabled():
@@ -240,6 +248,8 @@ class TorchCollector(Collector):
                 return orig_next(it)
             try:
                 t0 = now_ns()
+                if col.fault_at:
+                    col.inject("dataloader")
                 key = id(it._dataset)
                 if key not in col._seen_loaders:
                     col._new_loader(it, key, t0)
@@ -284,6 +294,8 @@ class TorchCollector(Collector):
                     t.active = None
                     try:
                         t1 = now_ns()
+                        if col.fault_at:
+                            col.inject(op)  # "save" or "load"
                         if api.startswith("torch.distributed"):
                             target = kwargs.get("checkpoint_id")
                         elif op == "save":
@@ -343,6 +355,13 @@ class TorchCollector(Collector):
         agent.info["torch"] = {"patched": True}
 
     # -- state machine helpers (called from the patches) -------------------------------------------
+    def _opt_end(self) -> None:
+        """Forget an optimizer step in progress (after a failure): the phase it opened is closed."""
+        if self._opt_depth > 0:
+            self._tls.active = None
+        self._opt_depth = 0
+        self._opt_dev = None
+
     def _begin_forward(self, training: bool, t0: int) -> None:
         self.agent.steps.just_updated = False
         steps = self.agent.steps

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from holoprof import model
@@ -207,11 +208,18 @@ def run(
     name = name or run_name(argv)
     run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
     manifest = rundir.new_manifest(list(command), name, options)
-    rundir.write_manifest(run_dir, manifest)
+    try:
+        rundir.write_manifest(run_dir, manifest, reserve=rundir.MANIFEST_RESERVE_BYTES)
+    except OSError as exc:
+        raise HoloprofError(
+            f"cannot write to the run directory {run_dir} ({exc.strerror or exc}); choose a writable "
+            "place with --out"
+        )
     sys.stderr.write(f"holoprof: tracing into {run_dir}\n")
     sys.stderr.flush()
 
-    rc = _supervise(argv, run_dir, options)
+    rc, storage = _supervise(argv, run_dir, options)
+    # From here on the job is over: nothing may change its exit status, whatever the disk does.
 
     manifest["end_ns"] = time.time_ns()
     manifest["exit_code"] = rc
@@ -221,19 +229,47 @@ def run(
             manifest["signal"] = signal.Signals(rc - 128).name
         except ValueError:
             pass
+    if storage.error:
+        manifest["storage_error"] = storage.error
+        manifest["unrecorded_dropped_events"] = storage.unrecorded_dropped
+    if storage.error is None:
+        try:
+            from holoprof.store.compact import compact_run
+
+            compact_run(run_dir)
+        except Exception as exc:  # compaction is an optimization; the chunks are still there
+            sys.stderr.write(f"holoprof: could not compact the run ({exc}); it loads as it is\n")
+    finished = True
     try:
-        from holoprof.store.compact import compact_run
-
-        compact_run(run_dir)
-    except Exception as exc:  # compaction is an optimization; the chunks are still there
-        sys.stderr.write(f"holoprof: could not compact the run ({exc}); it loads as it is\n")
-    rundir.write_manifest(run_dir, manifest)
+        rundir.write_manifest(run_dir, manifest)
+    except OSError as exc:
+        finished = False
+        storage.error = storage.error or f"{exc.strerror or exc}"
+    if storage.error:
+        lost = f"{storage.dropped} events were dropped" if storage.dropped else "events may have been dropped"
+        done = "" if finished else "; the manifest could not be finished (the run loads as unfinished)"
+        sys.stderr.write(
+            f"holoprof: the run directory {run_dir} could not be written ({storage.error}): {lost}{done}; "
+            f"your job's exit status ({rc}) is unchanged\n"
+        )
     if report:
-        from holoprof.present.terminal import short_report
+        try:
+            from holoprof.present.terminal import short_report
 
-        short_report(run_dir)
+            short_report(run_dir)
+        except Exception as exc:
+            sys.stderr.write(f"holoprof: could not print the report ({type(exc).__name__}: {exc})\n")
     sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
     return rc
+
+
+@dataclass
+class Storage:
+    """What the launcher knows of writes to the run directory that failed."""
+
+    error: str | None = None  # the first failure (strerror), None when every write went through
+    dropped: int = 0  # events the launcher's own writer dropped
+    unrecorded_dropped: int = 0  # of those, how many no processes row records
 
 
 def _warm_up_converter() -> None:
@@ -264,7 +300,7 @@ def _from_terminal() -> bool:
         return False
 
 
-def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
+def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[int, Storage]:
     from holoprof.agent.core import Agent
     from holoprof.collect.system import SystemSampler
     from holoprof.store.raw import Converter
@@ -293,14 +329,15 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
                 signal.signal(s, lambda n, f: proc.send_signal(n))
 
     agent = Agent(run_dir, role="launcher", options=options)
+    agent.warn_storage = False  # a failed write is summed up in one line at the end (run())
     sampler = None
     converter = Converter(run_dir).start()
     try:
         agent.start(process_hooks=False)
         sampler = SystemSampler(agent, proc.pid, float(options.get("sample_interval_s", 1.0)))
         sampler.start()
-    except Exception as exc:
-        sys.stderr.write(f"holoprof: resource sampling is off ({type(exc).__name__}: {exc})\n")
+    except Exception as exc:  # in the report's errors, like any collector turned off
+        agent.fail(SystemSampler.name, exc)
     try:
         while True:
             if use_wait:
@@ -322,14 +359,19 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
         if sampler is not None:
             sampler.stop()
         agent.shutdown()
+        storage = Storage(agent.storage_error, agent.dropped, agent.dropped - agent.dropped_recorded)
         try:
             import_native_dumps(run_dir, options)
+        except OSError as exc:
+            storage.error = storage.error or f"{exc.strerror or exc}"
         except Exception as exc:
             sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
         try:
             converter.stop()
+        except OSError as exc:  # the raw chunks stay; loading the run converts them
+            storage.error = storage.error or f"{exc.strerror or exc}"
         except Exception as exc:
             sys.stderr.write(
                 f"holoprof: could not convert all chunks ({exc}); `holoprof report` will retry\n"
             )
-    return rc if rc >= 0 else 128 - rc
+    return (rc if rc >= 0 else 128 - rc), storage

@@ -24,14 +24,22 @@ from holoprof.errors import HoloprofError
 FORMATS = ("chrome", "tensorboard")
 
 
+#: The largest --from/--to (seconds, about 31 years): a window past it cannot hold a recorded time.
+MAX_WINDOW_S = 1e9
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from holoprof.cli import finite_float
+
     parser.add_argument("run", help="a run directory or a .holoprof pack")
     parser.add_argument("--format", "-f", required=True, choices=FORMATS, help="chrome or tensorboard")
     parser.add_argument(
         "-o", "--out", required=True, help="the file (chrome) or log directory (tensorboard) to write"
     )
-    parser.add_argument("--from", dest="start_s", type=float, help="chrome: start of the window, seconds")
-    parser.add_argument("--to", dest="end_s", type=float, help="chrome: end of the window, seconds")
+    parser.add_argument(
+        "--from", dest="start_s", type=finite_float, help="chrome: start of the window, seconds"
+    )
+    parser.add_argument("--to", dest="end_s", type=finite_float, help="chrome: end of the window, seconds")
     from holoprof.cli import add_engine_arguments
 
     add_engine_arguments(parser)
@@ -70,6 +78,8 @@ def export_run(
         raise HoloprofError(f"unknown export format {fmt!r}; use {' or '.join(FORMATS)}")
     if start_s is not None and start_s < 0:
         raise HoloprofError("--from must be 0 or more seconds after the run start")
+    if any(v is not None and abs(v) > MAX_WINDOW_S for v in (start_s, end_s)):
+        raise HoloprofError(f"--from and --to are seconds from the run start, at most {MAX_WINDOW_S:g}")
     if start_s is not None and end_s is not None and end_s <= start_s:
         raise HoloprofError(f"--to ({end_s}) must be after --from ({start_s})")
     if fmt != "chrome" and (start_s is not None or end_s is not None):

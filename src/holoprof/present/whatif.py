@@ -16,6 +16,8 @@ from holoprof.errors import HoloprofError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from holoprof.cli import finite_float
+
     p.add_argument("run", help="a run directory (a single-process run is enough)")
     p.add_argument(
         "--workers", default=",".join(str(n) for n in wi.DEFAULT_WORKERS), help="worker counts, e.g. 2,4,8,16"
@@ -26,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="network bandwidths per worker, e.g. 1Gbit,10Gbit,25Gbit,100Gbit (b = bits, B = bytes)",
     )
     p.add_argument("--latency", default="50us", help="per-message latency, e.g. 50us (default) or 0.2ms")
-    p.add_argument("--bucket-mb", type=float, default=wi.DEFAULT_BUCKET_MB, help="DDP bucket_cap_mb (25)")
+    p.add_argument(
+        "--bucket-mb", type=finite_float, default=wi.DEFAULT_BUCKET_MB, help="DDP bucket_cap_mb (25)"
+    )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON (holoprof.whatif/1)")
     p.add_argument("--plot", metavar="FILE", help="write a self-contained HTML file with the plot")
 

@@ -121,7 +121,13 @@ def request(
     except control.RequestError as exc:
         raise HoloprofError(str(exc))
     procs = addressed(check_running(run_dir), target)
-    req = control.write_request(run_dir, action, params, target)
+    try:
+        req = control.write_request(run_dir, action, params, target)
+    except OSError as exc:
+        raise HoloprofError(
+            f"cannot write the request into {os.path.join(run_dir, model.CONTROL_DIR)} "
+            f"({exc.strerror or exc}); it must be a writable directory of the run, not a link"
+        )
     return req, procs
 
 
@@ -179,6 +185,8 @@ def wait(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from holoprof.cli import finite_float
+
     p.add_argument("run", help="the run directory of a running job")
     p.add_argument("action", help=f"one of: {', '.join(control.ACTION_SPECS)}")
     p.add_argument("--steps", type=int, help="deep-profile: training steps to profile (1-100, default 5)")
@@ -188,7 +196,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rank", type=int, help="only the process(es) of this torch.distributed rank")
     g.add_argument("--role", help="only processes of this role (main, rank, dataloader_worker, ...)")
     p.add_argument("--wait", action="store_true", help="wait for every process asked to answer")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait with --wait (default 300)")
+    p.add_argument(
+        "--timeout", type=finite_float, default=300.0, help="seconds to wait with --wait (default 300)"
+    )
     p.add_argument("--json", action="store_true", help="with --wait: print the outcome as JSON")
 
 

@@ -122,8 +122,14 @@ def write_chunk(
             s += 1_000_000
             path = os.path.join(folder, layout.part_name(s))
         tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}-{threading.get_ident()}")
-        pq.write_table(part, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
-        os.replace(tmp, path)
+        try:
+            pq.write_table(part, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
+            os.replace(tmp, path)
+        except BaseException:
+            from holoprof.store.raw import discard
+
+            discard(tmp)  # a full disk leaves no partial temporary file behind
+            raise
         paths.append(path)
     return paths
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 from holoprof.store.layout import ChunkDir, chunk_dirs, is_complete_parquet, scan_dir
+from holoprof.store.raw import discard
 
 #: Rows of chunk data merged into one compacted file (and held in memory at once).
 MAX_ROWS = 1_000_000
@@ -75,9 +76,13 @@ def _merge(cd: ChunkDir, group: list[tuple[int, int, str]]) -> int:
         combined = combined.sort_by([("start_ns", "ascending")])
     dest = cd.compacted_path(group[0][0], group[-1][1])
     tmp = os.path.join(cd.path, f".{os.path.basename(dest)}.tmp{os.getpid()}")
-    pq.write_table(combined, tmp, compression="zstd", use_dictionary=True, row_group_size=1_000_000)
+    try:
+        pq.write_table(combined, tmp, compression="zstd", use_dictionary=True, row_group_size=1_000_000)
+        os.replace(tmp, dest)
+    except BaseException:
+        discard(tmp)  # a full disk leaves no partial temporary file behind
+        raise
     del combined
-    os.replace(tmp, dest)
     for _, _, p in group:
         if p != dest:
             os.remove(p)

@@ -45,9 +45,13 @@ def write_raw(folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq
     except FileNotFoundError:  # the staging folder was tidied away while this process lived on
         os.makedirs(folder, mode=0o700, exist_ok=True)
         f = open(tmp, "wb")  # noqa: SIM115
-    with f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        discard(tmp)  # a full disk leaves no empty temporary file behind
+        raise
     return path
 
 
@@ -121,6 +125,14 @@ def _remove(path: str) -> None:
     try:
         os.remove(path)
     except FileNotFoundError:
+        pass
+
+
+def discard(path: str) -> None:
+    """Remove a temporary file that a failed write left, if any (never raises)."""
+    try:
+        os.remove(path)
+    except OSError:
         pass
 
 

@@ -57,13 +57,49 @@ def create_run_dir(path: str) -> str:
     return path
 
 
-def write_manifest(run_dir: str, manifest: dict[str, Any]) -> None:
+#: Room kept at the end of the manifest written at the start of a run (trailing whitespace, which
+#: JSON readers ignore), so that the launcher can still finish it in place on a full disk.
+MANIFEST_RESERVE_BYTES = 4096
+
+
+def write_manifest(run_dir: str, manifest: dict[str, Any], reserve: int = 0) -> None:
+    """Write the manifest atomically (temporary file, then rename), followed by ``reserve`` bytes of
+    whitespace. When that fails (a full disk), the existing manifest is overwritten in place if the
+    new one fits in its size; otherwise the OSError is raised. No temporary file is left behind."""
+    from holoprof.store.raw import discard
+
     path = os.path.join(run_dir, model.MANIFEST)
+    data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     tmp = path + f".tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data + b" " * reserve)
+        os.replace(tmp, path)
+    except OSError:
+        discard(tmp)
+        if not _overwrite_in_place(path, data):
+            raise
+
+
+def _overwrite_in_place(path: str, data: bytes) -> bool:
+    """Write ``data`` over the file at ``path``, padded with spaces to its size, when it fits: its
+    blocks are already allocated, so this needs no free space."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if len(data) > size:
+            return False
+        view = memoryview(data + b" " * (size - len(data)))
+        while view:
+            view = view[os.write(fd, view) :]
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def new_manifest(command: list[str], name: str, options: dict[str, Any]) -> dict[str, Any]:
