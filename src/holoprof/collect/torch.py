@@ -143,7 +143,14 @@ class TorchCollector(Collector):
                     try:
                         t1 = now_ns()
                         steps.activity(t0)
-                        span("phase", "backward", t0, t1, steps.index)
+                        ready = agent.bucket_ready_ns
+                        if t0 < ready < t1:
+                            # DDP: from the moment the last gradient bucket was ready, backward only
+                            # waited for the buckets' allreduce (exposed communication)
+                            span("phase", "backward", t0, ready, steps.index)
+                            span("phase", "communication", ready, t1, steps.index, {"op": "ddp_allreduce"})
+                        else:
+                            span("phase", "backward", t0, t1, steps.index)
                         if dev is not None:
                             col._dev_end("backward", steps.index, t0, dev)
                         if update and not steps.optimizer_seen:
