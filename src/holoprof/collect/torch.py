@@ -98,13 +98,14 @@ class TorchCollector(Collector):
             if t.active is not None or not col.enabled:
                 return orig_call(self, *args, **kwargs)
             try:
-                t0 = now_ns()
+                t_open = now_ns()
                 if col._fault:
                     raise _Fault("injected fault (HOLOPROF_FAULT_INJECT=torch)")
                 training = is_grad_enabled()
                 name = "forward" if training else "eval"
-                col._begin_forward(training, t0)
+                col._begin_forward(training, t_open)
                 dev = col._dev_begin()
+                t0 = now_ns()  # the phase is the module call: the bookkeeping above is not in it
             except Exception as exc:
                 fail(exc)
                 return orig_call(self, *args, **kwargs)
