@@ -11,6 +11,8 @@ import pytest
 
 import holoprof
 from conftest import TracedRun, free_port, run_holoprof, run_python, traced
+from holoprof.analyze.comm import load_procs
+from holoprof.analyze.steps import step_processes, step_stats
 
 DIST = Path(__file__).resolve().parent / "dist_scripts"
 DDP_SCRIPT = str(DIST / "ddp_train.py")
@@ -114,6 +116,44 @@ def test_synchronous_collective_outside_phases_is_exposed_communication(ddp_run:
     assert comm["exposed_s_per_step"] > 0
     assert 0 < comm["exposed_fraction"] < 1
     assert comm["total_s_per_step"] >= comm["exposed_s_per_step"]
+
+
+def test_exposed_communication_is_the_communication_phase_and_never_more_than_the_step(
+    ddp_run: TracedRun,
+) -> None:
+    """DDP's wait for its allreduce at the end of backward is exposed communication: a phase of its
+    own (not backward), the same figure on the phase table, in the section and in the finding, and
+    never more than the communication or the step, for the job and for each rank."""
+    doc = ddp_run.report
+    comm, phases = doc["communication"], doc["phases"]
+    assert comm["exposed_fraction"] == pytest.approx(phases["communication"]["fraction"], abs=1e-6)
+    assert comm["exposed_s_per_step"] == pytest.approx(
+        phases["communication"]["total_s"] / doc["steps"]["count"], abs=1e-6
+    )
+    assert 0 < comm["exposed_s_per_step"] <= comm["total_s_per_step"] <= comm["step_mean_s"]
+    for r in comm["per_rank"]:
+        assert 0 < r["exposed_s"] <= r["comm_s"] <= r["step_median_s"], r
+        assert 0 < r["exposed_fraction"] < 1
+    bound = [f for f in doc["findings"] if f["id"] == "communication_bound"]
+    assert len(bound) == (1 if comm["exposed_fraction"] >= 0.10 else 0)
+    for f in bound:
+        assert f["estimated_gain"] == pytest.approx(phases["communication"]["fraction"], abs=1e-4)
+        assert f"{100 * phases['communication']['fraction']:.0f}%" in f["title"]
+    run = holoprof.load(ddp_run.run_dir)
+    waits, overlaps = run.rows(
+        """WITH ph AS (SELECT pid, tid, name, start_ns, end_ns, attrs FROM spans WHERE kind = 'phase')
+           SELECT (SELECT count(*) FROM ph WHERE json_extract_string(attrs, '$.op') = 'ddp_allreduce'),
+                  (SELECT count(*) FROM ph a JOIN ph b ON a.pid = b.pid AND a.tid = b.tid
+                     AND a.name = 'communication' AND b.name <> 'communication'
+                     AND a.start_ns < b.end_ns AND b.start_ns < a.end_ns)"""
+    )[0]
+    assert waits == 2 * STEPS, "one wait for the allreduce per backward of each rank"
+    assert overlaps == 0, "a communication phase overlaps no other phase"
+    keys = step_processes(run)
+    for p in load_procs(run, keys, [step_stats(run, k, timeline_points=1) for k in keys]):
+        assert len(p.steps) == STEPS
+        for step, (s, e) in p.steps.items():
+            assert 0 < p.exposed[step] <= p.total[step] <= e - s, (p.key, step)
 
 
 def test_slow_rank_is_named_the_straggler(straggler_run: TracedRun) -> None:

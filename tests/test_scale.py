@@ -44,7 +44,8 @@ def test_report_totals_equal_the_generated_ones(synth: tuple[str, object]) -> No
 
 def test_communication_totals_equal_the_generated_ones(synth: tuple[str, object]) -> None:
     path, totals = synth
-    comm = build_report(holoprof.load(path))["communication"]
+    doc = build_report(holoprof.load(path))
+    comm = doc["communication"]
     by_op = {c["op"]: c for c in comm["collectives"]}
     assert set(by_op) == set(totals.comm) == {"ddp_bucket", "all_reduce"}  # type: ignore[attr-defined]
     for op, t in totals.comm.items():  # type: ignore[attr-defined]
@@ -55,10 +56,14 @@ def test_communication_totals_equal_the_generated_ones(synth: tuple[str, object]
     assert comm["world_size"] == 3
     for r in comm["per_rank"]:
         mine = totals.per_rank[r["rank"]]  # type: ignore[attr-defined]
-        assert r["exposed_s"] == pytest.approx(mine["exposed_ns"] / 20_000 / 1e9, abs=1e-6)
+        assert r["exposed_fraction"] == pytest.approx(mine["exposed_ns"] / mine["step_ns"], abs=1e-6)
+        assert 0 < r["exposed_s"] <= r["comm_s"] <= r["step_median_s"]
     main = totals.per_rank[0]  # type: ignore[attr-defined]
     assert comm["total_s_per_step"] == pytest.approx(main["comm_ns"] / 20_000 / 1e9, abs=1e-6)
     assert comm["exposed_s_per_step"] == pytest.approx(main["exposed_ns"] / 20_000 / 1e9, abs=1e-6)
+    # exposed communication is the `communication` phase: one figure on the phase table and here
+    assert comm["exposed_fraction"] == pytest.approx(doc["phases"]["communication"]["fraction"], abs=1e-6)
+    assert main["phase_ns"]["communication"] == main["exposed_ns"]
 
 
 def test_io_totals_equal_the_generated_ones(synth: tuple[str, object]) -> None:

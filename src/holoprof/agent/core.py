@@ -295,6 +295,8 @@ class Agent:
         self._writer_ident = 0
         self._flushed_any = False
         self.dist_identity: tuple[int, int, int] | None = None  # (rank, local_rank, world_size)
+        #: when a DDP gradient bucket was last ready (monotonic ns): the end of backward's compute
+        self.bucket_ready_ns = 0
 
     # -- hot path ----------------------------------------------------------------------------------
     def span(

@@ -5,10 +5,13 @@ report). The scans of ``spans`` (per collective, per step of every rank, DDP buc
 activity) are :class:`~holoprof.analyze.engine_dask.Aggregation` queries: under ``--engine dask``
 they run on the Dask cluster, with the same SQL and the same rows. Definitions, per step of a process:
 
-* ``total``: the union of its ``comm`` spans (collectives and DDP buckets) within the step.
-* ``exposed``: communication the training loop waited for — the ``communication`` phase (synchronous
-  collectives and ``Work.wait()`` outside any other phase) plus, for DDP, the time between the last
-  gradient bucket becoming ready (backward compute is over) and the last bucket's allreduce completing.
+* ``exposed``: communication the training loop waited for — its ``communication`` phase: synchronous
+  collectives and ``Work.wait()`` outside any other phase, and, for DDP, the end of backward after
+  the last gradient bucket was ready (backward's compute is over; it waits for the allreduce). It is
+  the very phase of the step breakdown, so the phase table, this section and ``communication_bound``
+  give one figure, and it is never more than the step.
+* ``total``: the union of its ``comm`` spans (collectives and DDP buckets) and of its exposed
+  communication within the step (``exposed <= total``).
 * ``overlapped``: ``total - exposed`` (communication hidden behind compute).
 * ``wait`` (per rank): its ``total`` minus the smallest ``total`` of any rank in the same step — time
   spent waiting at collectives for slower ranks. The rank that waits least in most steps arrives last:
@@ -74,19 +77,28 @@ _STEP_KEYS = "host, pid, step"
 
 def _per_step(keys: list[ProcKey]) -> Aggregation:
     """Per step of each of these processes: its window (of several step spans with one index, the
-    last to start), ``total`` (the union of its comm spans clipped to the window), ``exposed`` (the
-    union of its ``communication`` phases clipped to it, plus the DDP tail: the last bucket's end
-    after the last bucket became ready, at most ``total``) and the bytes of its collectives (DDP
-    buckets aside). A union adds, for each interval in order, what extends past the ends before it.
-    The spans of a step meet in one partition (shuffled on host, pid, step) on Dask."""
-    procs = " OR ".join(f"(host = {_sql_str(k.host)} AND pid = {int(k.pid)})" for k in keys) or "false"
+    last to start), ``exposed`` (the union of the ``communication`` phases of its training loop's
+    thread, clipped to the window: exactly the ``communication`` phase of the step breakdown),
+    ``total`` (the union of those phases and of its comm spans, clipped: exposed communication is
+    communication, so ``exposed <= total <= step``) and the bytes of its collectives (DDP buckets
+    aside). A union adds, for each interval in order, what extends past the ends before it. The
+    spans of a step meet in one partition (shuffled on host, pid, step) on Dask."""
+    procs = (
+        " OR ".join(
+            f"(host = {_sql_str(k.host)} AND pid = {int(k.pid)} AND (kind <> 'phase' OR tid = {int(k.tid)}))"
+            for k in keys
+        )
+        or "false"
+    )
+    union_add = (
+        "greatest(0, b - greatest(a, coalesce(max(b) OVER (PARTITION BY {part} ORDER BY a, b "
+        "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), a)))"
+    )
     return Aggregation(
         name="comm-steps",
         table="spans",
-        columns=("host", "pid", "kind", "name", "start_ns", "end_ns", "step", "attrs"),
+        columns=("host", "pid", "tid", "kind", "name", "start_ns", "end_ns", "step", "attrs"),
         chunk=f"""SELECT host, pid, step, kind, name, start_ns, end_ns,
-            CASE WHEN kind = 'comm' AND name = 'ddp_bucket'
-                 THEN try_cast(json_extract(attrs, '$.ready_ns') AS BIGINT) END AS ready,
             CASE WHEN kind = 'comm' AND name <> 'ddp_bucket'
                  THEN try_cast(json_extract(attrs, '$.bytes') AS BIGINT) END AS bytes
             FROM {{t}}
@@ -101,22 +113,17 @@ def _per_step(keys: list[ProcKey]) -> Aggregation:
               SELECT {{t}}.*, greatest({{t}}.start_ns, w.s) AS a, least({{t}}.end_ns, w.e) AS b
               FROM {{t}} JOIN w USING ({_STEP_KEYS}) WHERE {{t}}.kind <> 'step'),
             u AS (
-              SELECT {_STEP_KEYS}, kind, greatest(0, b - greatest(a, coalesce(max(b) OVER (
-                  PARTITION BY {_STEP_KEYS}, kind ORDER BY a, b ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), a)))
-                AS add
+              SELECT {_STEP_KEYS}, {union_add.format(part=_STEP_KEYS)} AS add_all,
+                     CASE WHEN kind = 'phase' THEN {union_add.format(part=_STEP_KEYS + ", kind")} END AS add_phase
               FROM x WHERE b > a),
             agg AS (
-              SELECT {_STEP_KEYS}, CAST(sum(add) FILTER (WHERE kind = 'comm') AS BIGINT) AS total,
-                     CAST(sum(add) FILTER (WHERE kind = 'phase') AS BIGINT) AS phase FROM u GROUP BY {_STEP_KEYS}),
+              SELECT {_STEP_KEYS}, CAST(sum(add_all) AS BIGINT) AS total,
+                     CAST(sum(add_phase) AS BIGINT) AS phase FROM u GROUP BY {_STEP_KEYS}),
             x2 AS (
-              SELECT {_STEP_KEYS},
-                     greatest(0, max(end_ns) FILTER (WHERE name = 'ddp_bucket')
-                                 - max(coalesce(ready, start_ns)) FILTER (WHERE name = 'ddp_bucket')) AS tail,
-                     CAST(sum(bytes) AS BIGINT) AS bytes
+              SELECT {_STEP_KEYS}, CAST(sum(bytes) AS BIGINT) AS bytes
               FROM x WHERE kind = 'comm' GROUP BY {_STEP_KEYS})
             SELECT {_STEP_KEYS}, w.s, w.e, coalesce(agg.total, 0) AS total,
-                   least(coalesce(agg.total, 0), coalesce(agg.phase, 0) + coalesce(x2.tail, 0)) AS exposed,
-                   coalesce(x2.bytes, 0) AS bytes
+                   coalesce(agg.phase, 0) AS exposed, coalesce(x2.bytes, 0) AS bytes
             FROM w LEFT JOIN agg USING ({_STEP_KEYS}) LEFT JOIN x2 USING ({_STEP_KEYS})""",
         order=_STEP_KEYS,
         pids=tuple(sorted({int(k.pid) for k in keys})),
@@ -451,6 +458,7 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
         "total_s_per_step": 0.0,
         "overlapped_s_per_step": 0.0,
         "exposed_s_per_step": 0.0,
+        "step_mean_s": 0.0,
         "world_size": 0,
         "collectives": _collectives(collectives, nsteps),
         "per_rank": [],
@@ -472,13 +480,16 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
     if main_proc is not None and nsteps:
         step_bytes = main_proc.bytes
         section["bytes_per_step"] = int(_median([float(step_bytes.get(s, 0)) for s in main_proc.steps]))
-        dur = sum(e - s for s, e in main_proc.steps.values())
-        total = sum(main_proc.total.values())
-        exposed = sum(main_proc.exposed.values())
-        section["exposed_fraction"] = round(exposed / dur, 6) if dur > 0 else 0.0
-        section["total_s_per_step"] = round(total / nsteps / NS, 6)
-        section["exposed_s_per_step"] = round(exposed / nsteps / NS, 6)
-        section["overlapped_s_per_step"] = round(max(0, total - exposed) / nsteps / NS, 6)
+        # exposed communication is the loop's `communication` phase: its figures are the phase's
+        # (means over the steps, as its share is), so that the phase table and this section agree
+        st = main_proc.stats
+        exposed_s = st.phases["communication"].total_s / st.count if st.count else 0.0
+        total_s = max(sum(main_proc.total.values()) / nsteps / NS, exposed_s)
+        section["exposed_fraction"] = round(st.phases["communication"].fraction, 6)
+        section["step_mean_s"] = round(st.mean_s, 6)
+        section["total_s_per_step"] = round(total_s, 6)
+        section["exposed_s_per_step"] = round(exposed_s, 6)
+        section["overlapped_s_per_step"] = round(total_s - exposed_s, 6)
         ws = run.rows(
             "SELECT max(world_size) FROM processes WHERE host = ? AND pid = ?",
             [main_proc.key.host, main_proc.key.pid],
@@ -493,7 +504,8 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
     if straggler is not None:
         findings.append(straggler)
     for p in sorted(procs, key=lambda q: (q.key.rank, q.key.pid)):
-        n = max(1, len(p.steps))
+        # medians over the rank's steps, as its step time is: per step exposed <= comm <= step, so
+        # their medians keep that order
         section["per_rank"].append(
             {
                 "rank": p.key.rank,
@@ -504,7 +516,8 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
                 "step_p90_s": round(p.stats.p90_s, 6),
                 "phases": {k: round(v.median_s, 6) for k, v in p.stats.phases.items()},
                 "comm_s": round(_median([t / NS for t in p.total.values()]), 6),
-                "exposed_s": round(sum(p.exposed.values()) / n / NS, 6),
+                "exposed_s": round(_median([t / NS for t in p.exposed.values()]), 6),
+                "exposed_fraction": round(p.stats.phases["communication"].fraction, 6),
                 "wait_s": round(waits.get(p.key.rank, 0.0), 6),
             }
         )
@@ -527,6 +540,7 @@ def _comm_bound(section: dict[str, Any], main: ProcComm) -> Finding | None:
             "overlapped_s_per_step": section["overlapped_s_per_step"],
             "total_s_per_step": section["total_s_per_step"],
             "bytes_per_step": section["bytes_per_step"],
+            "step_mean_s": section["step_mean_s"],
             "step_median_s": round(main.stats.median_s, 6),
             "world_size": section["world_size"],
             "ddp_buckets": nb,

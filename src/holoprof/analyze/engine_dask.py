@@ -570,6 +570,7 @@ class DaskEngine:
                 total_s=tot / NS,
                 median_s=float(per[p].median()) / NS if count else 0.0,
                 median_share=float((per[p] / per["dur"].clip(lower=1)).median()) if count else 0.0,
+                steps=int((per[p] != 0).sum()),
             )
         if total > 0:
             residue = 1.0 - sum(ps.fraction for ps in phase_stats.values())

@@ -632,6 +632,16 @@ def _from_hpc_log(run: Run) -> bool:
     )
 
 
+def _severity_of_gain(gain: float) -> str:
+    """Severity from the share of step time a fix can save: the thresholds of ``input_bound``
+    (20%: high, 5%: medium), so that a finding that can save nothing is never more than low."""
+    if gain >= 0.20:
+        return "high"
+    if gain >= DATA_WAIT_LINK:
+        return "medium"
+    return "low"
+
+
 def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
     n = section["files_read"]
     median = section["file_size_median_bytes"]
@@ -667,9 +677,10 @@ def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Findi
             f" The training loop waits for data {100 * _data_wait_fraction(st):.0f}% of each step, and I/O "
             f"read+open time is {100 * io_explains:.0f}% of that waiting."
         )
+    gain = _gain(section, st)
     return Finding(
         id="small_file_io",
-        severity=_severity(st, io_explains),
+        severity=_severity_of_gain(gain),
         title=f"small-file I/O: {why}; {section['read_time_s'] + section['meta_time_s']:.2f} s in reads and metadata",
         evidence=evidence,
         recommendation=(
@@ -683,7 +694,7 @@ def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Findi
             "(num_workers) so that opens and small reads overlap, and stage the dataset on a fast tier "
             "(/dev/shm, local NVMe) — see the staging evidence." + link
         ),
-        estimated_gain=_gain(section, st),
+        estimated_gain=gain,
         threshold={
             "files_min": SMALL_FILES_MIN,
             "median_file_bytes_below": SMALL_FILE_BYTES,

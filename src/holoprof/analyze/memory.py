@@ -13,7 +13,9 @@ written by :mod:`holoprof.collect.memory` at phase boundaries of sampled steps).
   the process's cgroup limit), or ``other`` is large on a GPU (cached and fragmented blocks).
 * ``memory_headroom``: activations grow with the batch and the rest does not, so the largest batch
   that fits is ``batch × (90% of the limit − the rest) / activations``; reported when at least twice
-  the current batch fits.
+  the current batch fits on a GPU that was measured idle part of the time (a larger batch is then
+  both possible and useful), with the advice kept to the same effective batch under gradient
+  accumulation. Never on the CPU, where nothing in one run measures that a larger batch helps.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ FRAGMENTATION_FRACTION = 0.25
 #: ... and at least this many bytes.
 FRAGMENTATION_MIN_BYTES = 512 * 1024**2
 HEADROOM_MIN_FACTOR = 2.0
+#: a GPU busier than this (mean NVML utilization, %) gains little from a larger batch
+HEADROOM_UTIL_BELOW = 80.0
 PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
 
 
@@ -255,8 +259,18 @@ def headroom_batch(ms: MemoryStats, batch: int) -> tuple[int, int, int] | None:
     return int(batch * budget / acts), acts, fixed
 
 
-def memory_headroom(ms: MemoryStats, batch: int | None, optimizer_fraction: float) -> Finding | None:
-    if not batch:
+def memory_headroom(
+    ms: MemoryStats, batch: int | None, gpu_util_percent: float | None, accumulation: int = 1
+) -> Finding | None:
+    """A larger batch both fits and is worth it: only on a GPU whose measured utilization says it is
+    idle part of the time (a larger batch fills it). On the CPU no measurement of one run says that a
+    larger batch would run faster per sample, so there is no finding (``holoprof sweep`` measures it).
+
+    With gradient accumulation (``accumulation`` micro-batches per optimizer step) the advice keeps
+    the effective batch: larger micro-batches, fewer of them."""
+    if not batch or not ms.device.startswith("cuda") or gpu_util_percent is None:
+        return None
+    if gpu_util_percent >= HEADROOM_UTIL_BELOW:
         return None
     est = headroom_batch(ms, batch)
     if est is None:
@@ -265,30 +279,44 @@ def memory_headroom(ms: MemoryStats, batch: int | None, optimizer_fraction: floa
     if max_batch < HEADROOM_MIN_FACTOR * batch:
         return None
     factor = max_batch / batch
-    suggested = batch
-    while suggested * 2 <= max_batch and suggested < batch * 64:
-        suggested *= 2
-    gain = max(0.0, min(1.0, optimizer_fraction)) * (1.0 - batch / suggested)
+    k = 1  # the batch grows k times: powers of two, within what fits
+    while batch * k * 2 <= max_batch and k < 64 and (accumulation <= 1 or k * 2 <= accumulation):
+        k *= 2
+    suggested = batch * k
+    idle = max(0.0, 1.0 - gpu_util_percent / 100.0)
+    gain = idle * (1.0 - 1.0 / k)
     sweep = ",".join(str(batch * 2**i) for i in range(4))
+    if accumulation > 1:
+        change = (
+            f"the job accumulates gradients over {accumulation} micro-batches of {batch}: make the "
+            f"micro-batch {suggested} and accumulate over {max(1, accumulation // k)} (the same "
+            f"{batch * accumulation} samples per optimizer step in fewer, larger passes)"
+        )
+    else:
+        change = f"raise the batch size from {batch} to {suggested}, scaling the learning rate with it"
     return Finding(
         id="memory_headroom",
         severity="low",
-        title=f"memory headroom: a batch of up to ~{max_batch} ({factor:.0f}× the current {batch}) fits in {ms.device} memory",
+        title=(
+            f"memory headroom: a batch of up to ~{max_batch} ({factor:.0f}× the current {batch}) fits in "
+            f"{ms.device} memory, and the GPU was busy {gpu_util_percent:.0f}% of the time"
+        ),
         evidence={
             "batch_size": batch,
+            "accumulation_steps": accumulation,
             "max_batch_size": max_batch,
+            "suggested_batch_size": suggested,
             "activation_bytes": acts,
             "activation_bytes_per_sample": round(acts / batch, 1),
             "fixed_bytes": fixed,
             "peak_bytes": ms.peak_bytes,
             "limit_bytes": ms.limit_bytes,
             "limit_source": ms.limit_source,
-            "optimizer_fraction": round(optimizer_fraction, 4),
+            "gpu_util_percent": round(gpu_util_percent, 1),
         },
         recommendation=(
-            f"raise the batch size (e.g. {batch} -> {suggested}, scaling the learning rate with it) to do "
-            f"more work per step, or spend the memory on a larger model; activations take "
-            f"{_mib(acts / batch)} per sample and everything else {_mib(fixed)}; measure throughput "
+            f"{change}: each step then does more work while the device would otherwise idle; activations "
+            f"take {_mib(acts / batch)} per sample and everything else {_mib(fixed)}; measure throughput "
             f"against batch size with: holoprof sweep --param batch_size={sweep} -- <your command with "
             "{batch_size}>"
         ),
@@ -296,10 +324,48 @@ def memory_headroom(ms: MemoryStats, batch: int | None, optimizer_fraction: floa
         threshold={
             "min_factor": HEADROOM_MIN_FACTOR,
             "budget_fraction": PRESSURE_FRACTION,
-            "measure": "batch × (0.9 × limit − fixed) / activations",
-            "gain": "optimizer-step share of the step, amortized over the larger batch (upper bound)",
+            "gpu_util_below": HEADROOM_UTIL_BELOW,
+            "measure": "batch × (0.9 × device memory − fixed) / activations",
+            "gain": "(1 − measured GPU utilization) × (1 − 1/k) for a k× larger batch: the device's idle "
+            "share, amortized over k times the work (predicted)",
         },
     )
+
+
+def _gpu_util(res: Any, device: str) -> float | None:
+    """The measured mean utilization (%) of the GPU the loop ran on (NVML), None without one."""
+    if res is None or not device.startswith("cuda"):
+        return None
+    try:
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+    except ValueError:
+        index = 0
+    stat = res.stats.get(f"gpu.{index}.util_percent")
+    return float(stat.mean) if stat is not None and stat.count else None
+
+
+def _accumulation_agg(proc: ProcKey) -> Aggregation:
+    """Batches fetched per step by the training loop's thread."""
+    return Aggregation(
+        name="memory-fetches-per-step",
+        table="spans",
+        columns=("host", "pid", "tid", "kind", "name", "step"),
+        chunk="""SELECT step, count(*) AS n FROM {t} WHERE kind = 'phase' AND name = 'data_wait'
+            AND host = $host AND pid = $pid AND tid = $tid AND step >= 0 GROUP BY step""",
+        combine="SELECT step, CAST(sum(n) AS BIGINT) AS n FROM {t} GROUP BY step",
+        order="step",
+        params={"host": proc.host, "pid": proc.pid, "tid": proc.tid},
+        pids=(proc.pid,),
+    )
+
+
+def accumulation_steps(run: Run, proc: ProcKey, ctx: dict[str, Any] | None = None) -> int:
+    """Micro-batches per optimizer step (gradient accumulation): the median number of batches the
+    loop fetched per step, 1 when it fetched none (no DataLoader)."""
+    import statistics
+
+    counts = [int(n) for _, n in aggregate(run, ctx, _accumulation_agg(proc))]
+    return max(1, int(statistics.median(counts))) if counts else 1
 
 
 # --- the report section ------------------------------------------------------------------------------
@@ -346,10 +412,12 @@ def memory_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[
     if f is not None:
         found.append(f)
     else:
-        st = ctx.get("steps")
-        opt_frac = float(st.phases["optimizer"].fraction) if st is not None and st.count else 0.0
         batch = loader.get("batch_size") or ms.batch_size
-        h = memory_headroom(ms, int(batch) if batch else None, opt_frac)
-        if h is not None:
-            found.append(h)
+        util = _gpu_util(ctx.get("resources"), ms.device)
+        main = ctx.get("main")
+        if batch and util is not None and util < HEADROOM_UTIL_BELOW:
+            accumulation = accumulation_steps(run, main, ctx) if main is not None else 1
+            h = memory_headroom(ms, int(batch), util, accumulation)
+            if h is not None:
+                found.append(h)
     return doc, found

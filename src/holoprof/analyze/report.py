@@ -30,7 +30,15 @@ from holoprof.store.reader import Run
 def _phases_doc(st: StepStats | None) -> dict[str, Any]:
     if st is None:
         return {
-            p: {"fraction": 0.0, "total_s": 0.0, "median_s": 0.0, "median_share": 0.0} for p in model.PHASES
+            p: {
+                "fraction": 0.0,
+                "total_s": 0.0,
+                "median_s": 0.0,
+                "median_share": 0.0,
+                "steps": 0,
+                "per_occurrence_s": 0.0,
+            }
+            for p in model.PHASES
         }
     doc = {
         p: {
@@ -38,6 +46,11 @@ def _phases_doc(st: StepStats | None) -> dict[str, Any]:
             "total_s": round(st.phases[p].total_s, 6),
             "median_s": round(st.phases[p].median_s, 6),
             "median_share": round(st.phases[p].median_share, 6),
+            # a phase of a few steps only (eval, checkpoint) has a median of 0: its time where it occurs
+            "steps": st.phases[p].steps,
+            "per_occurrence_s": round(st.phases[p].total_s / st.phases[p].steps, 6)
+            if st.phases[p].steps
+            else 0.0,
         }
         for p in model.PHASES
     }
@@ -315,7 +328,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
             "mean_s": round(st.mean_s, 6) if st else 0.0,
             "per_s": round(st.per_s, 4) if st else 0.0,
             "total_s": round(st.total_s, 6) if st else 0.0,
-            "epochs": st.epochs if st else 0,
+            "epochs": st.epochs if st and st.epochs else None,  # None: no epoch boundary was seen
             "process": {"host": main.host, "pid": main.pid, "rank": main.rank} if main else {},
             "per_rank": per_rank,
             "timeline": [{k: round(v, 6) for k, v in r.items()} for r in st.timeline] if st else [],

@@ -34,6 +34,7 @@ class PhaseStat:
     total_s: float
     median_s: float  # per step
     median_share: float = 0.0  # median over steps of (phase time / step time): robust to warm-up
+    steps: int = 0  # steps in which the phase occurs (its total / steps: its time per occurrence)
 
 
 @dataclass
@@ -623,6 +624,7 @@ def _stats(ps: _PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
             total_s=tot / NS,
             median_s=median(v) / NS,
             median_share=median(v, share=True),
+            steps=int(np.count_nonzero(v)),
         )
         del v
     median_s = p90_s = 0.0

@@ -198,8 +198,8 @@ def measure(run: Run) -> Measured:
         exposed = [proc.exposed[s] / NS for s in proc.steps]
         removed = statistics.median(exposed) if exposed else 0.0
         step_s = max(step_s - removed, step_s * 0.05)
-        last_ready = params[-1].ready_s if params else 0.0
-        backward_s = max(last_ready, backward_s - removed)
+        # nothing to take out of backward: its phase ends where its compute did (the wait for DDP's
+        # allreduce after the last bucket was ready is the `communication` phase)
     return Measured(
         run=run.path,
         process={"host": main.host, "pid": main.pid, "rank": main.rank},

@@ -3,7 +3,8 @@
 A generated run looks like what the agent writes: per rank a partition of each table with Parquet chunks of
 steps and phases (data_wait, forward, backward, optimizer), resource samples, and a processes row.
 With ``comm=True`` each step also has DDP's gradient buckets (``ddp_bucket`` comm spans overlapped with
-backward) and an exposed loss ``all_reduce`` in a ``communication`` phase; with ``io_files=N`` each
+backward, the end of backward after the last one was ready a ``communication`` phase) and an exposed
+loss ``all_reduce`` in a ``communication`` phase; with ``io_files=N`` each
 rank reads N shard files of its own and one file shared by all ranks, recorded as Darshan-style
 ``io_files`` snapshots (one mid-run, one final). Durations, read counts and sizes are drawn around
 fixed means with a seeded generator, and the exact totals are returned so that analyses can be
@@ -97,8 +98,8 @@ def generate_run(
     call :func:`finish_run` once all pieces are written. Each rank draws from its own seeded
     generator, so a rank's data do not depend on how the run was cut into pieces. ``comm`` and
     ``io_files`` add communication and I/O records, ``io_ops`` a per-operation read per step and
-    ``memory_every`` memory snapshots (see the module's docstring): 5 more spans and one more phase
-    per step with ``comm``.
+    ``memory_every`` memory snapshots (see the module's docstring): 6 more spans and two more
+    phases per step with ``comm``.
     """
     import numpy as np
     import pyarrow as pa
@@ -153,14 +154,21 @@ def generate_run(
             off = starts.copy()
             phase_start = {}
             for p in durs:
-                kinds.append(np.full(n, "phase", dtype=object))
-                pnames.append(np.full(n, p, dtype=object))
-                s_all.append(off)
-                e_all.append(off + durs[p])
-                st_all.append(step_idx)
+                # with comm, backward's phase ends when DDP's last bucket is ready; the rest of the
+                # backward call (waiting for the allreduce) is a `communication` phase, as recorded
+                pieces = [(p, off, durs[p])]
+                if comm and p == "backward":
+                    compute = len(BUCKET_BYTES) * (durs[p] // 5)
+                    pieces = [(p, off, compute), ("communication", off + compute, durs[p] - compute)]
+                for name, at, dur in pieces:
+                    kinds.append(np.full(n, "phase", dtype=object))
+                    pnames.append(np.full(n, name, dtype=object))
+                    s_all.append(at)
+                    e_all.append(at + dur)
+                    st_all.append(step_idx)
+                    mine["phase_ns"][name] = mine["phase_ns"].get(name, 0) + int(dur.sum())
                 phase_start[p] = off
                 off = off + durs[p]
-                mine["phase_ns"][p] = mine["phase_ns"].get(p, 0) + int(durs[p].sum())
             attrs.append(pa.nulls(sum(len(k) for k in kinds), pa.string()))
             if memory_every:
                 _memory(
@@ -239,9 +247,11 @@ def _comm_spans(
     """A chunk's comm spans, appended to ``out`` (kinds, names, starts, ends, steps, attrs).
 
     Bucket ``j`` becomes ready ``(j + 1) / 5`` into backward and takes at most a fifth of it, so the
-    buckets never overlap and all end within backward; the loss all_reduce fills the communication
-    phase. Per step, the union of the comm spans is the sum of their durations, and the exposed time
-    is the communication phase plus the last bucket (the DDP tail: from its ready time to its end)."""
+    buckets never overlap and all end within backward; the loss all_reduce fills its communication
+    phase. The exposed time of a step is its communication phases: the loss all_reduce's and the end
+    of backward after the last bucket was ready (which holds the last bucket's allreduce). Its
+    communication is the union of those phases and of the comm spans: the phases and the buckets
+    before the last."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -261,8 +271,9 @@ def _comm_spans(
         head = f'{{"bucket_index": {j}, "bytes": {nbytes}, "world_size": {world}, "ready_ns": '
         attrs.append(pc.binary_join_element_wise(head, pc.cast(pa.array(ready), pa.string()), "}", ""))
         _count(totals, "ddp_bucket", n, n * nbytes, int(dur.sum()))
-        union = union + dur
-        last = dur
+        if j < len(BUCKET_BYTES) - 1:
+            union = union + dur
+    tail = bw_dur - len(BUCKET_BYTES) * fifth
     kinds.append(np.full(n, "comm", dtype=object))
     pnames.append(np.full(n, "all_reduce", dtype=object))
     s_all.append(cp_start)
@@ -272,8 +283,8 @@ def _comm_spans(
         pa.array(np.full(n, f'{{"bytes": {LOSS_BYTES}, "group_size": {world}}}', dtype=object), pa.string())
     )
     _count(totals, "all_reduce", n, n * LOSS_BYTES, int(cp_dur.sum()))
-    mine["comm_ns"] = mine.get("comm_ns", 0) + int(union.sum())
-    mine["exposed_ns"] = mine.get("exposed_ns", 0) + int((cp_dur + last).sum())
+    mine["comm_ns"] = mine.get("comm_ns", 0) + int((union + tail).sum())
+    mine["exposed_ns"] = mine.get("exposed_ns", 0) + int((cp_dur + tail).sum())
 
 
 def _checkpoints(

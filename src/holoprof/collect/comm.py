@@ -18,6 +18,9 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   gradient bucket becomes a ``ddp_bucket`` span from the moment it is ready during backward until
   its allreduce completes, with attrs ``{bucket_index, bytes, ready_ns}`` and, whenever a bucket's
   content changes (the first step, after DDP rebuilds its buckets), ``params`` and ``param_bytes``.
+  The time the last bucket was ready is the end of backward's compute: the rest of the backward
+  call waits for the allreduce, and the PyTorch collector records it as a ``communication`` phase
+  (``{"op": "ddp_allreduce"}``) instead of ``backward``.
   A hook the job registers later (``register_comm_hook``, ``_register_builtin_comm_hook``) is not
   displaced: it runs inside the recording wrapper instead of the default.
 
@@ -386,6 +389,7 @@ class _DDPSlot:
             return fut
         try:
             agent = col.agent
+            agent.bucket_ready_ns = t0  # backward's compute is over once the last bucket is ready
             step = agent.steps.index
             index = int(bucket.index())
             buf = bucket.buffer()

@@ -6,6 +6,9 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   on, ``eval`` under ``no_grad``/``inference_mode``; nested module calls pass straight through.
 * ``torch.autograd.backward`` / ``torch.autograd.grad`` — ``backward`` (``Tensor.backward`` calls it).
 * the global optimizer step hooks, ``Optimizer.zero_grad`` and ``Module.zero_grad`` — ``optimizer``.
+  A ``step(closure)`` (LBFGS, Lightning's automatic optimization) is a whole iteration: the step
+  starts there, and the closure is handed to the optimizer wrapped so that the forward, backward and
+  ``zero_grad`` it runs keep their own phases (the optimizer's phase is the rest of the call).
 * ``_BaseDataLoaderIter.__next__`` — ``data_wait``; a fetch whose batch feeds an eval forward counts
   as ``eval``; the end of a training loader is an epoch boundary.
 * ``torch.save`` / ``torch.load`` — ``checkpoint``, with the path and bytes.
@@ -48,6 +51,8 @@ class TorchCollector(Collector):
         self._opt_t0 = 0
         self._opt_dev: Any = None
         self._dev_pending: list[tuple[str, int, int, Any, Any]] = []
+        self._closure_pos: dict[type, int] = {}
+        self._iter_len: dict[int, tuple[int, int]] = {}  # loader key -> (iterator id, batches)
 
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -88,13 +93,14 @@ class TorchCollector(Collector):
             if t.active is not None or not col.enabled:
                 return orig_call(self, *args, **kwargs)
             try:
-                t0 = now_ns()
+                t_open = now_ns()
                 if col.fault_at:
                     col.inject("forward")
                 training = is_grad_enabled()
                 name = "forward" if training else "eval"
-                col._begin_forward(training, t0)
+                col._begin_forward(training, t_open)
                 dev = col._dev_begin()
+                t0 = now_ns()  # the phase is the module call: the bookkeeping above is not in it
             except Exception as exc:
                 fail(exc)
                 return orig_call(self, *args, **kwargs)
@@ -135,7 +141,14 @@ class TorchCollector(Collector):
                     try:
                         t1 = now_ns()
                         steps.activity(t0)
-                        span("phase", "backward", t0, t1, steps.index)
+                        ready = agent.bucket_ready_ns
+                        if t0 < ready < t1:
+                            # DDP: from the moment the last gradient bucket was ready, backward only
+                            # waited for the buckets' allreduce (exposed communication)
+                            span("phase", "backward", t0, ready, steps.index)
+                            span("phase", "communication", ready, t1, steps.index, {"op": "ddp_allreduce"})
+                        else:
+                            span("phase", "backward", t0, t1, steps.index)
                         if dev is not None:
                             col._dev_end("backward", steps.index, t0, dev)
                         if update and not steps.optimizer_seen:
@@ -152,9 +165,9 @@ class TorchCollector(Collector):
         # optimizer ---------------------------------------------------------------------------------
         # These run inside torch's loop over its hooks: a failure here turns the collector off
         # (its hooks become no-ops) and leaves the hook dicts alone.
-        def opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+        def opt_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
             if not col.enabled:
-                return
+                return None
             try:
                 if col.fault_at:
                     col.inject("optimizer_pre")
@@ -162,14 +175,26 @@ class TorchCollector(Collector):
                 if col._opt_depth == 1:
                     if col._tls.active is not None:
                         col._opt_depth = -1_000_000  # nested inside another phase: not ours
-                        return
-                    col._opt_t0 = now_ns()
+                        return None
+                    t0 = now_ns()
+                    at, closure = col._closure_arg(optimizer, args, kwargs)
+                    if closure is not None:
+                        # a step that runs its own forward and backward (LBFGS, Lightning): a whole
+                        # iteration, which starts here
+                        col._begin_forward(True, t0)
+                    col._opt_t0 = t0
                     col._opt_dev = col._dev_begin()
                     col._tls.active = "optimizer"
                     steps.optimizer_seen = True
+                    if closure is not None:
+                        wrapped = col._wrap_closure(closure)
+                        if at < 0:
+                            return args, {**kwargs, "closure": wrapped}
+                        return (*args[:at], wrapped, *args[at + 1 :]), kwargs
             except Exception as exc:
                 col._opt_end()
                 fail(exc)
+            return None
 
         def opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
             if not col.enabled:
@@ -184,12 +209,9 @@ class TorchCollector(Collector):
                     return
                 if col._opt_depth == 0:
                     col._tls.active = None
-                    t0, t1 = col._opt_t0, now_ns()
-                    steps.activity(t0)
-                    span("phase", "optimizer", t0, t1, steps.index)
-                    if col._opt_dev is not None:
-                        col._dev_end("optimizer", steps.index, t0, col._opt_dev)
-                        col._opt_dev = None
+                    t1 = now_ns()
+                    steps.activity(col._opt_t0)
+                    col._end_optimizer_part(t1)
                     steps.update_done(t1)
             except Exception as exc:
                 col._opt_end()
@@ -257,7 +279,6 @@ class TorchCollector(Collector):
                 steps.just_updated = False
                 if key in col._train_loaders:
                     steps.opener(t0)
-                col._epoch_start.setdefault(key, t0)
             except Exception as exc:
                 fail(exc)
                 return orig_next(it)
@@ -275,6 +296,10 @@ class TorchCollector(Collector):
                     col._pending_dw = (t0, t1, key)
                     if stop:
                         col._end_epoch(key, t1)
+                    else:
+                        col._epoch_start.setdefault(key, t0)
+                        if col._last_batch(it, key):
+                            col._end_epoch(key, t1)
                 except Exception as exc:
                     fail(exc)
 
@@ -354,6 +379,67 @@ class TorchCollector(Collector):
         agent.pollers.append(self._poll_device)
         agent.info["torch"] = {"patched": True}
 
+    # -- optimizer steps that take a closure ---------------------------------------------------------
+    def _closure_arg(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[int, Any]:
+        """Where the ``closure`` of this ``step`` call is (its position in ``args``, -1 for a keyword) and
+        the closure itself (None when there is none). The position comes from the signature of the
+        optimizer's ``step``, looked up once per class."""
+        closure = kwargs.get("closure")
+        if closure is not None:
+            return -1, closure if callable(closure) else None
+        cls = type(optimizer)
+        at = self._closure_pos.get(cls)
+        if at is None:
+            import inspect
+
+            try:
+                names = list(inspect.signature(cls.step).parameters)
+            except (TypeError, ValueError):
+                names = []
+            at = names.index("closure") if "closure" in names else 0  # 0: `self`, never a closure
+            self._closure_pos[cls] = at
+        if 0 < at < len(args) and callable(args[at]):
+            return at, args[at]
+        return -1, None
+
+    def _wrap_closure(self, closure: Any) -> Any:
+        """The closure given to the optimizer, as the optimizer calls it: the same call, but the forward,
+        backward and ``zero_grad`` it runs keep their own phases; the optimizer's phase is what it does
+        outside the closure. The result (the loss) is the closure's, untouched."""
+        col = self
+
+        def closure_traced(*args: Any, **kwargs: Any) -> Any:
+            t = col._tls
+            if t.active != "optimizer" or col._opt_depth < 1 or not col.enabled:
+                return closure(*args, **kwargs)
+            try:
+                col._end_optimizer_part(now_ns())
+            except Exception as exc:
+                col.agent.fail(col, exc)
+                return closure(*args, **kwargs)
+            t.active = None
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                t.active = "optimizer"
+                try:
+                    col._opt_t0 = now_ns()
+                    col._opt_dev = col._dev_begin()
+                except Exception as exc:
+                    col.agent.fail(col, exc)
+
+        closure_traced.__wrapped__ = closure  # type: ignore[attr-defined]
+        return closure_traced
+
+    def _end_optimizer_part(self, t1: int) -> None:
+        """The optimizer's phase from the start of its step (or the end of its closure) to ``t1``."""
+        t0, index = self._opt_t0, self.agent.steps.index
+        if t1 > t0:
+            self.agent.span("phase", "optimizer", t0, t1, index)
+        if self._opt_dev is not None:
+            self._dev_end("optimizer", index, t0, self._opt_dev)
+            self._opt_dev = None
+
     # -- state machine helpers (called from the patches) -------------------------------------------
     def _opt_end(self) -> None:
         """Forget an optimizer step in progress (after a failure): the phase it opened is closed."""
@@ -401,6 +487,22 @@ class TorchCollector(Collector):
         if ctx is not None:
             attrs["multiprocessing_context"] = getattr(ctx, "_name", str(ctx))
         self.agent.span("op", "dataloader", t0, t0, -1, attrs)
+
+    def _last_batch(self, it: Any, key: int) -> bool:
+        """The iterator of a map-style dataset has just yielded its last batch: its epoch is over.
+        Loops that stop at the loader's length (Lightning, Hugging Face) never ask for more, so the
+        ``StopIteration`` that ends a plain ``for`` loop's epoch never comes. The length is read once
+        per iterator (``len`` of its batch sampler, as the iterator itself computes it)."""
+        if getattr(it, "_dataset_kind", None) != 0:  # torch's _DatasetKind.Map
+            return False
+        known = self._iter_len.get(key)
+        if known is None or known[0] != id(it):
+            try:
+                known = (id(it), len(it._index_sampler))
+            except TypeError:  # a sampler without a length
+                known = (id(it), 0)
+            self._iter_len[key] = known
+        return 0 < known[1] <= getattr(it, "_num_yielded", 0)
 
     def _end_epoch(self, key: int, t1: int) -> None:
         start = self._epoch_start.pop(key, None)

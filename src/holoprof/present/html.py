@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from holoprof.errors import HoloprofError
+from holoprof.present.terminal import fmt_phase_per_step
 
 PHASE_COLORS = {
     "data_wait": "#d62728",
@@ -336,6 +337,7 @@ def _header(doc: dict[str, Any]) -> str:
         (fmt_s(run.get("duration_s", 0) or 0), "duration"),
         (f"{run.get('processes', 0)} ({run.get('traced_processes', 0)} traced)", "processes"),
         (str(st.get("count", 0)), "steps"),
+        ("unknown" if st.get("epochs") is None else str(st["epochs"]), "epochs"),
         (fmt_s(st.get("median_s", 0) or 0), "median step"),
         (fmt_s(st.get("p90_s", 0) or 0), "p90 step"),
         (f"{float(st.get('per_s', 0) or 0):.2f}", "steps/s"),
@@ -381,7 +383,7 @@ def _steps(doc: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr><td><i style='display:inline-block;width:10px;height:10px;background:{PHASE_COLORS.get(p, '#999')}'>"
         f"</i> {esc(p)}</td><td class='num'>{fmt_pct(v.get('fraction', 0))}</td>"
-        f"<td class='num'>{esc(fmt_s(v.get('median_s', 0)))}</td><td class='num'>{esc(fmt_s(v.get('total_s', 0)))}</td></tr>"
+        f"<td class='num'>{esc(fmt_phase_per_step(v, fmt_s))}</td><td class='num'>{esc(fmt_s(v.get('total_s', 0)))}</td></tr>"
         for p, v in phases.items()
         if float(v.get("fraction", 0) or 0) > 0 or float(v.get("total_s", 0) or 0) > 0
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 from rich import box
@@ -34,6 +35,15 @@ def fmt_s(s: float) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.2f} ms"
     return f"{s * 1e6:.0f} µs"
+
+
+def fmt_phase_per_step(v: dict[str, Any], fmt: Callable[[float], str] = fmt_s) -> str:
+    """A phase's time per step: its median, or, for a phase that occurs in a few steps only (eval,
+    checkpoint: a median of 0), its time per step where it occurs and in how many steps."""
+    n = int(v.get("steps") or 0)
+    if float(v.get("median_s") or 0) <= 0 < float(v.get("total_s") or 0) and n:
+        return f"{fmt(float(v.get('per_occurrence_s') or 0))} in {n} step{'' if n == 1 else 's'}"
+    return fmt(float(v.get("median_s") or 0))
 
 
 def fmt_bytes(b: float) -> str:
@@ -103,7 +113,11 @@ def _steps(doc: dict[str, Any]) -> Table | Text:
     for c in ("steps", "median", "p90", "steps/s", "epochs"):
         t.add_column(c, justify="right")
     t.add_row(
-        str(st["count"]), fmt_s(st["median_s"]), fmt_s(st["p90_s"]), f"{st['per_s']:.2f}", str(st["epochs"])
+        str(st["count"]),
+        fmt_s(st["median_s"]),
+        fmt_s(st["p90_s"]),
+        f"{st['per_s']:.2f}",
+        "unknown" if st.get("epochs") is None else str(st["epochs"]),
     )
     return t
 
@@ -123,7 +137,7 @@ def _phases(doc: dict[str, Any]) -> Group:
         t.add_row(
             Text(p, style=PHASE_COLORS.get(p, "white")),
             f"{100 * v['fraction']:.1f}%",
-            fmt_s(v["median_s"]),
+            fmt_phase_per_step(v),
             fmt_s(v["total_s"]),
             Text("█" * n, style=PHASE_COLORS.get(p, "white")),
         )

@@ -29,6 +29,13 @@
     if (a < 7200) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
     return (s / 3600).toFixed(1) + " h";
   }
+  // a phase's time per step: its median, or for a phase of a few steps only (eval, checkpoint: median 0)
+  // its time per step where it occurs and in how many steps (as the terminal and HTML reports)
+  function phasePerStep(v) {
+    const n = v.steps || 0;
+    if (!(v.median_s > 0) && v.total_s > 0 && n) return fmtS(v.per_occurrence_s) + " in " + n + (n === 1 ? " step" : " steps");
+    return fmtS(v.median_s);
+  }
   function fmtUs(us) { return fmtS(us / 1e6); }
   function fmtBytes(b) {
     if (b == null || isNaN(b)) return "–";
@@ -176,6 +183,7 @@
     document.getElementById("run-sub").textContent = (run.command || []).join(" ");
     const kpis = [
       ["steps", fmtNum(st.count)],
+      ["epochs", st.epochs == null ? "unknown" : fmtNum(st.epochs)],
       ["median step", fmtS(st.median_s)],
       ["p90 step", fmtS(st.p90_s)],
       ["throughput", st.per_s ? st.per_s.toFixed(st.per_s < 10 ? 2 : 1) + " steps/s" : "–"],
@@ -252,7 +260,7 @@
     if (!items.length) { el.innerHTML = '<div class="empty">No training step yet.</div>'; return; }
     el.innerHTML = `<div class="phasebar">${items.map(([p, v]) => `<div title="${esc(LABELS[p])} ${fmtPct(v.fraction)}" style="width:${(v.fraction * 100).toFixed(3)}%;background:${COLORS[p]}"></div>`).join("")}</div>
       <table><thead><tr><th>phase</th><th class="num">share</th><th class="num">median per step</th><th class="num">total</th></tr></thead><tbody>
-      ${items.map(([p, v]) => `<tr><td><span class="legend"><span><span class="sw" style="background:${COLORS[p]}"></span>${esc(LABELS[p])}</span></span></td><td class="num">${fmtPct(v.fraction)}</td><td class="num">${fmtS(v.median_s)}</td><td class="num">${fmtS(v.total_s)}</td></tr>`).join("")}
+      ${items.map(([p, v]) => `<tr><td><span class="legend"><span><span class="sw" style="background:${COLORS[p]}"></span>${esc(LABELS[p])}</span></span></td><td class="num">${fmtPct(v.fraction)}</td><td class="num">${esc(phasePerStep(v))}</td><td class="num">${fmtS(v.total_s)}</td></tr>`).join("")}
       </tbody></table>`;
   }
 
