@@ -235,11 +235,14 @@ def _touched(f: FileRow) -> bool:
 
 def _mapped_bytes(d: dict[str, float]) -> float:
     """The bytes a file's mappings brought into the process: the resident pages where every mapping
-    was measured, else the bytes mapped (an upper bound)."""
+    was measured; scaled from the measured ones to all where only some were (the native layer
+    measures within a time budget); the bytes mapped (an upper bound) where none was."""
     if not d["mmaps"]:
         return 0.0
     if d["mmaps_measured"] >= d["mmaps"]:
         return d["bytes_mapped_resident"]
+    if d["mmaps_measured"] > 0:
+        return min(d["bytes_mapped"], d["bytes_mapped_resident"] * d["mmaps"] / d["mmaps_measured"])
     return d["bytes_mapped"]
 
 
@@ -535,6 +538,7 @@ def _mapped_section(mapped: dict[str, dict[str, float]]) -> dict[str, Any]:
         "files": len(mapped),
         **_mapped_doc(tot),
         "bytes_brought_in": int(sum(_mapped_bytes(d) for d in mapped.values())),
+        "bytes_brought_in_exact": all(d["mmaps_measured"] >= d["mmaps"] for d in mapped.values()),
         "reads": int(tot["reads"]),
         "small_reads": int(tot["small_reads"]),
     }
