@@ -168,10 +168,6 @@ def _lightning_save(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Target:
     return Target(_local_path(_arg(args, kwargs, 1, "filepath")), sized=writes)
 
 
-def _method_file(i: int, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Target]:
-    return _file_target(i, name)
-
-
 _TORCH: list[_Spec] = [
     ("torch", None, "save", "save", "torch.save", _file_target(1, "f")),
     ("torch", None, "load", "load", "torch.load", _file_target(0, "f")),
@@ -257,7 +253,7 @@ for _pkg, _api in (("lightning.fabric", "lightning"), ("lightning_fabric", "ligh
             "save_checkpoint",
             "save",
             f"{_api}.TorchCheckpointIO.save_checkpoint",
-            _method_file(2, "path"),
+            _file_target(2, "path"),
         ),
         (
             f"{_pkg}.plugins.io.torch_io",
@@ -265,7 +261,7 @@ for _pkg, _api in (("lightning.fabric", "lightning"), ("lightning_fabric", "ligh
             "load_checkpoint",
             "load",
             f"{_api}.TorchCheckpointIO.load_checkpoint",
-            _method_file(1, "path"),
+            _file_target(1, "path"),
         ),
     ]
 
