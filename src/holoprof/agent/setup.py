@@ -93,6 +93,7 @@ def post_import_finder() -> PostImportFinder:
 #: imported or built is reported once (fail open) and the others run.
 COLLECTORS: list[str] = [
     "holoprof.collect.torch:TorchCollector",
+    "holoprof.collect.checkpoints:CheckpointCollector",
     "holoprof.collect.tensorflow:TensorFlowCollector",
     "holoprof.collect.control:ControlCollector",
     "holoprof.collect.memory:MemoryCollector",

@@ -1,7 +1,7 @@
 """What checkpoints cost the job: the `checkpoints` section and the `checkpoint_bound` finding.
 
-A checkpoint span (``torch.save``/``torch.load``, ``torch.distributed.checkpoint``, Keras and
-``tf.train.Checkpoint`` saves) recorded on the thread that runs the training loop blocked training
+A checkpoint span (``torch.save``/``torch.load``, ``torch.distributed.checkpoint``, safetensors,
+Hugging Face and Lightning saves and loads, Keras and ``tf.train.Checkpoint`` saves) recorded on the thread that runs the training loop blocked training
 for its whole duration; one recorded on another thread (an asynchronous save, a burst buffer's drain)
 did not. The share of training time blocked by checkpoints is the measure behind ``checkpoint_bound``.
 
@@ -45,7 +45,7 @@ def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], 
     rows = aggregate(run, ctx, _CHECKPOINT_ROWS)
     if not rows:
         return {}, []
-    items = []
+    items: list[dict[str, Any]] = []
     for host, pid, tid, s, e, attrs in rows:
         try:
             a = json.loads(attrs) if attrs else {}
@@ -53,20 +53,27 @@ def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], 
             a = {}
         blocking = main is None or (host == main.host and pid == main.pid and tid == main.tid)
         dur = max(0, e - s) / 1e9
-        b = a.get("bytes")
+        if a.get("part_of") and _fold(items, host, pid, a, dur):
+            continue
         items.append(
             {
                 "op": a.get("op", "save"),
                 "api": a.get("api", "torch.save" if a.get("op") != "load" else "torch.load"),
                 "path": a.get("path"),
-                "bytes": b,
+                "bytes": a.get("bytes"),
                 "seconds": round(dur, 6),
-                "bandwidth_bytes_per_s": round(b / dur, 1) if b and dur > 0 else None,
+                "bandwidth_bytes_per_s": None,
                 "blocking": blocking,
                 "pid": pid,
                 "start_ns": s,
+                "host": host,
             }
         )
+        if a.get("files") is not None:
+            items[-1]["files"] = a["files"]
+    for i in items:
+        b, dur = i["bytes"], i["seconds"]
+        i["bandwidth_bytes_per_s"] = round(b / dur, 1) if b and dur > 0 else None
     saves = [i for i in items if i["op"] == "save"]
     blocked_s = sum(i["seconds"] for i in items if i["blocking"])
     st = ctx.get("steps")
@@ -88,7 +95,7 @@ def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], 
         "background_s": round(sum(i["seconds"] for i in items if not i["blocking"]), 6),
         "blocking_fraction": round(share, 6),
         "median_save_s": round(median_cost, 6),
-        "items": [{k: v for k, v in i.items() if k != "start_ns"} for i in items[:200]],
+        "items": [{k: v for k, v in i.items() if k not in ("start_ns", "host")} for i in items[:200]],
     }
     if mtbf_s and median_cost > 0:
         section["young_daly_interval_s"] = round(young_daly_interval_s(median_cost, mtbf_s), 1)
@@ -128,6 +135,21 @@ def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], 
             )
         )
     return section, findings
+
+
+def _fold(items: list[dict[str, Any]], host: str, pid: int, a: dict[str, Any], dur: float) -> bool:
+    """The job's own fsync or rename of a file a checkpoint call had just saved (``part_of``) is part
+    of that save: its time is added, and a rename gives the save its final path and bytes."""
+    path = a.get("renamed_from") or a.get("path")
+    for i in reversed(items):
+        if i["host"] == host and i["pid"] == pid and i["op"] == "save" and i["path"] == path:
+            i["seconds"] = round(i["seconds"] + dur, 6)
+            i["path"] = a.get("path", i["path"])
+            if a.get("bytes") is not None:
+                i["bytes"] = a["bytes"]
+            i.setdefault("then", []).append(a.get("api"))
+            return True
+    return False
 
 
 def _mtbf_s(run: Run) -> float | None:

@@ -55,6 +55,9 @@ BANDWIDTH_MIN_BYTES = 16 * MiB
 IO_SHARE_OF_WAIT_MIN = 0.25
 #: A file's own bandwidth counts as a reference only when at least this much was read from it.
 REFERENCE_MIN_BYTES = 1 * MiB
+_SMALL_READ_INDEX = tuple(
+    i for i, (name, _, _) in enumerate(model.DARSHAN_SIZE_BUCKETS) if name in SMALL_READ_BUCKETS
+)
 DATA_WAIT_LINK = 0.05
 TOP_FILES = 50
 TOP_DIRS = 10
@@ -71,6 +74,11 @@ _SUMS = (
     ("consec_reads", "CONSEC_READS"),
     ("max_byte_read", "MAX_BYTE_READ"),
     ("max_byte_written", "MAX_BYTE_WRITTEN"),
+    ("mmaps", "MMAPS"),
+    ("bytes_mapped", "BYTES_MAPPED"),
+    ("max_byte_mapped", "MAX_BYTE_MAPPED"),
+    ("mmaps_measured", "MMAPS_MEASURED"),
+    ("bytes_mapped_resident", "BYTES_MAPPED_RESIDENT"),
 )
 _FLOATS = (
     ("read_time_s", "F_READ_TIME"),
@@ -311,7 +319,22 @@ def _by_module(rows: list[FileRow]) -> dict[str, dict[str, int]]:
 
 def _touched(f: FileRow) -> bool:
     v = f.v
-    return bool(v["opens"] or v["reads"] or v["writes"] or v["bytes_read"] or v["bytes_written"])
+    return bool(
+        v["opens"] or v["reads"] or v["writes"] or v["bytes_read"] or v["bytes_written"] or v["mmaps"]
+    )
+
+
+def _mapped_bytes(d: dict[str, float]) -> float:
+    """The bytes a file's mappings brought into the process: the resident pages where every mapping
+    was measured; scaled from the measured ones to all where only some were (the native layer
+    measures within a time budget); the bytes mapped (an upper bound) where none was."""
+    if not d["mmaps"]:
+        return 0.0
+    if d["mmaps_measured"] >= d["mmaps"]:
+        return d["bytes_mapped_resident"]
+    if d["mmaps_measured"] > 0:
+        return min(d["bytes_mapped"], d["bytes_mapped_resident"] * d["mmaps"] / d["mmaps_measured"])
+    return d["bytes_mapped"]
 
 
 def _roles(run: Run) -> dict[tuple[str, int], str]:
@@ -422,6 +445,8 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
                 "meta_time_s": 0.0,
                 "extent": 0.0,
                 "processes": 0.0,
+                "small_reads": 0.0,
+                **{k: 0.0 for k in _MAPPED_SUMS},
             },
         )
         for k in (
@@ -433,13 +458,22 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
             "seq_reads",
             "read_time_s",
             "meta_time_s",
+            *_MAPPED_SUMS,
         ):
             d[k] += f.v[k]
         d["processes"] += 1
-        ext = max(f.v["max_byte_read"], f.v["max_byte_written"]) + 1 if _touched(f) else 0
+        d["small_reads"] += sum(f.size_read[i] for i in _SMALL_READ_INDEX)
+        ext = (
+            max(f.v["max_byte_read"], f.v["max_byte_written"], f.v["max_byte_mapped"]) + 1
+            if _touched(f)
+            else 0
+        )
         d["extent"] = max(d["extent"], ext)
-    touched = {p: d for p, d in per.items() if d["opens"] or d["reads"] or d["writes"]}
-    ranked = sorted(touched.items(), key=lambda kv: (-(kv[1]["bytes_read"] + kv[1]["bytes_written"]), kv[0]))
+    touched = {p: d for p, d in per.items() if d["opens"] or d["reads"] or d["writes"] or d["mmaps"]}
+    ranked = sorted(
+        touched.items(),
+        key=lambda kv: (-(kv[1]["bytes_read"] + kv[1]["bytes_written"] + _mapped_bytes(kv[1])), kv[0]),
+    )
     files_detail = [
         {
             "path": p,
@@ -451,10 +485,12 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
             "seq_read_fraction": round(d["seq_reads"] / d["reads"], 4) if d["reads"] else 0.0,
             "read_time_s": round(d["read_time_s"], 6),
             "processes": int(d["processes"]),
+            **_mapped_doc(d),
         }
         for p, d in ranked[:TOP_FILES]
     ]
-    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0}
+    mapped_files = {p: d for p, d in touched.items() if d["mmaps"]}
+    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or d["mmaps"]}
     sizes = [d["extent"] for d in read_files.values()]
     size_hist = {name: 0 for name, _, _ in model.DARSHAN_SIZE_BUCKETS}
     for s in sizes:
@@ -560,6 +596,7 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         "reference_bandwidth": {"bytes_per_s": round(ref[0], 1), "source": ref[1]} if ref else {},
         "data_wait": data_wait,
         "staging": staging,
+        "mapped": _mapped_section(mapped_files),
         "files_detail": files_detail,
     }
     hpc = _from_hpc_log(run)
@@ -571,6 +608,38 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         if staging_finding is not None:
             findings.append(staging_finding)
     return section, findings
+
+
+#: Per-file sums of the mapping counters.
+_MAPPED_SUMS = ("mmaps", "bytes_mapped", "mmaps_measured", "bytes_mapped_resident")
+
+
+def _mapped_doc(d: dict[str, float]) -> dict[str, Any]:
+    """A file's mappings: how many, the bytes mapped, and the bytes of them the process brought in
+    (resident pages, measured when a mapping goes; None where no mapping of the file was measured)."""
+    resident = int(d["bytes_mapped_resident"]) if d["mmaps_measured"] or not d["mmaps"] else None
+    return {
+        "mmaps": int(d["mmaps"]),
+        "bytes_mapped": int(d["bytes_mapped"]),
+        "bytes_mapped_resident": resident,
+        "mmaps_measured": int(d["mmaps_measured"]),
+    }
+
+
+def _mapped_section(mapped: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """All mapped files: totals, and the read calls made on them (their data comes through the
+    mapping, so their sizes say nothing about how the job reads)."""
+    if not mapped:
+        return {}
+    tot = {k: sum(d[k] for d in mapped.values()) for k in (*_MAPPED_SUMS, "reads", "small_reads")}
+    return {
+        "files": len(mapped),
+        **_mapped_doc(tot),
+        "bytes_brought_in": int(sum(_mapped_bytes(d) for d in mapped.values())),
+        "bytes_brought_in_exact": all(d["mmaps_measured"] >= d["mmaps"] for d in mapped.values()),
+        "reads": int(tot["reads"]),
+        "small_reads": int(tot["small_reads"]),
+    }
 
 
 def _staging(read_files: dict[str, dict[str, float]], ref: tuple[float, str] | None) -> list[dict[str, Any]]:
@@ -645,9 +714,14 @@ def _severity_of_gain(gain: float) -> str:
 def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
     n = section["files_read"]
     median = section["file_size_median_bytes"]
-    small_share = section["small_read_fraction"]
+    # reads of mapped files are left out of the share: their data comes through the mapping
+    mapped = section["mapped"]
+    reads = section["reads"] - mapped.get("reads", 0)
+    hist = section["read_size_histogram"]
+    small = sum(hist[b] for b in SMALL_READ_BUCKETS) - mapped.get("small_reads", 0)
+    small_share = round(small / reads, 4) if reads > 0 else 0.0
     many_small = n >= SMALL_FILES_MIN and median < SMALL_FILE_BYTES
-    small_reads = section["reads"] > 0 and small_share >= SMALL_READ_SHARE
+    small_reads = reads > 0 and small_share >= SMALL_READ_SHARE
     if not (many_small or small_reads):
         return None
     evidence: dict[str, Any] = {
@@ -659,6 +733,8 @@ def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Findi
         "meta_time_s": section["meta_time_s"],
         "meta_time_fraction": section["meta_time_fraction"],
     }
+    if mapped:
+        evidence["mapped"] = mapped
     if section["data_wait"]:
         evidence["data_wait"] = section["data_wait"]
     if section["staging"]:
@@ -709,6 +785,8 @@ def _io_bandwidth(section: dict[str, Any], st: Any, hpc: bool = False) -> Findin
     achieved = section["bandwidth_read_window_bytes_per_s"]
     if not ref or section["bytes_read"] < BANDWIDTH_MIN_BYTES or achieved <= 0:
         return None
+    if section["mapped"].get("bytes_brought_in", 0) > section["bytes_read"]:
+        return None  # most data comes through mappings, which the read-call bandwidth does not see
     ratio = achieved / ref["bytes_per_s"]
     if ratio >= BANDWIDTH_RATIO:
         return None

@@ -12,20 +12,24 @@ Two layers produce the same rows of the ``io_files`` table:
     raw layer, so the counted reads and writes are the real ones under the buffers;
   - ``os.open``, ``os.read``, ``os.pread``, ``os.write``, ``os.pwrite``, ``os.lseek``, ``os.close``,
     ``os.stat``, ``os.lstat``, ``os.fstat``, ``os.fsync``, ``mmap.mmap``;
+  - ``os.rename``, ``os.replace``: a counted file's counters move to its new name;
   - ``numpy.fromfile`` (and so ``np.load`` of ``.npy`` files), whose reads happen in C on a duplicate
     descriptor: it counts as one read of the bytes it consumed.
 
 Counters (Darshan's names): ``POSIX_OPENS``, ``POSIX_READS``, ``POSIX_WRITES``, ``POSIX_SEEKS``,
-``POSIX_STATS``, ``POSIX_FSYNCS``, ``POSIX_MMAPS``, ``POSIX_BYTES_READ``, ``POSIX_BYTES_WRITTEN``,
+``POSIX_STATS``, ``POSIX_FSYNCS``, ``POSIX_MMAPS``, ``POSIX_BYTES_MAPPED``, ``POSIX_MAX_BYTE_MAPPED``,
+``POSIX_BYTES_READ``, ``POSIX_BYTES_WRITTEN``,
 ``POSIX_MAX_BYTE_READ``, ``POSIX_MAX_BYTE_WRITTEN``, ``POSIX_CONSEC_*``, ``POSIX_SEQ_*``,
 ``POSIX_RW_SWITCHES``, the ten ``POSIX_SIZE_READ_*`` / ``POSIX_SIZE_WRITE_*`` buckets, and the float
 counters ``POSIX_F_READ_TIME``, ``POSIX_F_WRITE_TIME``, ``POSIX_F_META_TIME`` (seconds) and the
 ``POSIX_F_{OPEN,READ,WRITE,CLOSE}_{START,END}_TIMESTAMP`` (seconds since the epoch).
 
 Noise filtering (both layers): the interpreter's own files (``sys.prefix``, ``sys.base_prefix``,
-site-packages, the standard library, Python sources ``.py``/``.pyc`` anywhere: the program being
-imported), ``/proc``, ``/sys``, ``/dev`` and the run directory
-are left out unless ``--io-include PREFIX`` brings them back; ``--io-exclude PREFIX`` leaves out more.
+site-packages, the standard library), the files of any other Python installation
+(:func:`python_env_path`: site-packages, dist-info, ``__pycache__``, ``lib/pythonX.Y``, Python sources
+``.py``/``.pyc`` anywhere: the program being imported), ``/proc``, ``/sys``, ``/dev`` and the run
+directory are left out unless ``--io-include PREFIX`` brings them back; ``--io-exclude PREFIX`` leaves
+out more.
 
 The hot path (a read) does a few integer updates on a per-file record; rows are built on the writer
 thread, which writes a cumulative snapshot of the files that changed since the last flush.
@@ -100,6 +104,7 @@ class FileStats:
     """Darshan POSIX counters of one file in this process (times in monotonic ns until reported)."""
 
     __slots__ = (
+        "bytes_mapped",
         "bytes_read",
         "bytes_written",
         "close_end",
@@ -111,6 +116,7 @@ class FileStats:
         "last_byte_read",
         "last_byte_written",
         "last_io",
+        "max_byte_mapped",
         "max_byte_read",
         "max_byte_written",
         "meta_ns",
@@ -143,6 +149,7 @@ class FileStats:
     def reset(self) -> None:
         self.opens = self.reads = self.writes = self.seeks = self.stats = 0
         self.fsyncs = self.mmaps = 0
+        self.bytes_mapped = self.max_byte_mapped = 0
         self.bytes_read = self.bytes_written = 0
         self.max_byte_read = self.max_byte_written = 0
         self.consec_reads = self.consec_writes = self.seq_reads = self.seq_writes = 0
@@ -155,6 +162,25 @@ class FileStats:
         self.open_start = self.open_end = self.read_start = self.read_end = 0
         self.write_start = self.write_end = self.close_start = self.close_end = 0
         self.dirty = False
+
+    def merge(self, o: FileStats) -> None:
+        """Add the counters of ``o`` (the same file under its earlier name, before a rename)."""
+        for k in ("opens", "reads", "writes", "seeks", "stats", "fsyncs", "mmaps", "bytes_mapped"):
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+        for k in ("bytes_read", "bytes_written", "consec_reads", "consec_writes", "seq_reads", "seq_writes"):
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+        for k in ("rw_switches", "read_ns", "write_ns", "meta_ns"):
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+        for k in ("max_byte_read", "max_byte_written", "max_byte_mapped"):
+            setattr(self, k, max(getattr(self, k), getattr(o, k)))
+        for k in ("open_start", "read_start", "write_start", "close_start"):
+            a, b = getattr(self, k), getattr(o, k)
+            setattr(self, k, min(a, b) if a and b else a or b)
+        for k in ("open_end", "read_end", "write_end", "close_end"):
+            setattr(self, k, max(getattr(self, k), getattr(o, k)))
+        self.size_read = [a + b for a, b in zip(self.size_read, o.size_read, strict=True)]
+        self.size_write = [a + b for a, b in zip(self.size_write, o.size_write, strict=True)]
+        self.dirty = True
 
     def counters(self, clock_offset_ns: int) -> dict[str, Any]:
         def ts(t: int) -> float:
@@ -172,6 +198,8 @@ class FileStats:
             "POSIX_BYTES_WRITTEN": self.bytes_written,
             "POSIX_MAX_BYTE_READ": self.max_byte_read,
             "POSIX_MAX_BYTE_WRITTEN": self.max_byte_written,
+            "POSIX_BYTES_MAPPED": self.bytes_mapped,
+            "POSIX_MAX_BYTE_MAPPED": self.max_byte_mapped,
             "POSIX_CONSEC_READS": self.consec_reads,
             "POSIX_CONSEC_WRITES": self.consec_writes,
             "POSIX_SEQ_READS": self.seq_reads,
@@ -302,13 +330,23 @@ def _on_meta(f: FileStats, op: str, t0: int, t1: int, off: int = -1) -> None:
         f.stats += 1
     elif op == "sync":
         f.fsyncs += 1
-    elif op == "mmap":
-        f.mmaps += 1
     f.meta_ns += t1 - t0
     f.dirty = True
     tr = _trace
     if tr is not None:
         _trace_op(tr, f.path, op, off, 0, t0, t1)
+
+
+def _on_mmap(f: FileStats, off: int, n: int, t0: int, t1: int) -> None:
+    f.mmaps += 1
+    f.bytes_mapped += n
+    if off + n - 1 > f.max_byte_mapped:
+        f.max_byte_mapped = off + n - 1
+    f.meta_ns += t1 - t0
+    f.dirty = True
+    tr = _trace
+    if tr is not None:
+        _trace_op(tr, f.path, "mmap", off, n, t0, t1)
 
 
 def _trace_op(
@@ -375,6 +413,27 @@ def default_excludes(run_dir: str | None = None) -> list[str]:
 
 #: Python source and bytecode: the interpreter reading the program itself (the script, its imports).
 _SOURCE_SUFFIXES: Final = (".py", ".pyc", ".pyi", ".pth")
+#: Directories that only Python installations have.
+_ENV_DIRS: Final = frozenset(("site-packages", "dist-packages", "__pycache__"))
+_ENV_DIR_SUFFIXES: Final = (".dist-info", ".egg-info")
+
+
+def python_env_path(path: str) -> bool:
+    """A file of a Python installation, whichever interpreter it belongs to (a job's own virtual
+    environment, a conda env, the system Python): under a ``site-packages``, ``dist-packages``,
+    ``__pycache__``, ``*.dist-info`` or ``*.egg-info`` directory, in a standard library
+    (``lib/pythonX.Y``, ``lib64/pythonX.Y``), a ``pyvenv.cfg``, or Python source and bytecode.
+    The native library applies the same rules (``python_env_path`` in ``holoprof_io.c``)."""
+    if path.endswith(_SOURCE_SUFFIXES) or path.endswith("/pyvenv.cfg"):
+        return True
+    prev = ""
+    for c in path.split("/")[:-1]:
+        if c in _ENV_DIRS or c.endswith(_ENV_DIR_SUFFIXES):
+            return True
+        if prev in ("lib", "lib64") and len(c) > 6 and c.startswith("python") and c[6].isdigit():
+            return True
+        prev = c
+    return False
 
 
 class PathPolicy:
@@ -402,7 +461,7 @@ class PathPolicy:
             return False
         if _under(path, self.include):
             return True
-        return not (path.endswith(_SOURCE_SUFFIXES) or _under(path, self.defaults))
+        return not (python_env_path(path) or _under(path, self.defaults))
 
 
 def path_key(file: Any) -> str | None:
@@ -690,6 +749,39 @@ def _make_open(orig_open: Callable[..., Any]) -> Callable[..., Any]:
     return open
 
 
+def _renamed(src: Any, dst: Any) -> None:
+    """A counted file was renamed: its counters move to the new name (a file written under a
+    temporary name and renamed into place is counted under its final name; the old name is left with
+    zeros), and descriptors still open on it follow."""
+    key = path_key(src)
+    f = _files.get(key) if key is not None else None
+    if f is None:
+        return
+    g = _stats_for(dst)
+    if g is None or g is f:
+        return
+    g.merge(f)
+    f.reset()
+    f.dirty = True
+    for h in list(_fds.values()):
+        if h.f is f:
+            h.f = g
+
+
+def _renamer(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def rename(src: Any, dst: Any, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None) -> None:
+        orig(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if src_dir_fd is None and dst_dir_fd is None:
+            try:
+                _renamed(src, dst)
+            except Exception as exc:
+                _fail(exc)
+
+    rename.__wrapped__ = orig  # type: ignore[attr-defined]
+    rename.__doc__ = orig.__doc__
+    return rename
+
+
 # --- os-level patches --------------------------------------------------------------------------------
 def _os_patches() -> dict[str, Callable[..., Any]]:
     o_open, o_read, o_pread = os.open, os.read, os.pread
@@ -883,12 +975,15 @@ def _os_patches() -> dict[str, Callable[..., Any]]:
         "lstat": os_lstat,
         "fstat": os_fstat,
         "fsync": os_fsync,
+        "rename": _renamer(os.rename),
+        "replace": _renamer(os.replace),
     }
 
 
 def _make_mmap(orig: type) -> type:
     class TracedMmap(orig):
-        """``mmap.mmap`` that counts the mapping of a tracked file (POSIX_MMAPS)."""
+        """``mmap.mmap`` that counts the mapping of a tracked file (POSIX_MMAPS, POSIX_BYTES_MAPPED:
+        the length mapped, ``len(m)``; ``numpy.memmap`` maps through it)."""
 
         def __new__(cls, fileno: int, *args: Any, **kwargs: Any) -> Any:
             t0 = _perf()
@@ -896,7 +991,8 @@ def _make_mmap(orig: type) -> type:
             h = _fds.get(fileno) if isinstance(fileno, int) else None
             if h is not None:
                 try:
-                    _on_meta(h.f, "mmap", t0, _perf())
+                    off = kwargs.get("offset", args[4] if len(args) > 4 else 0)
+                    _on_mmap(h.f, int(off or 0), len(m), t0, _perf())
                 except Exception as exc:
                     _fail(exc)
             return m

@@ -11,7 +11,9 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   ``zero_grad`` it runs keep their own phases (the optimizer's phase is the rest of the call).
 * ``_BaseDataLoaderIter.__next__`` — ``data_wait``; a fetch whose batch feeds an eval forward counts
   as ``eval``; the end of a training loader is an epoch boundary.
-* ``torch.save`` / ``torch.load`` — ``checkpoint``, with the path and bytes.
+
+Checkpoints (``torch.save``, ``torch.load``, ``torch.distributed.checkpoint``, safetensors, Hugging
+Face, Lightning) are recorded by :mod:`holoprof.collect.checkpoints`.
 
 Only one phase is open per thread at a time: whatever runs inside a phase (a transform module inside
 ``data_wait``, ``torch.load`` in a dataset) belongs to that phase. On a GPU, device time per phase is
@@ -21,13 +23,11 @@ device is never synchronized.
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Any
 
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
-from holoprof.collect.util import path_bytes
 
 
 class TorchCollector(Collector):
@@ -304,61 +304,6 @@ class TorchCollector(Collector):
                     fail(exc)
 
         self._set(base_iter, "__next__", __next__)
-
-        # checkpoints -------------------------------------------------------------------------------
-        def wrap_ckpt(orig: Any, op: str, api: str) -> Any:
-            def ckpt(*args: Any, **kwargs: Any) -> Any:
-                t = col._tls
-                if t.active is not None or not col.enabled:
-                    return orig(*args, **kwargs)
-                t0 = now_ns()
-                t.active = "checkpoint"
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    t.active = None
-                    try:
-                        t1 = now_ns()
-                        if col.fault_at:
-                            col.inject(op)  # "save" or "load"
-                        if api.startswith("torch.distributed"):
-                            target = kwargs.get("checkpoint_id")
-                        elif op == "save":
-                            target = args[1] if len(args) > 1 else kwargs.get("f")
-                        else:
-                            target = args[0] if args else kwargs.get("f")
-                        attrs: dict[str, Any] = {"op": op, "api": api}
-                        if isinstance(target, (str, os.PathLike)):
-                            attrs["path"] = os.path.abspath(os.fspath(target))
-                            size = path_bytes(attrs["path"])
-                            if size is not None:
-                                attrs["bytes"] = size
-                        span("phase", "checkpoint", t0, t1, steps.index, attrs)
-                    except Exception as exc:
-                        fail(exc)
-
-            ckpt.__wrapped__ = orig  # type: ignore[attr-defined]
-            ckpt.__doc__ = orig.__doc__
-            return ckpt
-
-        self._set(torch, "save", wrap_ckpt(torch.save, "save", "torch.save"))
-        self._set(torch, "load", wrap_ckpt(torch.load, "load", "torch.load"))
-
-        def on_dcp(dcp: ModuleType) -> None:
-            if not self.enabled:
-                return
-            try:
-                for meth, op in (("save", "save"), ("load", "load"), ("async_save", "save")):
-                    if hasattr(dcp, meth):
-                        self._set(
-                            dcp,
-                            meth,
-                            wrap_ckpt(getattr(dcp, meth), op, f"torch.distributed.checkpoint.{meth}"),
-                        )
-            except Exception as exc:
-                fail(exc)
-
-        post_import_finder().add("torch.distributed.checkpoint", on_dcp)
 
         # torch.distributed: the rank is remembered when the group starts (jobs destroy it before exit)
         dist = getattr(torch, "distributed", None)

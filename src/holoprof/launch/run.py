@@ -112,6 +112,9 @@ def job_environment(run_dir: str, options: dict[str, Any]) -> dict[str, str]:
 
             env = io_native.preload_env(env)
             env.setdefault(io_native.ENV_EXCLUDE, ":".join(native_excludes(run_dir, options)))
+            includes = [os.path.abspath(p) for p in options.get("io_include") or []]
+            if includes:
+                env.setdefault(io_native.ENV_INCLUDE, ":".join(p for p in includes if ":" not in p))
         except Exception:  # not built here: the Python layer counts Python's I/O
             pass
     return env

@@ -543,6 +543,7 @@ def _io(doc: dict[str, Any]) -> str:
     trs = "".join(
         f"<tr><td class='mono'>{esc(f.get('path', ''))}</td><td class='num'>{esc(fmt_bytes(f.get('bytes_read', 0) or 0))}</td>"
         f"<td class='num'>{esc(fmt_bytes(f.get('bytes_written', 0) or 0))}</td>"
+        f"<td class='num'>{esc(fmt_bytes(f.get('bytes_mapped', 0) or 0) if f.get('mmaps') else '-')}</td>"
         f"<td class='num'>{esc(fmt_num(f.get('reads', 0) or 0))}</td><td class='num'>{esc(fmt_num(f.get('writes', 0) or 0))}</td>"
         f"<td class='num'>{esc(fmt_num(f.get('opens', 0) or 0))}</td>"
         f"<td class='num'>{esc(fmt_pct(f.get('seq_read_fraction', 0) or 0))}</td>"
@@ -557,6 +558,7 @@ def _io(doc: dict[str, Any]) -> str:
     table = (
         (
             "<h3>Top files</h3><table><tr><th>path</th><th class='num'>read</th><th class='num'>written</th>"
+            "<th class='num'>mapped</th>"
             "<th class='num'>reads</th><th class='num'>writes</th><th class='num'>opens</th>"
             "<th class='num'>sequential</th><th class='num'>read time</th></tr>" + trs + "</table>" + more
         )

@@ -26,6 +26,23 @@ def _short_path(p: str, width: int = 60) -> str:
     return p if len(p) <= width else "…" + p[-(width - 1) :]
 
 
+def _mapped_line(m: dict[str, Any]) -> str:
+    line = f"{m['files']} files memory-mapped ({m['mmaps']} mappings, {fmt_bytes(m['bytes_mapped'])} mapped"
+    if m.get("bytes_mapped_resident") is not None and m.get("mmaps_measured"):
+        line += (
+            f"; {fmt_bytes(m['bytes_mapped_resident'])} brought in by {m['mmaps_measured']} measured mappings"
+        )
+    return line + "): their data is read through the mapping, not in read calls"
+
+
+def _mapped_cell(f: dict[str, Any]) -> str:
+    if not f.get("mmaps"):
+        return "-"
+    cell = fmt_bytes(f.get("bytes_mapped", 0))
+    resident = f.get("bytes_mapped_resident")
+    return cell if resident is None else f"{cell} ({fmt_bytes(resident)} in)"
+
+
 def io_group(doc: dict[str, Any]) -> Group | None:
     """The I/O section as a rich renderable, or None when the run has no I/O."""
     io = doc.get("io") or {}
@@ -60,6 +77,9 @@ def io_group(doc: dict[str, Any]) -> Group | None:
                 )
             )
         )
+    mapped = io.get("mapped") or {}
+    if mapped:
+        parts.append(Text(_mapped_line(mapped)))
     ref = io.get("reference_bandwidth") or {}
     if ref:
         parts.append(Text(f"reference: {_rate(ref['bytes_per_s'])} ({ref['source']})", style="grey62"))
@@ -79,21 +99,16 @@ def io_group(doc: dict[str, Any]) -> Group | None:
     files = io.get("files_detail") or []
     if files:
         t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-        for col, just in (
-            ("file", "left"),
-            ("read", "right"),
-            ("written", "right"),
-            ("reads", "right"),
-            ("opens", "right"),
-            ("seq", "right"),
-            ("read time", "right"),
-        ):
-            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        any_mapped = any(f.get("mmaps") for f in files[:TOP_FILES])
+        cols = ["file", "read", "written", *(["mapped"] if any_mapped else []), "reads", "opens", "seq"]
+        for col in [*cols, "read time"]:
+            t.add_column(col, justify="left" if col == "file" else "right")
         for f in files[:TOP_FILES]:
             t.add_row(
                 _short_path(f["path"]),
                 fmt_bytes(f["bytes_read"]),
                 fmt_bytes(f["bytes_written"]),
+                *([_mapped_cell(f)] if any_mapped else []),
                 str(f["reads"]),
                 str(f["opens"]),
                 f"{100 * f['seq_read_fraction']:.0f}%",

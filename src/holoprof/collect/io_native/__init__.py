@@ -33,6 +33,7 @@ from typing import Any, Final
 __all__ = [
     "ENV_DISABLE",
     "ENV_EXCLUDE",
+    "ENV_INCLUDE",
     "ENV_LIB",
     "ENV_MAX_FILES",
     "LIBRARY_NAME",
@@ -61,6 +62,9 @@ ENV_LIB: Final = "HOLOPROF_IO_LIB"
 ENV_DISABLE: Final = "HOLOPROF_IO_DISABLE"
 #: Colon-separated path prefixes the library ignores (replaces the default list; "" ignores none).
 ENV_EXCLUDE: Final = "HOLOPROF_IO_EXCLUDE"
+#: Colon-separated path prefixes under which files of Python installations are counted after all
+#: (`holoprof run --io-include`); elsewhere the library leaves them out (site-packages, dist-info, ...).
+ENV_INCLUDE: Final = "HOLOPROF_IO_INCLUDE"
 #: Lower the number of file records the library keeps (default and maximum 65536).
 ENV_MAX_FILES: Final = "HOLOPROF_IO_MAX_FILES"
 

@@ -83,6 +83,8 @@
 #define FD_CAP 65536               /* descriptors tracked: 0 .. FD_CAP-1 */
 #define NLOCKS 4096u               /* striped record locks */
 #define MAX_EXCLUDES 32
+#define MAP_CAP 4096u             /* live file mappings whose resident pages are measured at munmap */
+#define MAP_MEASURE_MAX (1ull << 30) /* larger mappings are not measured (the page-table walk) */
 #define TRACE_MAX_RECORDS (1u << 24)
 
 /* ------------------------------------------------------------------------------------------------
@@ -97,7 +99,8 @@
     X(POSIX_MMAPS) X(POSIX_FSYNCS) X(POSIX_FDSYNCS) X(POSIX_BYTES_READ) X(POSIX_BYTES_WRITTEN) \
     X(POSIX_MAX_BYTE_READ) X(POSIX_MAX_BYTE_WRITTEN) X(POSIX_CONSEC_READS) X(POSIX_CONSEC_WRITES) \
     X(POSIX_SEQ_READS) X(POSIX_SEQ_WRITES) X(POSIX_RW_SWITCHES) X(POSIX_MAX_READ_TIME_SIZE) \
-    X(POSIX_MAX_WRITE_TIME_SIZE) SIZE_BUCKETS(X, POSIX_SIZE_READ) SIZE_BUCKETS(X, POSIX_SIZE_WRITE)
+    X(POSIX_MAX_WRITE_TIME_SIZE) SIZE_BUCKETS(X, POSIX_SIZE_READ) SIZE_BUCKETS(X, POSIX_SIZE_WRITE) \
+    X(POSIX_BYTES_MAPPED) X(POSIX_MAX_BYTE_MAPPED) X(POSIX_MMAPS_MEASURED) X(POSIX_BYTES_MAPPED_RESIDENT)
 
 #define POSIX_F_COUNTERS(X) \
     X(POSIX_F_OPEN_START_TIMESTAMP) X(POSIX_F_READ_START_TIMESTAMP) \
@@ -198,6 +201,24 @@ static char g_excl_buf[4096];
 static const char *g_excl[MAX_EXCLUDES];
 static size_t g_excl_len[MAX_EXCLUDES];
 static int g_nexcl;
+static char g_incl_buf[4096];
+static const char *g_incl[MAX_EXCLUDES];
+static size_t g_incl_len[MAX_EXCLUDES];
+static int g_nincl;
+
+/* live mappings of tracked files: measured when they go (munmap, or the final dump) */
+struct mapping {
+    uintptr_t addr;
+    size_t len;
+    int32_t rec;
+    int32_t unmeasured;     /* a part of it went without being measured */
+};
+static struct mapping g_maps[MAP_CAP];
+static uint32_t g_nmaps;                /* entries 0 .. g_nmaps-1, guarded by g_map_lock */
+static _Atomic uint32_t g_maps_live;    /* == g_nmaps, read without the lock by munmap */
+static _Atomic int g_map_lock;
+static _Atomic int64_t g_measure_ns;    /* time spent reading page tables, against its budget */
+static long g_page = 4096;
 
 static _Atomic int g_dumping;
 
@@ -288,8 +309,12 @@ static pthread_mutex_t g_trace_mu = PTHREAD_MUTEX_INITIALIZER;
     X(statx, int, (int, const char *, int, unsigned int, struct statx *)) \
     X(fsync, int, (int)) \
     X(fdatasync, int, (int)) \
+    X(rename, int, (const char *, const char *)) \
+    X(renameat, int, (int, const char *, int, const char *)) \
+    X(renameat2, int, (int, const char *, int, const char *, unsigned int)) \
     X(mmap, void *, (void *, size_t, int, int, int, off_t)) \
     X(mmap64, void *, (void *, size_t, int, int, int, off64_t)) \
+    X(munmap, int, (void *, size_t)) \
     X(_exit, void, (int)) \
     X(_Exit, void, (int)) \
     X(fopen, FILE *, (const char *, const char *)) \
@@ -581,18 +606,72 @@ static ssize_t abs_path(int dirfd, const char *path, char *buf)
     return (ssize_t)normalize(buf, blen + plen);
 }
 
-static int excluded(const char *p, size_t n)
+static int under_prefix(const char *p, size_t n, const char *q, size_t l)
 {
-    if (g_run_dir_len && n >= g_run_dir_len && memcmp(p, g_run_dir, g_run_dir_len) == 0 &&
-        (n == g_run_dir_len || p[g_run_dir_len] == '/'))
+    return n >= l && memcmp(p, q, l) == 0 && (n == l || p[l] == '/' || l == 1);
+}
+
+static int ends_with(const char *p, size_t n, const char *suffix)
+{
+    size_t l = strlen(suffix);
+    return n >= l && memcmp(p + n - l, suffix, l) == 0;
+}
+
+/* A file of a Python installation, whichever interpreter it belongs to: a component
+ * site-packages, dist-packages, __pycache__, *.dist-info or *.egg-info; the standard library
+ * (lib/pythonX.Y, lib64/pythonX.Y); a pyvenv.cfg; Python sources and bytecode (.py .pyc .pyi .pth).
+ * The same rules as holoprof.collect.io_py.python_env_path. */
+static int python_env_path(const char *p, size_t n)
+{
+    if (ends_with(p, n, ".py") || ends_with(p, n, ".pyc") || ends_with(p, n, ".pyi") ||
+        ends_with(p, n, ".pth") || ends_with(p, n, "/pyvenv.cfg"))
         return 1;
-    for (int i = 0; i < g_nexcl; i++) {
-        size_t l = g_excl_len[i];
-        if (n >= l && memcmp(p, g_excl[i], l) == 0 && (n == l || p[l] == '/' || l == 1))
-            return 1;
+    const char *prev = NULL;
+    size_t prev_len = 0;
+    size_t i = 0;
+    while (i < n) {
+        while (i < n && p[i] == '/')
+            i++;
+        size_t j = i;
+        while (j < n && p[j] != '/')
+            j++;
+        const char *c = p + i;
+        size_t l = j - i;
+        if (j < n) { /* a directory component */
+            if ((l == 13 && memcmp(c, "site-packages", 13) == 0) ||
+                (l == 13 && memcmp(c, "dist-packages", 13) == 0) ||
+                (l == 11 && memcmp(c, "__pycache__", 11) == 0) || ends_with(c, l, ".dist-info") ||
+                ends_with(c, l, ".egg-info"))
+                return 1;
+            if (prev && l > 6 && memcmp(c, "python", 6) == 0 && c[6] >= '0' && c[6] <= '9' &&
+                ((prev_len == 3 && memcmp(prev, "lib", 3) == 0) ||
+                 (prev_len == 5 && memcmp(prev, "lib64", 5) == 0)))
+                return 1;
+        }
+        prev = c;
+        prev_len = l;
+        i = j;
     }
     return 0;
 }
+
+static int excluded(const char *p, size_t n)
+{
+    if (g_run_dir_len && under_prefix(p, n, g_run_dir, g_run_dir_len))
+        return 1;
+    for (int i = 0; i < g_nexcl; i++)
+        if (under_prefix(p, n, g_excl[i], g_excl_len[i]))
+            return 1;
+    if (python_env_path(p, n)) {
+        for (int i = 0; i < g_nincl; i++)
+            if (under_prefix(p, n, g_incl[i], g_incl_len[i]))
+                return 0;
+        return 1;
+    }
+    return 0;
+}
+
+static int32_t follow_rename(int fd, int32_t ri);
 
 /* ------------------------------------------------------------------------------------------------
  * File records
@@ -611,6 +690,19 @@ static inline int rec_matches(const struct rec *r, uint64_t h, int module, const
 {
     return r->hash == h && r->module == module && r->path_len == n &&
            memcmp(g_arena + r->path_off, p, n) == 0;
+}
+
+/* The record of (module, path) if there is one, else -1 (never creates one). */
+static int32_t find_rec(int module, const char *p, size_t n)
+{
+    uint64_t h = path_hash(module, p, n);
+    for (uint32_t i = (uint32_t)h & (HT_SIZE - 1);; i = (i + 1) & (HT_SIZE - 1)) {
+        uint32_t v = atomic_load_explicit(&g_ht[i], memory_order_acquire);
+        if (v == 0)
+            return -1;
+        if (rec_matches(&g_recs[v - 1], h, module, p, n))
+            return (int32_t)(v - 1);
+    }
 }
 
 /* Find or create the record of (module, path); returns its index or -1 (table full). tl_in is set. */
@@ -773,7 +865,7 @@ static void posix_io(uint32_t ri, int is_write, int64_t off, int64_t n, int64_t 
     TRACE(MOD_POSIX, ri, is_write ? OP_WRITE : OP_READ, off, n, t0, t1);
 }
 
-enum { META_OPEN, META_DUP, META_CLOSE, META_SEEK, META_STAT, META_FSYNC, META_FDSYNC, META_MMAP };
+enum { META_OPEN, META_DUP, META_CLOSE, META_SEEK, META_STAT, META_FSYNC, META_FDSYNC };
 
 static void posix_meta(uint32_t ri, int kind, int64_t off, int64_t t0, int64_t t1)
 {
@@ -819,10 +911,6 @@ static void posix_meta(uint32_t ri, int kind, int64_t off, int64_t t0, int64_t t
         op = OP_SYNC;
         c[kind == META_FSYNC ? POSIX_FSYNCS : POSIX_FDSYNCS]++;
         add_time(&f[POSIX_F_WRITE_TIME], t0, t1, &r->last_write_end);
-        break;
-    case META_MMAP:
-        op = OP_MMAP;
-        c[POSIX_MMAPS]++;
         break;
     }
     unlock_rec(ri);
@@ -1400,6 +1488,13 @@ EXPORT int close(int fd)
         return real_close(fd); /* untracked, or never used: nothing to forget */
     if (foreign_process())
         return real_close(fd);
+    if (v > 0) {
+        int e = errno;
+        tl_in = 1;
+        v = follow_rename(fd, v - 1) + 1;
+        tl_in = 0;
+        errno = e;
+    }
     /* forget the descriptor before the kernel can hand its number to another thread's open();
      * a number reused by a call we do not see (fcntl(F_DUPFD), socket, opendir) is probed anew */
     atomic_store(&s->rec, 0);
@@ -1763,6 +1858,161 @@ EXPORT int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st,
     } \
     return r;
 
+/* --- rename: a file written under a temporary name and renamed into place (safetensors, fsspec,
+ * atomic saves) is counted under its final name. The old name's counters move to the new name's
+ * record (summed; highest bytes and last times kept) and the old record is left with zeros, so that
+ * its last snapshot counts nothing; descriptors still open on it follow. --- */
+static int merge_kind(const char *names, int idx)
+{
+    /* 0: sum, 1: maximum, 2: minimum of the non-zero values (first timestamps) */
+    const char *p = names;
+    for (int i = 0; i < idx && p; i++) {
+        p = strchr(p, ',');
+        if (p)
+            p++;
+    }
+    if (!p)
+        return 0;
+    const char *e = strchr(p, ',');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    char name[64];
+    if (n >= sizeof name)
+        return 0;
+    memcpy(name, p, n);
+    name[n] = 0;
+    if (strstr(name, "START_TIMESTAMP"))
+        return 2;
+    if (strstr(name, "MAX_") || strstr(name, "END_TIMESTAMP"))
+        return 1;
+    return 0;
+}
+
+static void merge_into(int module, uint32_t dst, uint32_t src)
+{
+    struct rec *d = &g_recs[dst], *s = &g_recs[src];
+    const char *in = module == MOD_POSIX ? posix_int_names : stdio_int_names;
+    const char *fn = module == MOD_POSIX ? posix_f_names : stdio_f_names;
+    int ni = module == MOD_POSIX ? POSIX_NI : STDIO_NI, nf = module == MOD_POSIX ? POSIX_NF : STDIO_NF;
+    /* two stripes, always taken in the same order */
+    uint32_t sd = dst & (NLOCKS - 1), ss = src & (NLOCKS - 1);
+    uint32_t a = sd < ss ? sd : ss, b = sd < ss ? ss : sd;
+    lock_rec(a);
+    if (a != b)
+        lock_rec(b);
+    touch(d);
+    touch(s);
+    for (int i = 0; i < ni; i++) {
+        int k = merge_kind(in, i);
+        d->c[i] = k == 1 ? (d->c[i] > s->c[i] ? d->c[i] : s->c[i]) : d->c[i] + s->c[i];
+    }
+    for (int i = 0; i < nf; i++) {
+        int k = merge_kind(fn, i);
+        if (k == 2)
+            d->f[i] = !d->f[i] || (s->f[i] && s->f[i] < d->f[i]) ? s->f[i] : d->f[i];
+        else if (k == 1)
+            d->f[i] = d->f[i] > s->f[i] ? d->f[i] : s->f[i];
+        else
+            d->f[i] += s->f[i];
+    }
+    memset(s->c, 0, sizeof s->c);
+    memset(s->f, 0, sizeof s->f);
+    if (a != b)
+        unlock_rec(b);
+    unlock_rec(a);
+}
+
+/* the counters of src go to dst, and so do the descriptors open on src */
+static void move_record(int module, uint32_t src, uint32_t dst)
+{
+    merge_into(module, dst, src);
+    for (int fd = 0; fd < FD_CAP; fd++) {
+        int32_t want = (int32_t)src + 1;
+        if (module == MOD_POSIX)
+            atomic_compare_exchange_strong(&g_fd[fd].rec, &want, (int32_t)dst + 1);
+        else
+            atomic_compare_exchange_strong(&g_fd[fd].srec, &want, (int32_t)dst + 1);
+    }
+}
+
+static void renamed(int olddirfd, const char *oldp, int newdirfd, const char *newp)
+{
+    if (foreign_process())
+        return;
+    int e = errno;
+    tl_in = 1;
+    char a[PATH_MAX], b[PATH_MAX];
+    ssize_t na = abs_path(olddirfd, oldp, a);
+    ssize_t nb = na > 0 ? abs_path(newdirfd, newp, b) : -1;
+    if (nb > 0 && !excluded(b, (size_t)nb)) {
+        for (int module = MOD_POSIX; module <= MOD_STDIO; module++) {
+            int32_t src = find_rec(module, a, (size_t)na);
+            if (src < 0)
+                continue;
+            int32_t dst = get_rec(module, b, (size_t)nb);
+            if (dst >= 0 && dst != src)
+                move_record(module, (uint32_t)src, (uint32_t)dst);
+        }
+    }
+    tl_in = 0;
+    errno = e;
+}
+
+/* At the close of a descriptor that wrote: a file renamed by a call we do not see (a raw system
+ * call, as Rust's rustix makes for safetensors' temporary files) is found by its path no longer
+ * naming it; the descriptor's link names where it is now. Returns the record to count the close on. */
+static int32_t follow_rename(int fd, int32_t ri)
+{
+    struct rec *r = &g_recs[ri];
+    if (r->gen != g_gen || r->module != MOD_POSIX || r->c[POSIX_WRITES] <= 0 || !real_fstat || !real_stat)
+        return ri;
+    struct stat now, then;
+    if (real_fstat(fd, &now) != 0 || !S_ISREG(now.st_mode))
+        return ri;
+    if (real_stat(rec_path(r), &then) == 0 && then.st_dev == now.st_dev && then.st_ino == now.st_ino)
+        return ri; /* still there under its name (the usual case) */
+    char buf[PATH_MAX];
+    ssize_t n = fd_link(fd, buf, sizeof buf);
+    if (n <= 0)
+        return ri;
+    n = (ssize_t)normalize(buf, (size_t)n);
+    if (n > 10 && memcmp(buf + n - 10, " (deleted)", 10) == 0)
+        return ri;
+    if (excluded(buf, (size_t)n))
+        return ri;
+    int32_t dst = get_rec(MOD_POSIX, buf, (size_t)n);
+    if (dst < 0 || dst == ri)
+        return ri;
+    move_record(MOD_POSIX, (uint32_t)ri, (uint32_t)dst);
+    return dst;
+}
+
+EXPORT int rename(const char *oldp, const char *newp)
+{
+    ENSURE_RET(rename, -1);
+    int r = real_rename(oldp, newp);
+    if (r == 0 && active() && oldp && newp)
+        renamed(AT_FDCWD, oldp, AT_FDCWD, newp);
+    return r;
+}
+
+EXPORT int renameat(int olddirfd, const char *oldp, int newdirfd, const char *newp)
+{
+    ENSURE_RET(renameat, -1);
+    int r = real_renameat(olddirfd, oldp, newdirfd, newp);
+    if (r == 0 && active() && oldp && newp)
+        renamed(olddirfd, oldp, newdirfd, newp);
+    return r;
+}
+
+EXPORT int renameat2(int olddirfd, const char *oldp, int newdirfd, const char *newp, unsigned int flags)
+{
+    ENSURE_RET(renameat2, -1);
+    int r = real_renameat2(olddirfd, oldp, newdirfd, newp, flags);
+    if (r == 0 && active() && oldp && newp && !(flags & 2u /* RENAME_EXCHANGE */))
+        renamed(olddirfd, oldp, newdirfd, newp);
+    return r;
+}
+
 EXPORT int fsync(int fd)
 {
     ENSURE(fsync);
@@ -1779,6 +2029,160 @@ EXPORT int fdatasync(int fd)
     SYNC_BODY(real_fdatasync(fd), META_FDSYNC)
 }
 
+/* --- memory-mapped files: mappings, bytes mapped, and the pages the process brought in --- */
+static inline void map_lock(void)
+{
+    while (atomic_exchange_explicit(&g_map_lock, 1, memory_order_acquire))
+        cpu_relax();
+}
+
+static inline void map_unlock(void) { atomic_store_explicit(&g_map_lock, 0, memory_order_release); }
+
+/* Bytes of [a, a+len) present in this process's page tables (/proc/self/pagemap, bit 63): the pages
+ * the process touched, plus those the kernel mapped around each fault. -1 when it cannot be read. */
+static int64_t resident_bytes(uintptr_t a, size_t len)
+{
+    ENSURE(open);
+    ENSURE(pread64);
+    ENSURE(close);
+    if (!real_open || !real_pread64 || !real_close)
+        return -1;
+    int fd = real_open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    uint64_t buf[512];
+    uint64_t first = a / (uint64_t)g_page, end = (a + len + (uint64_t)g_page - 1) / (uint64_t)g_page;
+    int64_t pages = 0;
+    for (uint64_t pg = first; pg < end;) {
+        uint64_t k = end - pg < 512 ? end - pg : 512;
+        ssize_t r = real_pread64(fd, buf, k * 8, (off64_t)(pg * 8));
+        if (r < 8) {
+            pages = -1;
+            break;
+        }
+        uint64_t got = (uint64_t)r / 8;
+        for (uint64_t i = 0; i < got; i++)
+            pages += (int64_t)(buf[i] >> 63);
+        pg += got;
+    }
+    real_close(fd);
+    return pages < 0 ? -1 : pages * g_page;
+}
+
+/* Reading page tables costs about 40 ns a page: at most 1% of the process's time (plus 20 ms). */
+static int measure_allowed(size_t len)
+{
+    if (len > MAP_MEASURE_MAX)
+        return 0;
+    int64_t elapsed = wall_of(mono_ns()) - g_start_ns;
+    return atomic_load_explicit(&g_measure_ns, memory_order_relaxed) <= elapsed / 100 + 20000000LL;
+}
+
+/* [a, a+len) of a mapping of record ri goes: add its resident bytes; `whole`: the mapping is gone */
+static void map_account(int32_t ri, uintptr_t a, size_t len, int whole, int unmeasured)
+{
+    int64_t b = -1;
+    if (measure_allowed(len)) {
+        int64_t t0 = mono_ns();
+        b = resident_bytes(a, len);
+        atomic_fetch_add_explicit(&g_measure_ns, mono_ns() - t0, memory_order_relaxed);
+    }
+    struct rec *r = &g_recs[ri];
+    lock_rec((uint32_t)ri);
+    touch(r);
+    if (b >= 0)
+        r->c[POSIX_BYTES_MAPPED_RESIDENT] += b;
+    if (whole && b >= 0 && !unmeasured)
+        r->c[POSIX_MMAPS_MEASURED]++;
+    unlock_rec((uint32_t)ri);
+}
+
+static void map_add(int32_t ri, uintptr_t a, size_t len)
+{
+    map_lock();
+    if (g_nmaps < MAP_CAP) {
+        g_maps[g_nmaps] = (struct mapping){a, len, ri, 0};
+        g_nmaps++;
+        atomic_store_explicit(&g_maps_live, g_nmaps, memory_order_release);
+    }
+    map_unlock();
+}
+
+/* munmap(a, len): measure the parts of tracked mappings that go, before they go (tl_in set) */
+static void map_release(uintptr_t a, size_t len)
+{
+    struct work {
+        struct mapping m;
+        uintptr_t lo, hi;
+        int whole;
+    } w[64];
+    int nw = 0;
+    uintptr_t e = a + len;
+    map_lock();
+    for (uint32_t i = 0; i < g_nmaps && nw < 64;) {
+        struct mapping *x = &g_maps[i];
+        uintptr_t xe = x->addr + x->len;
+        if (x->addr >= e || xe <= a) {
+            i++;
+            continue;
+        }
+        struct work *k = &w[nw++];
+        k->m = *x;
+        k->lo = x->addr > a ? x->addr : a;
+        k->hi = xe < e ? xe : e;
+        k->whole = k->lo == x->addr && k->hi == xe;
+        if (k->whole) { /* all of it goes: the last entry takes its place */
+            g_maps[i] = g_maps[--g_nmaps];
+            continue;
+        }
+        if (k->lo == x->addr) { /* its head goes */
+            x->addr = k->hi;
+            x->len = xe - k->hi;
+        } else if (k->hi == xe) { /* its tail goes */
+            x->len = k->lo - x->addr;
+        } /* else a hole in the middle: the entry stays whole (the hole reads as not present) */
+        if (!measure_allowed(k->hi - k->lo))
+            x->unmeasured = 1;
+        i++;
+    }
+    atomic_store_explicit(&g_maps_live, g_nmaps, memory_order_release);
+    map_unlock();
+    for (int i = 0; i < nw; i++)
+        map_account(w[i].m.rec, w[i].lo, w[i].hi - w[i].lo, w[i].whole, w[i].m.unmeasured);
+}
+
+/* the final dump: every mapping still there counts now (and no more at a later munmap) */
+static void map_release_all(void)
+{
+    for (;;) {
+        map_lock();
+        if (!g_nmaps) {
+            map_unlock();
+            return;
+        }
+        struct mapping m = g_maps[--g_nmaps];
+        atomic_store_explicit(&g_maps_live, g_nmaps, memory_order_release);
+        map_unlock();
+        if (m.rec >= 0)
+            map_account(m.rec, m.addr, m.len, 1, m.unmeasured);
+    }
+}
+
+static void posix_mapped(uint32_t ri, int64_t off, void *addr, size_t len, int64_t t0, int64_t t1)
+{
+    struct rec *r = &g_recs[ri];
+    lock_rec(ri);
+    touch(r);
+    r->c[POSIX_MMAPS]++;
+    r->c[POSIX_BYTES_MAPPED] += (int64_t)len;
+    if (r->c[POSIX_MAX_BYTE_MAPPED] < off + (int64_t)len - 1)
+        r->c[POSIX_MAX_BYTE_MAPPED] = off + (int64_t)len - 1;
+    unlock_rec(ri);
+    TRACE(MOD_POSIX, ri, OP_MMAP, off, (int64_t)len, t0, t1);
+    if (!foreign_process())
+        map_add((int32_t)ri, (uintptr_t)addr, len);
+}
+
 #define MMAP_BODY(REALCALL) \
     if (fd < 0 || (flags & MAP_ANONYMOUS)) \
         return REALCALL; \
@@ -1791,7 +2195,7 @@ EXPORT int fdatasync(int fd)
     if (r != MAP_FAILED) { \
         int e = errno; \
         tl_in = 1; \
-        posix_meta((uint32_t)ri, META_MMAP, (int64_t)off, t0, t1); \
+        posix_mapped((uint32_t)ri, (int64_t)off, r, len, t0, t1); \
         tl_in = 0; \
         errno = e; \
     } \
@@ -1811,6 +2215,25 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t
     if (UNLIKELY(!real_mmap64))
         return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
     MMAP_BODY(real_mmap64(addr, len, prot, flags, fd, off))
+}
+
+EXPORT int munmap(void *addr, size_t len)
+{
+    ENSURE(munmap);
+    if (LIKELY(!atomic_load_explicit(&g_maps_live, memory_order_relaxed)) || tl_in || !active() ||
+        foreign_process()) {
+        if (UNLIKELY(!real_munmap))
+            return (int)syscall(SYS_munmap, addr, len);
+        return real_munmap(addr, len);
+    }
+    int e = errno;
+    tl_in = 1;
+    map_release((uintptr_t)addr, len);
+    tl_in = 0;
+    errno = e;
+    if (UNLIKELY(!real_munmap))
+        return (int)syscall(SYS_munmap, addr, len);
+    return real_munmap(addr, len);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -2640,6 +3063,7 @@ static void dump_at_exit(const char *reason)
     int saved = tl_in;
     int e = errno;
     tl_in = 1;
+    map_release_all();
     if (any_activity()) {
         char path[PATH_MAX];
         if (default_dump_path(path, sizeof path) == 0)
@@ -2705,6 +3129,7 @@ static void atfork_child(void)
     pthread_mutex_init(&g_trace_mu, NULL);
     for (unsigned i = 0; i < NLOCKS; i++)
         atomic_store_explicit(&g_locks[i].v, 0, memory_order_relaxed);
+    atomic_store(&g_map_lock, 0);
     /* counters start at zero in the child; records (and descriptor mapping) are kept */
     g_gen++;
     atomic_store(&g_dropped, 0);
@@ -2741,6 +3166,34 @@ static void add_exclude(const char *p, size_t n, size_t *used)
     *used += n + 1;
 }
 
+/* prefixes under which files of Python installations are counted after all (--io-include) */
+static void add_include(const char *p, size_t n, size_t *used)
+{
+    while (n > 1 && p[n - 1] == '/')
+        n--;
+    if (n == 0 || p[0] != '/' || g_nincl >= MAX_EXCLUDES || *used + n + 1 > sizeof g_incl_buf)
+        return;
+    memcpy(g_incl_buf + *used, p, n);
+    g_incl_buf[*used + n] = 0;
+    g_incl[g_nincl] = g_incl_buf + *used;
+    g_incl_len[g_nincl] = n;
+    g_nincl++;
+    *used += n + 1;
+}
+
+static void each_prefix(const char *list, void (*add)(const char *, size_t, size_t *))
+{
+    size_t used = 0;
+    while (*list) {
+        const char *c = strchr(list, ':');
+        size_t n = c ? (size_t)(c - list) : strlen(list);
+        add(list, n, &used);
+        list += n;
+        if (*list == ':')
+            list++;
+    }
+}
+
 static const char default_excludes[] = "/proc:/sys:/dev:/etc:/usr:/bin:/sbin:/lib:/lib32:/lib64:/boot:/run";
 
 __attribute__((constructor)) static void holoprof_io_init(void)
@@ -2775,17 +3228,13 @@ __attribute__((constructor)) static void holoprof_io_init(void)
         }
     }
     const char *ex = getenv("HOLOPROF_IO_EXCLUDE");
-    if (!ex)
-        ex = default_excludes;
-    size_t used = 0;
-    while (*ex) {
-        const char *c = strchr(ex, ':');
-        size_t n = c ? (size_t)(c - ex) : strlen(ex);
-        add_exclude(ex, n, &used);
-        ex += n;
-        if (*ex == ':')
-            ex++;
-    }
+    each_prefix(ex ? ex : default_excludes, add_exclude);
+    const char *in = getenv("HOLOPROF_IO_INCLUDE");
+    if (in)
+        each_prefix(in, add_include);
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps > 0)
+        g_page = ps;
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     tl_in = 0;
     atomic_store(&g_ready, 1);
@@ -2907,6 +3356,7 @@ EXPORT int holoprof_io_dump(const char *path)
         char def[PATH_MAX];
         if (!path && default_dump_path(def, sizeof def) == 0)
             path = def;
+        map_release_all(); /* the final counters: mappings still there count now */
         if (path)
             rc = write_dump(path, "request");
         atomic_store(&g_dumping, 0);
