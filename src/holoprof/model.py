@@ -179,11 +179,16 @@ _STDIO_COUNTERS: Final = (
     "F_FASTEST_RANK_TIME F_SLOWEST_RANK_TIME F_VARIANCE_RANK_TIME F_VARIANCE_RANK_BYTES"
 )
 
+#: holoprof's own counters of memory-mapped files (Darshan counts only POSIX_MMAPS): bytes mapped, the
+#: largest offset mapped, and the pages brought in, measured when a mapping goes (see docs/io.md).
+_MAPPED_COUNTERS: Final = "BYTES_MAPPED MAX_BYTE_MAPPED MMAPS_MEASURED BYTES_MAPPED_RESIDENT"
+
 
 def _darshan_counters() -> tuple[tuple[str, str], ...]:
     sizes = " ".join(f"SIZE_{rw}_{b}" for rw in ("READ", "WRITE") for b, _, _ in DARSHAN_SIZE_BUCKETS)
     names = [f"POSIX_{n}" for n in _POSIX_COUNTERS.format(sizes=sizes).split()]
     names += [f"STDIO_{n}" for n in _STDIO_COUNTERS.split()]
+    names += [f"POSIX_{n}" for n in _MAPPED_COUNTERS.split()]
     return tuple((n, "double" if "_F_" in n else "int64") for n in names)
 
 
