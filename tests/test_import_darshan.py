@@ -20,9 +20,14 @@ LOGS = ["example.darshan", "dxt.darshan", "ior_hdf5_example.darshan"]
 
 
 def _shipped_logs() -> list[Path]:
-    """Every Darshan log shipped with PyDarshan (examples and test inputs), each content once."""
+    """Every Darshan log shipped with PyDarshan (examples and test inputs) and, when installed, with
+    its ``darshan-logs`` test-data package; each content once."""
+    from darshan import log_utils
+
+    paths = sorted(PACKAGE.rglob("*.darshan"))
+    paths += sorted(Path(p) for p in log_utils._provide_logs_repo_filepaths())
     seen: dict[bytes, Path] = {}
-    for path in sorted(PACKAGE.rglob("*.darshan")):
+    for path in paths:
         seen.setdefault(path.read_bytes(), path)
     return sorted(seen.values())
 
