@@ -346,14 +346,22 @@ def test_full_fast_tier_applies_backpressure_and_never_overfills(tmp_path: Path)
     fast, durable = dirs(tmp_path)
     one = 200_000
     capacity = int(2.5 * one)
-    with BurstBuffer(fast, durable, fast_capacity_bytes=capacity, serializer="pickle") as bb:
+    with BurstBuffer(
+        fast,
+        durable,
+        fast_capacity_bytes=capacity,
+        snapshot_budget_bytes=capacity,
+        serializer="pickle",
+        route="fast",
+    ) as bb:
         slow_drain(bb, 0.15)
         with FastTierWatcher(fast) as watcher:
             results = [bb.save(os.urandom(one), f"ck-{i}") for i in range(6)]
             assert bb.wait(timeout=30)
         assert watcher.peak <= capacity
-        assert all(r.tier == "fast" for r in results)
-        assert sum(r.backpressure_s for r in results) > 0.1  # saves waited for the drain
+        assert all(r.tier == "fast" and r.written_tier == "fast" for r in results)
+        # the fast tier filled up, the writes waited for the drain, and the snapshots for the writes
+        assert sum(r.backpressure_s for r in results) > 0.1
         assert bb.fast_used_bytes <= capacity
         assert len(check_durable_on_disk(durable)) == 6
 
@@ -362,13 +370,15 @@ def test_object_larger_than_the_fast_tier_goes_straight_to_durable(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fast, durable = dirs(tmp_path)
-    with BurstBuffer(fast, durable, fast_capacity_bytes=50_000) as bb:
+    with BurstBuffer(fast, durable, fast_capacity_bytes=50_000, route="fast") as bb:
         with caplog.at_level(logging.WARNING, logger="holoprof.checkpoint"):
             by_estimate = bb.save({"blob": os.urandom(100_000)}, "big")  # size known up front
-            by_writing = bb.save(list(range(40_000)), "long")  # found out while writing
-        assert by_estimate.tier == "durable" and by_writing.tier == "durable"
+            # copy=False takes no snapshot of a host object: the size is found out while writing
+            by_writing = bb.save(list(range(40_000)), "long", copy=False)
+        assert by_estimate.tier == "durable" and "larger than the fast tier" in by_estimate.reason
+        assert by_writing.tier == "fast" and by_writing.written_tier == "durable"
         assert "straight to durable storage" in caplog.text
-        assert sorted(check_durable_on_disk(durable)) == ["big", "long"]  # durable without wait()
+        assert sorted(check_durable_on_disk(durable)) == ["big", "long"]  # durable once written
         assert data_files(fast) == [] and temp_files(fast) == []
         assert bb.load("long") == list(range(40_000))
 
@@ -386,10 +396,10 @@ def test_small_tmpfs_fast_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture)
                 bb.wait()
             assert watcher.peak <= bb.fast_capacity_bytes
         # a capacity larger than the device: a full tmpfs (ENOSPC) sends the checkpoint to durable
-        with BurstBuffer(fast, durable, fast_capacity_bytes=1 << 30, serializer="pickle") as bb:
+        with BurstBuffer(fast, durable, fast_capacity_bytes=1 << 30, serializer="pickle", route="fast") as bb:
             with caplog.at_level(logging.WARNING, logger="holoprof.checkpoint"):
                 result = bb.save(os.urandom(3 * 1024 * 1024), "enospc")
-            assert result.tier == "durable"
+            assert result.tier == "fast" and result.written_tier == "durable"
             assert "fast tier failed" in caplog.text
             assert temp_files(fast) == []
         assert len(check_durable_on_disk(durable)) == 7
