@@ -638,3 +638,165 @@ def test_sigkill_at_each_file_operation(tmp_path: Path, caplog: pytest.LogCaptur
             verify_after_crash(fast, durable, reported, 0)
     assert "resuming the drain" in caplog.text
     assert "removing temporary file" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------ 200+ kills
+
+ZYGOTE = textwrap.dedent(
+    """
+    import os, random, sys
+
+    import torch
+
+    torch.set_num_threads(1)
+    from holoprof.checkpoint import BurstBuffer
+
+    fast, durable = sys.argv[1], sys.argv[2]
+
+
+    def state(i):
+        g = torch.Generator().manual_seed(i)
+        w = torch.randn(1_000 + (i * 7919) % 60_000, generator=g)
+        return {"i": i, "w": w, "view": w[10:20], "b": torch.arange(i % 100), "meta": {"lr": 0.1 * i}}
+
+
+    def child(fast, durable, start, seed, ready=True, count=None):
+        rng = random.Random(seed)
+        route = rng.choice(["fast", "fast", "durable", "auto"])
+        bb = BurstBuffer(fast, durable, keep_last=4, fast_capacity_bytes=600_000,
+                         snapshot_budget_bytes=800_000, route=route)
+        if ready:
+            os.write(1, b"ready\\n")
+        i = start
+        while count is None or i < start + count:
+            s = state(i)
+            bb.save(s, f"ck-{i:07d}")
+            s["w"].fill_(float("nan"))  # the training changes its tensors as soon as save returns
+            s["b"].zero_()
+            if i % 4 == 3:
+                bb.wait()
+            i += 1
+
+
+    scratch = sys.argv[3]  # warm up (lazy imports, first calls) so that children start saving at once
+    child(scratch + "/fast", scratch + "/durable", 0, 0, ready=False, count=8)
+
+    for line in sys.stdin:  # one child per line, forked from this already-imported interpreter
+        start, seed = map(int, line.split())
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.read(r, 1)  # our pid is announced first
+                child(fast, durable, start, seed)
+            finally:
+                os._exit(1)
+        print(pid, flush=True)
+        os.write(w, b"x")
+        os.close(r)
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        print(status, flush=True)
+    """
+)
+
+
+def expected_state(i: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(i)
+    w = torch.randn(1_000 + (i * 7919) % 60_000, generator=g)
+    return {"i": i, "w": w, "view": w[10:20], "b": torch.arange(i % 100), "meta": {"lr": 0.1 * i}}
+
+
+def test_200_sigkills_at_random_moments_leave_only_complete_checkpoints_equal_to_the_saved_state(
+    tmp_path: Path,
+) -> None:
+    """A child saves small torch states in a loop (snapshot, write, drain, retention) and changes its
+    tensors right after each save; it is SIGKILLed at a random moment, 200 times. After each kill a
+    new BurstBuffer lists checkpoints: every one loads and equals the state at its save."""
+    script = tmp_path / "zygote.py"
+    script.write_text(ZYGOTE)
+    fast, durable = dirs(tmp_path)
+    stderr_path = tmp_path / "zygote.err"
+    rng = random.Random(2026)
+    seen: set[int] = set()
+    with open(stderr_path, "w") as err:
+        zygote = subprocess.Popen(
+            [sys.executable, str(script), str(fast), str(durable), str(tmp_path / "warm-up")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert zygote.stdin is not None and zygote.stdout is not None
+    try:
+        for k in range(200):
+            zygote.stdin.write(f"{(k + 1) * 1000} {k}\n")
+            zygote.stdin.flush()
+            pid = int(zygote.stdout.readline() or -1)
+            assert pid > 0, stderr_path.read_text()[-3000:]
+            if k % 8 == 0:  # while it opens the directories and recovers what the last kill left
+                time.sleep(rng.uniform(0.0, 0.01))
+            else:  # while it saves
+                assert zygote.stdout.readline() == "ready\n", stderr_path.read_text()[-3000:]
+                time.sleep(rng.uniform(0.0, 0.08))
+            os.kill(pid, 9)
+            line = zygote.stdout.readline()
+            status = int(zygote.stdout.readline() if line == "ready\n" else line or -1)
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9, (
+                f"kill {k}: the child ended by itself (status {status}): {stderr_path.read_text()[-3000:]}"
+            )
+            check_durable_on_disk(durable)  # before any recovery: what is visible is complete
+            with BurstBuffer(fast, durable, keep_last=4) as bb:
+                assert bb.wait(timeout=30)  # drains that the kill interrupted finish
+                listed = bb.list()
+                for info in listed:
+                    i = int(info.name[3:])
+                    got, want = bb.load(info.name), expected_state(i)
+                    assert got["i"] == i and got["meta"] == want["meta"], info.name
+                    for key in ("w", "view", "b"):
+                        assert torch.equal(got[key], want[key]), f"kill {k}: {info.name}[{key}] differs"
+                    assert got["view"].untyped_storage().data_ptr() == got["w"].untyped_storage().data_ptr()
+                    seen.add(i)
+                assert {i.name for i in listed} == {i.name for i in bb.list(verify=True)}
+            assert temp_files(durable) == [] and temp_files(fast) == []
+    finally:
+        zygote.stdin.close()
+        zygote.kill()
+        zygote.wait()
+    assert len(seen) > 100, f"only {len(seen)} checkpoints ever became durable: the kills came too early"
+
+
+# ------------------------------------------------------------------------------------------ traced
+
+
+def test_traced_run_reports_blocking_and_background_time_of_each_save(tmp_path: Path) -> None:
+    """``holoprof run`` on a loop that saves with a BurstBuffer: the report's checkpoint section has
+    one item per save, whose blocking time is the one SaveResult told the job."""
+    script = Path(__file__).parent / "ckpt_scripts" / "burst_loop.py"
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "run", "--no-report", "--out", str(run_dir), "--",
+         str(script), str(tmp_path / "fast"), str(tmp_path / "durable"), "12", "3"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    told = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))[8:])
+    report = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "report", str(run_dir), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr[-3000:]
+    section = json.loads(report.stdout)["checkpoints"]
+    items = [i for i in section["items"] if i["api"] == "holoprof.BurstBuffer.save"]
+    assert len(items) == len(told) == 4
+    assert not [i for i in section["items"] if i["api"].startswith("torch.")], (
+        "the background write was counted twice"
+    )
+    for item, r in zip(items, told, strict=True):
+        assert item["blocking"] is True
+        assert item["blocking_s"] == pytest.approx(r["blocking_s"], abs=2e-6)
+        assert item["background_s"] > 0  # the write to the fast tier and the drain
+        assert item["bytes"] == r["size_bytes"]
+        assert item["path"].endswith(".ckpt") and str(tmp_path / "durable") in item["path"]
+    assert section["blocking_s"] == pytest.approx(sum(r["blocking_s"] for r in told), abs=1e-5)
+    assert section["background_s"] == pytest.approx(sum(i["background_s"] for i in items), abs=1e-5)
