@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from holoprof.checkpoint import (
     BurstBuffer,
     CheckpointCorruptError,
+    CheckpointError,
     CheckpointNotFoundError,
     CheckpointWarning,
     DrainError,
@@ -146,6 +148,173 @@ def test_load_of_a_missing_name_says_what_exists(tmp_path: Path) -> None:
         bb.wait()
         with pytest.raises(CheckpointNotFoundError, match=r"'nope'.*available: exists"):
             bb.load("nope")
+
+
+# ------------------------------------------------------------------------------------------ snapshots
+
+
+def test_training_may_change_everything_as_soon_as_save_returns(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    model, opt = model_and_optimizer()
+    model[0].weight.requires_grad_(True)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "tied": {"a": model[0].bias, "view": model[0].bias[2:5]},
+        "param": model[2].weight,  # an nn.Parameter
+        "numpy": np.arange(6.0),
+        "history": [1, 2, 3],
+    }
+    expected = {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "exp_avg": opt.state_dict()["state"][0]["exp_avg"].clone(),
+        "param": model[2].weight.detach().clone(),
+    }
+    with BurstBuffer(fast, durable, route="fast") as bb:
+        result = bb.save(state, "s")
+        # the training goes on at once: in-place updates, optimizer steps, Python objects changed
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        model(torch.randn(4, 32)).sum().backward()
+        opt.step()
+        state["numpy"][:] = -1
+        state["history"].append(4)
+        assert result.copied and result.snapshot_bytes > 0
+        loaded = bb.load("s")
+    for k, v in expected["model"].items():
+        assert torch.equal(loaded["model"][k], v), k
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], expected["exp_avg"])
+    assert torch.equal(loaded["param"], expected["param"])
+    assert isinstance(loaded["param"], torch.nn.Parameter) and loaded["param"].requires_grad
+    # storage sharing is kept as torch.save keeps it: a view of a tensor stays a view of it
+    assert (
+        loaded["tied"]["view"].untyped_storage().data_ptr()
+        == loaded["tied"]["a"].untyped_storage().data_ptr()
+    )
+    assert torch.equal(loaded["tied"]["view"], expected["model"]["0.bias"][2:5])
+    assert loaded["numpy"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and loaded["history"] == [1, 2, 3]
+
+
+def test_snapshot_buffers_are_reused_and_memory_stays_within_the_budget(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    state = {f"w{i}": torch.arange(64 * 1024, dtype=torch.float32) * i for i in range(4)}  # 4 x 256 KiB
+    one = sum(t.untyped_storage().nbytes() for t in state.values())
+    budget = 2 * one + 64 * 1024
+    with BurstBuffer(fast, durable, snapshot_budget_bytes=budget, route="fast") as bb:
+        slow_drain(bb, 0.02)
+        original = bb._write_fast
+
+        def slow_write(*args: Any) -> Any:
+            time.sleep(0.1)  # a slow fast tier: snapshots pile up until the budget stops them
+            return original(*args)
+
+        bb._write_fast = slow_write  # type: ignore[method-assign]
+        peak = 0
+        results = []
+        for i in range(6):
+            results.append(bb.save(state, f"ck-{i}"))
+            peak = max(peak, bb.snapshots.in_use_bytes)
+            for t in state.values():
+                t.add_(1.0)
+        bb.wait()
+        assert peak <= budget and bb.snapshots.allocated_bytes <= budget
+        assert sum(r.backpressure_s for r in results) > 0.05  # save() waited for memory
+        assert bb.snapshots.allocations <= 2 * len(state)  # two snapshots' buffers, reused since
+        for i, r in enumerate(results):
+            assert r.written_tier == "fast"
+            loaded = bb.load(f"ck-{i}")
+            assert all(torch.equal(loaded[k], v - (6 - i)) for k, v in state.items())
+
+
+def test_a_snapshot_larger_than_the_budget_is_written_before_save_returns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable, snapshot_budget_bytes=100_000, route="durable") as bb:
+        with caplog.at_level(logging.WARNING, logger="holoprof.checkpoint"):
+            result = bb.save({"w": torch.ones(100_000)}, "big")
+        assert result.synchronous and "snapshot_budget_bytes" in result.reason
+        assert "big" in check_durable_on_disk(durable)  # durable when save returned
+        assert "exceeds snapshot_budget_bytes" in caplog.text
+
+
+def test_copy_false_uses_host_tensors_as_they_are(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    state = {"w": torch.arange(10_000, dtype=torch.float32)}
+    with BurstBuffer(fast, durable) as bb:
+        result = bb.save(state, "nocopy", copy=False)
+        assert not result.copied and result.snapshot_bytes == 0 and bb.snapshots.allocations == 0
+        result.wait()  # the promise: unchanged until written
+        state["w"].zero_()
+        assert torch.equal(bb.load("nocopy")["w"], torch.arange(10_000, dtype=torch.float32))
+
+
+def test_an_unpicklable_object_is_refused_at_save(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        with pytest.raises(CheckpointError, match="cannot snapshot checkpoint 'bad'"):
+            bb.save({"f": lambda: 1}, "bad")
+        assert bb.save({"ok": 1}, "good").info.name == "good"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_are_copied_to_pinned_host_buffers(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    w = torch.randn(1 << 20, device="cuda")
+    expected = w.cpu()
+    with BurstBuffer(fast, durable) as bb:
+        result = bb.save({"w": w}, "gpu", copy=False)
+        w.add_(1.0)  # queued on the same stream right after save returns
+        assert result.snapshot_bytes >= w.untyped_storage().nbytes()
+        loaded = bb.load("gpu", map_location="cpu")
+    assert torch.equal(loaded["w"], expected)
+
+
+# ------------------------------------------------------------------------------------------ routes
+
+
+def test_slower_fast_tier_sends_checkpoints_straight_to_durable(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        first = bb.save({"w": torch.ones(10)}, "first")
+        assert first.tier == "fast" and "until the speeds of both tiers are measured" in first.reason
+        bb.wait()
+        bb._fast_bps, bb._durable_bps = 300e6, 400e6  # as the saves and drains measured them
+        direct = bb.save({"w": torch.ones(10)}, "direct")
+        assert direct.tier == "durable" and "not faster than durable storage" in direct.reason
+        assert "300 MB/s" in direct.reason and "400 MB/s" in direct.reason
+        direct.wait()
+        assert "direct" in check_durable_on_disk(durable)  # durable once written, no drain
+        assert not (fast / "direct.manifest.json").exists()
+        bb._fast_bps = 2000e6
+        assert bb.save({"w": torch.ones(10)}, "again").tier == "fast"
+
+
+def test_measured_speeds_choose_the_path(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    state = {"w": torch.randn(256, 1024)}  # 1 MiB: large enough to be measured
+    with BurstBuffer(fast, durable) as bb:
+        results = []
+        for i in range(6):
+            results.append(bb.save(state, f"m-{i}"))
+            bb.wait()
+        assert bb._fast_bps is not None and bb._durable_bps is not None
+        chosen = results[-1]
+        faster = bb._fast_bps >= 1.2 * bb._durable_bps
+        assert chosen.tier == ("fast" if faster else "durable"), chosen.reason
+        assert "MB/s (measured)" in chosen.reason
+
+
+def test_route_durable_never_touches_the_fast_tier(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable, route="durable") as bb:
+        for i in range(3):
+            assert bb.save({"i": i}, f"d-{i}").tier == "durable"
+        bb.wait()
+        assert data_files(fast) == [] and sorted(check_durable_on_disk(durable)) == ["d-0", "d-1", "d-2"]
+    with pytest.raises(HoloprofError, match="route must be"):
+        BurstBuffer(fast, durable, route="nvme")  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------ corruption
@@ -438,6 +607,87 @@ def test_one_buffer_per_directory(tmp_path: Path) -> None:
         BurstBuffer(tmp_path / "fast-b", durable)
     with BurstBuffer(fast, durable):
         pass
+
+
+def test_deleting_the_lock_files_does_not_let_a_second_buffer_in(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        (fast / ".holoprof-burst.lock").unlink()
+        (durable / ".holoprof-burst.lock").unlink()
+        with pytest.raises(CheckpointError, match="another BurstBuffer"):
+            BurstBuffer(tmp_path / "fast-b", durable)
+        with pytest.raises(CheckpointError, match="another BurstBuffer"):
+            BurstBuffer(fast, tmp_path / "durable-b")
+        # a second process too (flock is per open file description, as across processes)
+        other = subprocess.run(
+            [sys.executable, "-c", f"from holoprof.checkpoint import BurstBuffer; BurstBuffer({str(tmp_path / 'f3')!r}, {str(durable)!r})"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert other.returncode != 0 and "another BurstBuffer" in other.stderr
+        bb.save({"v": 1}, "still-mine")
+    with BurstBuffer(fast, durable) as bb:  # released on close
+        assert bb.load("still-mine") == {"v": 1}
+
+
+def test_list_on_a_missing_durable_directory_says_so(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    bb = BurstBuffer(fast, durable)
+    try:
+        shutil.rmtree(durable)
+        with pytest.raises(
+            CheckpointError, match=r"cannot list durable checkpoints in .*durable.*removed or unmounted"
+        ):
+            bb.list()
+    finally:
+        durable.mkdir()
+        bb.close()
+
+
+def test_closed_buffer_and_unreadable_directories_raise_checkpoint_errors(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    bb = BurstBuffer(fast, durable)
+    bb.close()
+    for call in (lambda: bb.save({"v": 1}, "x"), lambda: bb.load("x"), bb.list, bb.wait):
+        with pytest.raises(CheckpointError, match="closed"):
+            call()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="cannot create durable_dir"):
+        BurstBuffer(fast, tmp_path / "file" / "sub")
+
+
+EXIT_CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from holoprof.checkpoint import BurstBuffer
+
+    fast, durable = Path(sys.argv[1]), Path(sys.argv[2])
+    bb = BurstBuffer(fast, durable)
+    durable.rename(durable.with_name("moved"))
+    durable.write_text("a file where the durable directory was")
+    bb.save({"v": 1}, "lost-at-exit")
+    print("saved", flush=True)
+    """
+)
+
+
+def test_exit_with_undrained_checkpoints_is_a_loud_error(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    script = tmp_path / "exit_child.py"
+    script.write_text(EXIT_CHILD)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(fast), str(durable)], capture_output=True, text=True, timeout=60
+    )
+    assert "saved" in proc.stdout
+    # documented: the exit status stays the job's; stderr says which checkpoint was not made durable
+    assert proc.returncode == 0, proc.stderr
+    assert "holoprof: ERROR: checkpoints were not made durable at exit ('lost-at-exit')" in proc.stderr
+    assert "opening a BurstBuffer on the same directories drains them" in proc.stderr
+    durable.unlink()
+    (tmp_path / "moved").rename(durable)
+    with BurstBuffer(fast, durable) as bb:  # and so it does
+        bb.wait()
+        assert bb.load("lost-at-exit") == {"v": 1}
 
 
 def test_keep_last_applies_to_both_tiers_across_names(tmp_path: Path) -> None:
