@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -1050,3 +1051,83 @@ def test_traced_run_reports_blocking_and_background_time_of_each_save(tmp_path: 
         assert item["path"].endswith(".ckpt") and str(tmp_path / "durable") in item["path"]
     assert section["blocking_s"] == pytest.approx(sum(r["blocking_s"] for r in told), abs=1e-5)
     assert section["background_s"] == pytest.approx(sum(i["background_s"] for i in items), abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ integrations
+
+
+def test_lightning_checkpoints_through_the_burst_buffer_and_resume(tmp_path: Path) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from holoprof.checkpoint.lightning import BurstBufferCheckpointIO
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
+
+    def loader() -> Any:
+        return torch.utils.data.DataLoader(data, batch_size=8, num_workers=0)
+
+    def trainer(epochs: int, bb: BurstBuffer) -> Any:
+        return pl.Trainer(
+            max_epochs=epochs,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path / "root"),
+            callbacks=[pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpts"), save_top_k=1)],
+            plugins=[BurstBufferCheckpointIO(bb)],
+        )
+
+    fast, durable = dirs(tmp_path)
+    model = Tiny()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice about DataLoader workers and the like
+        with BurstBuffer(fast, durable) as bb:
+            trainer(2, bb).fit(model, loader())
+            names = [i.name for i in bb.list()]
+            assert names == ["epoch=1-step=8.ckpt"]  # save_top_k=1: the epoch-0 one was removed
+            assert not (tmp_path / "ckpts").exists() or not any((tmp_path / "ckpts").iterdir())
+            saved = bb.load(names[0])
+        assert all(torch.equal(saved["state_dict"][k], v) for k, v in model.state_dict().items())
+        resumed = Tiny()
+        with BurstBuffer(fast, durable) as bb:
+            t = trainer(3, bb)
+            t.fit(resumed, loader(), ckpt_path=str(tmp_path / "ckpts" / names[0]))
+            assert t.global_step == 12  # 8 steps restored, 4 more
+            assert bb.list()[-1].name == "epoch=2-step=12.ckpt"
+
+
+def test_distributed_checkpoint_state_dicts_save_per_rank(tmp_path: Path) -> None:
+    """The documented recipe for torch.distributed.checkpoint users: get_state_dict per rank, save it
+    through the buffer, set_state_dict after loading."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    fast, durable = dirs(tmp_path)
+    model, opt = model_and_optimizer()
+    rank = 0
+    with BurstBuffer(fast, durable) as bb:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        bb.save({"model": model_sd, "optim": optim_sd}, f"step-00000001-rank{rank:05d}")
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        model(torch.randn(4, 32)).sum().backward()
+        opt.step()  # training goes on
+    fresh, fresh_opt = model_and_optimizer()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    with BurstBuffer(tmp_path / "other-fast", durable) as bb:
+        state = bb.load(f"step-00000001-rank{rank:05d}")
+        set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())

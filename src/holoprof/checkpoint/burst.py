@@ -864,6 +864,37 @@ class BurstBuffer:
             found.append(info)
         return sorted(found, key=lambda i: i.seq)
 
+    def remove(self, name: str) -> bool:
+        """Delete checkpoint ``name`` from both tiers (manifest first); False if there was none.
+
+        A snapshot of it still being written is finished first; a drain of it still queued or in
+        flight is dropped.
+        """
+        check_name(name)
+        with self._cond:
+            self._check_usable()
+            while any(j.name == name for j in self._jobs):
+                self._cond.wait()
+        with self._durable_lock:
+            with self._cond:
+                # a newer seq makes every earlier copy of the name superseded: in-flight drains skip it
+                self._latest_seq[name] = self._next_seq
+                self._next_seq += 1
+                entry = self._fast.pop(name, None)
+                self._queue = deque(i for i in self._queue if i.name != name)
+                self._failed = [i for i in self._failed if i.name != name]
+                durable = self._durable.pop(name, None)
+                self._cond.notify_all()
+            if entry is not None:
+                self._fast_bytes.pop(entry.info.data_file, None)
+                self._remove_fast_files(entry.info)
+            if durable is not None:
+                _unlink(_manifest_path(self.durable_dir, name))
+                with contextlib.suppress(OSError):
+                    _fsync_dir(self.durable_dir)
+                _unlink(self.durable_dir / durable.data_file)
+        return entry is not None or durable is not None
+
     @property
     def fast_used_bytes(self) -> int:
         """Bytes of checkpoint data on the fast tier now (including a save in progress)."""
