@@ -205,22 +205,33 @@ def test_snapshot_buffers_are_reused_and_memory_stays_within_the_budget(tmp_path
     with BurstBuffer(fast, durable, snapshot_budget_bytes=budget, route="fast") as bb:
         slow_drain(bb, 0.02)
         original = bb._write_fast
+        gate = threading.Event()
+        results: list[Any] = []
 
         def slow_write(*args: Any) -> Any:
-            time.sleep(0.1)  # a slow fast tier: snapshots pile up until the budget stops them
+            gate.wait(30)  # a stalled fast tier: snapshots pile up until the budget stops them
             return original(*args)
 
+        def open_gate() -> None:  # once two snapshots are held, a third save has to wait
+            while len(results) < 2:
+                time.sleep(0.005)
+            time.sleep(0.2)
+            gate.set()
+
         bb._write_fast = slow_write  # type: ignore[method-assign]
+        opener = threading.Thread(target=open_gate)
+        opener.start()
         peak = 0
-        results = []
         for i in range(6):
             results.append(bb.save(state, f"ck-{i}"))
             peak = max(peak, bb.snapshots.in_use_bytes)
             for t in state.values():
                 t.add_(1.0)
         bb.wait()
+        opener.join()
         assert peak <= budget and bb.snapshots.allocated_bytes <= budget
-        assert sum(r.backpressure_s for r in results) > 0.05  # save() waited for memory
+        assert results[2].backpressure_s > 0.01  # save() waited for memory
+        assert results[2].blocking_s >= results[2].backpressure_s
         assert bb.snapshots.allocations <= 2 * len(state)  # two snapshots' buffers, reused since
         for i, r in enumerate(results):
             assert r.written_tier == "fast"
@@ -524,7 +535,7 @@ def test_full_fast_tier_applies_backpressure_and_never_overfills(tmp_path: Path)
         serializer="pickle",
         route="fast",
     ) as bb:
-        slow_drain(bb, 0.15)
+        slow_drain(bb, 0.3)
         with FastTierWatcher(fast) as watcher:
             results = [bb.save(os.urandom(one), f"ck-{i}") for i in range(6)]
             assert bb.wait(timeout=30)
@@ -927,10 +938,11 @@ ZYGOTE = textwrap.dedent(
             if i % 4 == 3:
                 bb.wait()
             i += 1
+        return bb
 
 
     scratch = sys.argv[3]  # warm up (lazy imports, first calls) so that children start saving at once
-    child(scratch + "/fast", scratch + "/durable", 0, 0, ready=False, count=8)
+    child(scratch + "/fast", scratch + "/durable", 0, 0, ready=False, count=8).close()
 
     for line in sys.stdin:  # one child per line, forked from this already-imported interpreter
         start, seed = map(int, line.split())

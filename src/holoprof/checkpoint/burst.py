@@ -539,8 +539,8 @@ def _close_at_exit(ref: weakref.ReferenceType[BurstBuffer]) -> None:
     ``close()`` before exiting to get an exception instead.
     """
     buffer = ref()
-    if buffer is None:
-        return
+    if buffer is None or buffer._pid != os.getpid():
+        return  # a forked child exiting: the buffer and its threads belong to the parent
     try:
         buffer.close()
     except Exception as exc:
@@ -656,6 +656,7 @@ class BurstBuffer:
         self._stopping = False
         self._closed = False
         self._lock_fds: list[int] = []
+        self._pid = os.getpid()
         self._fast_bps: float | None = None  # measured write speed of each path (bytes/s)
         self._durable_bps: float | None = None
         self._samples: dict[Tier, int] = {"fast": 0, "durable": 0}
