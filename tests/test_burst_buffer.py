@@ -1143,3 +1143,47 @@ def test_distributed_checkpoint_state_dicts_save_per_rank(tmp_path: Path) -> Non
         state = bb.load(f"step-00000001-rank{rank:05d}")
         set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_hugging_face_trainer_callback_recipe(tmp_path: Path) -> None:
+    """The callback of docs/checkpoint.md, with the Trainer's own checkpoints turned off."""
+    transformers = pytest.importorskip("transformers")
+
+    class BurstBufferCallback(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
+        def __init__(self, bb: BurstBuffer, every: int) -> None:
+            self.bb, self.every = bb, every
+
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, lr_scheduler: Any = None, **kw: Any) -> None:  # fmt: skip
+            if state.global_step % self.every == 0:
+                self.bb.save(
+                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": lr_scheduler.state_dict(), "global_step": state.global_step},
+                    f"step-{state.global_step:08d}",
+                )  # fmt: skip
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.bb.wait()
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    model = transformers.BertForSequenceClassification(config)
+    data = [{"input_ids": torch.randint(0, 64, (8,)), "labels": torch.tensor(i % 2)} for i in range(8)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), save_strategy="no", max_steps=4, per_device_train_batch_size=2,
+        report_to=[], logging_strategy="no", use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    fast, durable = dirs(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with BurstBuffer(fast, durable) as bb:
+            trainer = transformers.Trainer(
+                model=model, args=args, train_dataset=data, callbacks=[BurstBufferCallback(bb, every=2)]
+            )
+            trainer.train()
+            assert [i.name for i in bb.list()] == ["step-00000002", "step-00000004"]
+            last = bb.load("step-00000004")
+    assert last["global_step"] == 4
+    assert all(torch.equal(last["model"][k], v) for k, v in model.state_dict().items())
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("checkpoint-*"))
