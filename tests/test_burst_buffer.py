@@ -17,16 +17,19 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from holoprof.checkpoint import (
     BurstBuffer,
     CheckpointCorruptError,
+    CheckpointError,
     CheckpointNotFoundError,
     CheckpointWarning,
     DrainError,
@@ -146,6 +149,184 @@ def test_load_of_a_missing_name_says_what_exists(tmp_path: Path) -> None:
         bb.wait()
         with pytest.raises(CheckpointNotFoundError, match=r"'nope'.*available: exists"):
             bb.load("nope")
+
+
+# ------------------------------------------------------------------------------------------ snapshots
+
+
+def test_training_may_change_everything_as_soon_as_save_returns(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    model, opt = model_and_optimizer()
+    model[0].weight.requires_grad_(True)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "tied": {"a": model[0].bias, "view": model[0].bias[2:5]},
+        "param": model[2].weight,  # an nn.Parameter
+        "numpy": np.arange(6.0),
+        "history": [1, 2, 3],
+    }
+    expected = {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "exp_avg": opt.state_dict()["state"][0]["exp_avg"].clone(),
+        "param": model[2].weight.detach().clone(),
+    }
+    with BurstBuffer(fast, durable, route="fast") as bb:
+        result = bb.save(state, "s")
+        # the training goes on at once: in-place updates, optimizer steps, Python objects changed
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        model(torch.randn(4, 32)).sum().backward()
+        opt.step()
+        state["numpy"][:] = -1
+        state["history"].append(4)
+        assert result.copied and result.snapshot_bytes > 0
+        loaded = bb.load("s")
+    for k, v in expected["model"].items():
+        assert torch.equal(loaded["model"][k], v), k
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], expected["exp_avg"])
+    assert torch.equal(loaded["param"], expected["param"])
+    assert isinstance(loaded["param"], torch.nn.Parameter) and loaded["param"].requires_grad
+    # storage sharing is kept as torch.save keeps it: a view of a tensor stays a view of it
+    assert (
+        loaded["tied"]["view"].untyped_storage().data_ptr()
+        == loaded["tied"]["a"].untyped_storage().data_ptr()
+    )
+    assert torch.equal(loaded["tied"]["view"], expected["model"]["0.bias"][2:5])
+    assert loaded["numpy"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and loaded["history"] == [1, 2, 3]
+
+
+def test_snapshot_buffers_are_reused_and_memory_stays_within_the_budget(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    state = {f"w{i}": torch.arange(64 * 1024, dtype=torch.float32) * i for i in range(4)}  # 4 x 256 KiB
+    one = sum(t.untyped_storage().nbytes() for t in state.values())
+    budget = 2 * one + 64 * 1024
+    with BurstBuffer(fast, durable, snapshot_budget_bytes=budget, route="fast") as bb:
+        slow_drain(bb, 0.02)
+        original = bb._write_fast
+        gate = threading.Event()
+        results: list[Any] = []
+
+        def slow_write(*args: Any) -> Any:
+            gate.wait(30)  # a stalled fast tier: snapshots pile up until the budget stops them
+            return original(*args)
+
+        def open_gate() -> None:  # once two snapshots are held, a third save has to wait
+            while len(results) < 2:
+                time.sleep(0.005)
+            time.sleep(0.2)
+            gate.set()
+
+        bb._write_fast = slow_write  # type: ignore[method-assign]
+        opener = threading.Thread(target=open_gate)
+        opener.start()
+        peak = 0
+        for i in range(6):
+            results.append(bb.save(state, f"ck-{i}"))
+            peak = max(peak, bb.snapshots.in_use_bytes)
+            for t in state.values():
+                t.add_(1.0)
+        bb.wait()
+        opener.join()
+        assert peak <= budget and bb.snapshots.allocated_bytes <= budget
+        assert results[2].backpressure_s > 0.01  # save() waited for memory
+        assert results[2].blocking_s >= results[2].backpressure_s
+        assert bb.snapshots.allocations <= 2 * len(state)  # two snapshots' buffers, reused since
+        for i, r in enumerate(results):
+            assert r.written_tier == "fast"
+            loaded = bb.load(f"ck-{i}")
+            assert all(torch.equal(loaded[k], v - (6 - i)) for k, v in state.items())
+
+
+def test_a_snapshot_larger_than_the_budget_is_written_before_save_returns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable, snapshot_budget_bytes=100_000, route="durable") as bb:
+        with caplog.at_level(logging.WARNING, logger="holoprof.checkpoint"):
+            result = bb.save({"w": torch.ones(100_000)}, "big")
+        assert result.synchronous and "snapshot_budget_bytes" in result.reason
+        assert "big" in check_durable_on_disk(durable)  # durable when save returned
+        assert "exceeds snapshot_budget_bytes" in caplog.text
+
+
+def test_copy_false_uses_host_tensors_as_they_are(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    state = {"w": torch.arange(10_000, dtype=torch.float32)}
+    with BurstBuffer(fast, durable) as bb:
+        result = bb.save(state, "nocopy", copy=False)
+        assert not result.copied and result.snapshot_bytes == 0 and bb.snapshots.allocations == 0
+        result.wait()  # the promise: unchanged until written
+        state["w"].zero_()
+        assert torch.equal(bb.load("nocopy")["w"], torch.arange(10_000, dtype=torch.float32))
+
+
+def test_an_unpicklable_object_is_refused_at_save(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        with pytest.raises(CheckpointError, match="cannot snapshot checkpoint 'bad'"):
+            bb.save({"f": lambda: 1}, "bad")
+        assert bb.save({"ok": 1}, "good").info.name == "good"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_are_copied_to_pinned_host_buffers(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    w = torch.randn(1 << 20, device="cuda")
+    expected = w.cpu()
+    with BurstBuffer(fast, durable) as bb:
+        result = bb.save({"w": w}, "gpu", copy=False)
+        w.add_(1.0)  # queued on the same stream right after save returns
+        assert result.snapshot_bytes >= w.untyped_storage().nbytes()
+        loaded = bb.load("gpu", map_location="cpu")
+    assert torch.equal(loaded["w"], expected)
+
+
+# ------------------------------------------------------------------------------------------ routes
+
+
+def test_slower_fast_tier_sends_checkpoints_straight_to_durable(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        first = bb.save({"w": torch.ones(10)}, "first")
+        assert first.tier == "fast" and "until the speeds of both tiers are measured" in first.reason
+        bb.wait()
+        bb._fast_bps, bb._durable_bps = 300e6, 400e6  # as the saves and drains measured them
+        direct = bb.save({"w": torch.ones(10)}, "direct")
+        assert direct.tier == "durable" and "not faster than durable storage" in direct.reason
+        assert "300 MB/s" in direct.reason and "400 MB/s" in direct.reason
+        direct.wait()
+        assert "direct" in check_durable_on_disk(durable)  # durable once written, no drain
+        assert not (fast / "direct.manifest.json").exists()
+        bb._fast_bps = 2000e6
+        assert bb.save({"w": torch.ones(10)}, "again").tier == "fast"
+
+
+def test_measured_speeds_choose_the_path(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    state = {"w": torch.randn(256, 1024)}  # 1 MiB: large enough to be measured
+    with BurstBuffer(fast, durable) as bb:
+        results = []
+        for i in range(6):
+            results.append(bb.save(state, f"m-{i}"))
+            bb.wait()
+        assert bb._fast_bps is not None and bb._durable_bps is not None
+        chosen = results[-1]
+        faster = bb._fast_bps >= 1.2 * bb._durable_bps
+        assert chosen.tier == ("fast" if faster else "durable"), chosen.reason
+        assert "MB/s (measured)" in chosen.reason
+
+
+def test_route_durable_never_touches_the_fast_tier(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable, route="durable") as bb:
+        for i in range(3):
+            assert bb.save({"i": i}, f"d-{i}").tier == "durable"
+        bb.wait()
+        assert data_files(fast) == [] and sorted(check_durable_on_disk(durable)) == ["d-0", "d-1", "d-2"]
+    with pytest.raises(HoloprofError, match="route must be"):
+        BurstBuffer(fast, durable, route="nvme")  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------ corruption
@@ -346,14 +527,22 @@ def test_full_fast_tier_applies_backpressure_and_never_overfills(tmp_path: Path)
     fast, durable = dirs(tmp_path)
     one = 200_000
     capacity = int(2.5 * one)
-    with BurstBuffer(fast, durable, fast_capacity_bytes=capacity, serializer="pickle") as bb:
-        slow_drain(bb, 0.15)
+    with BurstBuffer(
+        fast,
+        durable,
+        fast_capacity_bytes=capacity,
+        snapshot_budget_bytes=capacity,
+        serializer="pickle",
+        route="fast",
+    ) as bb:
+        slow_drain(bb, 0.3)
         with FastTierWatcher(fast) as watcher:
             results = [bb.save(os.urandom(one), f"ck-{i}") for i in range(6)]
             assert bb.wait(timeout=30)
         assert watcher.peak <= capacity
-        assert all(r.tier == "fast" for r in results)
-        assert sum(r.backpressure_s for r in results) > 0.1  # saves waited for the drain
+        assert all(r.tier == "fast" and r.written_tier == "fast" for r in results)
+        # the fast tier filled up, the writes waited for the drain, and the snapshots for the writes
+        assert sum(r.backpressure_s for r in results) > 0.1
         assert bb.fast_used_bytes <= capacity
         assert len(check_durable_on_disk(durable)) == 6
 
@@ -362,13 +551,15 @@ def test_object_larger_than_the_fast_tier_goes_straight_to_durable(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fast, durable = dirs(tmp_path)
-    with BurstBuffer(fast, durable, fast_capacity_bytes=50_000) as bb:
+    with BurstBuffer(fast, durable, fast_capacity_bytes=50_000, route="fast") as bb:
         with caplog.at_level(logging.WARNING, logger="holoprof.checkpoint"):
             by_estimate = bb.save({"blob": os.urandom(100_000)}, "big")  # size known up front
-            by_writing = bb.save(list(range(40_000)), "long")  # found out while writing
-        assert by_estimate.tier == "durable" and by_writing.tier == "durable"
+            # copy=False takes no snapshot of a host object: the size is found out while writing
+            by_writing = bb.save(list(range(40_000)), "long", copy=False)
+        assert by_estimate.tier == "durable" and "larger than the fast tier" in by_estimate.reason
+        assert by_writing.tier == "fast" and by_writing.written_tier == "durable"
         assert "straight to durable storage" in caplog.text
-        assert sorted(check_durable_on_disk(durable)) == ["big", "long"]  # durable without wait()
+        assert sorted(check_durable_on_disk(durable)) == ["big", "long"]  # durable once written
         assert data_files(fast) == [] and temp_files(fast) == []
         assert bb.load("long") == list(range(40_000))
 
@@ -386,10 +577,10 @@ def test_small_tmpfs_fast_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture)
                 bb.wait()
             assert watcher.peak <= bb.fast_capacity_bytes
         # a capacity larger than the device: a full tmpfs (ENOSPC) sends the checkpoint to durable
-        with BurstBuffer(fast, durable, fast_capacity_bytes=1 << 30, serializer="pickle") as bb:
+        with BurstBuffer(fast, durable, fast_capacity_bytes=1 << 30, serializer="pickle", route="fast") as bb:
             with caplog.at_level(logging.WARNING, logger="holoprof.checkpoint"):
                 result = bb.save(os.urandom(3 * 1024 * 1024), "enospc")
-            assert result.tier == "durable"
+            assert result.tier == "fast" and result.written_tier == "durable"
             assert "fast tier failed" in caplog.text
             assert temp_files(fast) == []
         assert len(check_durable_on_disk(durable)) == 7
@@ -428,6 +619,87 @@ def test_one_buffer_per_directory(tmp_path: Path) -> None:
         BurstBuffer(tmp_path / "fast-b", durable)
     with BurstBuffer(fast, durable):
         pass
+
+
+def test_deleting_the_lock_files_does_not_let_a_second_buffer_in(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    with BurstBuffer(fast, durable) as bb:
+        (fast / ".holoprof-burst.lock").unlink()
+        (durable / ".holoprof-burst.lock").unlink()
+        with pytest.raises(CheckpointError, match="another BurstBuffer"):
+            BurstBuffer(tmp_path / "fast-b", durable)
+        with pytest.raises(CheckpointError, match="another BurstBuffer"):
+            BurstBuffer(fast, tmp_path / "durable-b")
+        # a second process too (flock is per open file description, as across processes)
+        other = subprocess.run(
+            [sys.executable, "-c", f"from holoprof.checkpoint import BurstBuffer; BurstBuffer({str(tmp_path / 'f3')!r}, {str(durable)!r})"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert other.returncode != 0 and "another BurstBuffer" in other.stderr
+        bb.save({"v": 1}, "still-mine")
+    with BurstBuffer(fast, durable) as bb:  # released on close
+        assert bb.load("still-mine") == {"v": 1}
+
+
+def test_list_on_a_missing_durable_directory_says_so(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    bb = BurstBuffer(fast, durable)
+    try:
+        shutil.rmtree(durable)
+        with pytest.raises(
+            CheckpointError, match=r"cannot list durable checkpoints in .*durable.*removed or unmounted"
+        ):
+            bb.list()
+    finally:
+        durable.mkdir()
+        bb.close()
+
+
+def test_closed_buffer_and_unreadable_directories_raise_checkpoint_errors(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    bb = BurstBuffer(fast, durable)
+    bb.close()
+    for call in (lambda: bb.save({"v": 1}, "x"), lambda: bb.load("x"), bb.list, bb.wait):
+        with pytest.raises(CheckpointError, match="closed"):
+            call()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="cannot create durable_dir"):
+        BurstBuffer(fast, tmp_path / "file" / "sub")
+
+
+EXIT_CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from holoprof.checkpoint import BurstBuffer
+
+    fast, durable = Path(sys.argv[1]), Path(sys.argv[2])
+    bb = BurstBuffer(fast, durable)
+    durable.rename(durable.with_name("moved"))
+    durable.write_text("a file where the durable directory was")
+    bb.save({"v": 1}, "lost-at-exit")
+    print("saved", flush=True)
+    """
+)
+
+
+def test_exit_with_undrained_checkpoints_is_a_loud_error(tmp_path: Path) -> None:
+    fast, durable = dirs(tmp_path)
+    script = tmp_path / "exit_child.py"
+    script.write_text(EXIT_CHILD)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(fast), str(durable)], capture_output=True, text=True, timeout=60
+    )
+    assert "saved" in proc.stdout
+    # documented: the exit status stays the job's; stderr says which checkpoint was not made durable
+    assert proc.returncode == 0, proc.stderr
+    assert "holoprof: ERROR: checkpoints were not made durable at exit ('lost-at-exit')" in proc.stderr
+    assert "opening a BurstBuffer on the same directories drains them" in proc.stderr
+    durable.unlink()
+    (tmp_path / "moved").rename(durable)
+    with BurstBuffer(fast, durable) as bb:  # and so it does
+        bb.wait()
+        assert bb.load("lost-at-exit") == {"v": 1}
 
 
 def test_keep_last_applies_to_both_tiers_across_names(tmp_path: Path) -> None:
@@ -628,3 +900,290 @@ def test_sigkill_at_each_file_operation(tmp_path: Path, caplog: pytest.LogCaptur
             verify_after_crash(fast, durable, reported, 0)
     assert "resuming the drain" in caplog.text
     assert "removing temporary file" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------ 200+ kills
+
+ZYGOTE = textwrap.dedent(
+    """
+    import os, random, sys
+
+    import torch
+
+    torch.set_num_threads(1)
+    from holoprof.checkpoint import BurstBuffer
+
+    fast, durable = sys.argv[1], sys.argv[2]
+
+
+    def state(i):
+        g = torch.Generator().manual_seed(i)
+        w = torch.randn(1_000 + (i * 7919) % 60_000, generator=g)
+        return {"i": i, "w": w, "view": w[10:20], "b": torch.arange(i % 100), "meta": {"lr": 0.1 * i}}
+
+
+    def child(fast, durable, start, seed, ready=True, count=None):
+        rng = random.Random(seed)
+        route = rng.choice(["fast", "fast", "durable", "auto"])
+        bb = BurstBuffer(fast, durable, keep_last=4, fast_capacity_bytes=600_000,
+                         snapshot_budget_bytes=800_000, route=route)
+        if ready:
+            os.write(1, b"ready\\n")
+        i = start
+        while count is None or i < start + count:
+            s = state(i)
+            bb.save(s, f"ck-{i:07d}")
+            s["w"].fill_(float("nan"))  # the training changes its tensors as soon as save returns
+            s["b"].zero_()
+            if i % 4 == 3:
+                bb.wait()
+            i += 1
+        return bb
+
+
+    scratch = sys.argv[3]  # warm up (lazy imports, first calls) so that children start saving at once
+    child(scratch + "/fast", scratch + "/durable", 0, 0, ready=False, count=8).close()
+
+    for line in sys.stdin:  # one child per line, forked from this already-imported interpreter
+        start, seed = map(int, line.split())
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.read(r, 1)  # our pid is announced first
+                child(fast, durable, start, seed)
+            finally:
+                os._exit(1)
+        print(pid, flush=True)
+        os.write(w, b"x")
+        os.close(r)
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        print(status, flush=True)
+    """
+)
+
+
+def expected_state(i: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(i)
+    w = torch.randn(1_000 + (i * 7919) % 60_000, generator=g)
+    return {"i": i, "w": w, "view": w[10:20], "b": torch.arange(i % 100), "meta": {"lr": 0.1 * i}}
+
+
+def test_200_sigkills_at_random_moments_leave_only_complete_checkpoints_equal_to_the_saved_state(
+    tmp_path: Path,
+) -> None:
+    """A child saves small torch states in a loop (snapshot, write, drain, retention) and changes its
+    tensors right after each save; it is SIGKILLed at a random moment, 200 times. After each kill a
+    new BurstBuffer lists checkpoints: every one loads and equals the state at its save."""
+    script = tmp_path / "zygote.py"
+    script.write_text(ZYGOTE)
+    fast, durable = dirs(tmp_path)
+    stderr_path = tmp_path / "zygote.err"
+    rng = random.Random(2026)
+    seen: set[int] = set()
+    with open(stderr_path, "w") as err:
+        zygote = subprocess.Popen(
+            [sys.executable, str(script), str(fast), str(durable), str(tmp_path / "warm-up")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert zygote.stdin is not None and zygote.stdout is not None
+    try:
+        for k in range(200):
+            zygote.stdin.write(f"{(k + 1) * 1000} {k}\n")
+            zygote.stdin.flush()
+            pid = int(zygote.stdout.readline() or -1)
+            assert pid > 0, stderr_path.read_text()[-3000:]
+            if k % 8 == 0:  # while it opens the directories and recovers what the last kill left
+                time.sleep(rng.uniform(0.0, 0.01))
+            else:  # while it saves
+                assert zygote.stdout.readline() == "ready\n", stderr_path.read_text()[-3000:]
+                time.sleep(rng.uniform(0.0, 0.08))
+            os.kill(pid, 9)
+            line = zygote.stdout.readline()
+            status = int(zygote.stdout.readline() if line == "ready\n" else line or -1)
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9, (
+                f"kill {k}: the child ended by itself (status {status}): {stderr_path.read_text()[-3000:]}"
+            )
+            check_durable_on_disk(durable)  # before any recovery: what is visible is complete
+            with BurstBuffer(fast, durable, keep_last=4) as bb:
+                assert bb.wait(timeout=30)  # drains that the kill interrupted finish
+                listed = bb.list()
+                for info in listed:
+                    i = int(info.name[3:])
+                    got, want = bb.load(info.name), expected_state(i)
+                    assert got["i"] == i and got["meta"] == want["meta"], info.name
+                    for key in ("w", "view", "b"):
+                        assert torch.equal(got[key], want[key]), f"kill {k}: {info.name}[{key}] differs"
+                    assert got["view"].untyped_storage().data_ptr() == got["w"].untyped_storage().data_ptr()
+                    seen.add(i)
+                assert {i.name for i in listed} == {i.name for i in bb.list(verify=True)}
+            assert temp_files(durable) == [] and temp_files(fast) == []
+    finally:
+        zygote.stdin.close()
+        zygote.kill()
+        zygote.wait()
+    assert len(seen) > 100, f"only {len(seen)} checkpoints ever became durable: the kills came too early"
+
+
+# ------------------------------------------------------------------------------------------ traced
+
+
+def test_traced_run_reports_blocking_and_background_time_of_each_save(tmp_path: Path) -> None:
+    """``holoprof run`` on a loop that saves with a BurstBuffer: the report's checkpoint section has
+    one item per save, whose blocking time is the one SaveResult told the job."""
+    script = Path(__file__).parent / "ckpt_scripts" / "burst_loop.py"
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "run", "--no-report", "--out", str(run_dir), "--",
+         str(script), str(tmp_path / "fast"), str(tmp_path / "durable"), "12", "3"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    told = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))[8:])
+    report = subprocess.run(
+        [sys.executable, "-m", "holoprof.cli", "report", str(run_dir), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr[-3000:]
+    section = json.loads(report.stdout)["checkpoints"]
+    items = [i for i in section["items"] if i["api"] == "holoprof.BurstBuffer.save"]
+    assert len(items) == len(told) == 4
+    assert not [i for i in section["items"] if i["api"].startswith("torch.")], (
+        "the background write was counted twice"
+    )
+    for item, r in zip(items, told, strict=True):
+        assert item["blocking"] is True
+        assert item["blocking_s"] == pytest.approx(r["blocking_s"], abs=2e-6)
+        assert item["background_s"] > 0  # the write to the fast tier and the drain
+        assert item["bytes"] == r["size_bytes"]
+        assert item["path"].endswith(".ckpt") and str(tmp_path / "durable") in item["path"]
+    assert section["blocking_s"] == pytest.approx(sum(r["blocking_s"] for r in told), abs=1e-5)
+    assert section["background_s"] == pytest.approx(sum(i["background_s"] for i in items), abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ integrations
+
+
+def test_lightning_checkpoints_through_the_burst_buffer_and_resume(tmp_path: Path) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from holoprof.checkpoint.lightning import BurstBufferCheckpointIO
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
+
+    def loader() -> Any:
+        return torch.utils.data.DataLoader(data, batch_size=8, num_workers=0)
+
+    def trainer(epochs: int, bb: BurstBuffer) -> Any:
+        return pl.Trainer(
+            max_epochs=epochs,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path / "root"),
+            callbacks=[pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpts"), save_top_k=1)],
+            plugins=[BurstBufferCheckpointIO(bb)],
+        )
+
+    fast, durable = dirs(tmp_path)
+    model = Tiny()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice about DataLoader workers and the like
+        with BurstBuffer(fast, durable) as bb:
+            trainer(2, bb).fit(model, loader())
+            names = [i.name for i in bb.list()]
+            assert names == ["epoch=1-step=8.ckpt"]  # save_top_k=1: the epoch-0 one was removed
+            assert not (tmp_path / "ckpts").exists() or not any((tmp_path / "ckpts").iterdir())
+            saved = bb.load(names[0])
+        assert all(torch.equal(saved["state_dict"][k], v) for k, v in model.state_dict().items())
+        resumed = Tiny()
+        with BurstBuffer(fast, durable) as bb:
+            t = trainer(3, bb)
+            t.fit(resumed, loader(), ckpt_path=str(tmp_path / "ckpts" / names[0]))
+            assert t.global_step == 12  # 8 steps restored, 4 more
+            assert bb.list()[-1].name == "epoch=2-step=12.ckpt"
+
+
+def test_distributed_checkpoint_state_dicts_save_per_rank(tmp_path: Path) -> None:
+    """The documented recipe for torch.distributed.checkpoint users: get_state_dict per rank, save it
+    through the buffer, set_state_dict after loading."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    fast, durable = dirs(tmp_path)
+    model, opt = model_and_optimizer()
+    rank = 0
+    with BurstBuffer(fast, durable) as bb:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        bb.save({"model": model_sd, "optim": optim_sd}, f"step-00000001-rank{rank:05d}")
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        model(torch.randn(4, 32)).sum().backward()
+        opt.step()  # training goes on
+    fresh, fresh_opt = model_and_optimizer()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    with BurstBuffer(tmp_path / "other-fast", durable) as bb:
+        state = bb.load(f"step-00000001-rank{rank:05d}")
+        set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_hugging_face_trainer_callback_recipe(tmp_path: Path) -> None:
+    """The callback of docs/checkpoint.md, with the Trainer's own checkpoints turned off."""
+    transformers = pytest.importorskip("transformers")
+
+    class BurstBufferCallback(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
+        def __init__(self, bb: BurstBuffer, every: int) -> None:
+            self.bb, self.every = bb, every
+
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, lr_scheduler: Any = None, **kw: Any) -> None:  # fmt: skip
+            if state.global_step % self.every == 0:
+                self.bb.save(
+                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": lr_scheduler.state_dict(), "global_step": state.global_step},
+                    f"step-{state.global_step:08d}",
+                )  # fmt: skip
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.bb.wait()
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    model = transformers.BertForSequenceClassification(config)
+    data = [{"input_ids": torch.randint(0, 64, (8,)), "labels": torch.tensor(i % 2)} for i in range(8)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), save_strategy="no", max_steps=4, per_device_train_batch_size=2,
+        report_to=[], logging_strategy="no", use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    fast, durable = dirs(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with BurstBuffer(fast, durable) as bb:
+            trainer = transformers.Trainer(
+                model=model, args=args, train_dataset=data, callbacks=[BurstBufferCallback(bb, every=2)]
+            )
+            trainer.train()
+            assert [i.name for i in bb.list()] == ["step-00000002", "step-00000004"]
+            last = bb.load("step-00000004")
+    assert last["global_step"] == 4
+    assert all(torch.equal(last["model"][k], v) for k, v in model.state_dict().items())
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("checkpoint-*"))

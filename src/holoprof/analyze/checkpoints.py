@@ -3,7 +3,9 @@
 A checkpoint span (``torch.save``/``torch.load``, ``torch.distributed.checkpoint``, safetensors,
 Hugging Face and Lightning saves and loads, Keras and ``tf.train.Checkpoint`` saves) recorded on the thread that runs the training loop blocked training
 for its whole duration; one recorded on another thread (an asynchronous save, a burst buffer's drain)
-did not. The share of training time blocked by checkpoints is the measure behind ``checkpoint_bound``.
+did not. Each item has ``blocking_s`` and ``background_s``; a ``BurstBuffer.save`` is one item whose
+``background_s`` is the time its background write and drain took. The share of training time blocked
+by checkpoints is the measure behind ``checkpoint_bound``.
 
 The checkpoint interval recommendation follows Young's and Daly's first-order formula,
 ``interval = sqrt(2 * C * MTBF)`` where ``C`` is the blocking cost of one checkpoint, when the user
@@ -19,6 +21,11 @@ from typing import Any
 from holoprof.analyze.engine_dask import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.store.reader import Run
+
+#: BurstBuffer.save records its blocking part (the snapshot) on the caller's thread, and the write to
+#: a tier and the drain to durable storage on its own threads; the report shows them as one save.
+_BURST_SAVE_API = "holoprof.BurstBuffer.save"
+_BURST_BACKGROUND_APIS = ("holoprof.BurstBuffer.write", "holoprof.BurstBuffer.drain")
 
 CHECKPOINT_BOUND_MEDIUM = 0.05
 CHECKPOINT_BOUND_HIGH = 0.20
@@ -46,36 +53,55 @@ def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], 
     if not rows:
         return {}, []
     items: list[dict[str, Any]] = []
+    burst_saves: dict[tuple[Any, ...], dict[str, Any]] = {}
     for host, pid, tid, s, e, attrs in rows:
         try:
             a = json.loads(attrs) if attrs else {}
         except ValueError:
             a = {}
+        if not isinstance(a, dict):
+            a = {}
         blocking = main is None or (host == main.host and pid == main.pid and tid == main.tid)
         dur = max(0, e - s) / 1e9
         if a.get("part_of") and _fold(items, host, pid, a, dur):
             continue
-        items.append(
-            {
-                "op": a.get("op", "save"),
-                "api": a.get("api", "torch.save" if a.get("op") != "load" else "torch.load"),
-                "path": a.get("path"),
-                "bytes": a.get("bytes"),
-                "seconds": round(dur, 6),
-                "bandwidth_bytes_per_s": None,
-                "blocking": blocking,
-                "pid": pid,
-                "start_ns": s,
-                "host": host,
-            }
-        )
+        b = a.get("bytes")
+        api = a.get("api", "torch.save" if a.get("op") != "load" else "torch.load")
+        key = (host, pid, a.get("checkpoint"), a.get("seq"))
+        owner = burst_saves.get(key) if api in _BURST_BACKGROUND_APIS else None
+        if owner is not None:  # the background part of a BurstBuffer save: counted with that save
+            owner["background_s"] = round(owner["background_s"] + dur, 6)
+            if api == "holoprof.BurstBuffer.write" and isinstance(b, int):
+                owner["bytes"] = b
+            if a.get("path"):
+                owner["path"] = a["path"]
+            continue
+        item: dict[str, Any] = {
+            "op": a.get("op", "save"),
+            "api": api,
+            "path": a.get("path"),
+            "bytes": b,
+            "seconds": round(dur, 6),
+            "bandwidth_bytes_per_s": None,
+            "blocking": blocking,
+            "blocking_s": round(dur, 6) if blocking else 0.0,
+            "background_s": 0.0 if blocking else round(dur, 6),
+            "pid": pid,
+            "start_ns": s,
+            "host": host,
+        }
         if a.get("files") is not None:
-            items[-1]["files"] = a["files"]
+            item["files"] = a["files"]
+        if api == _BURST_SAVE_API:
+            burst_saves[key] = item
+        items.append(item)
     for i in items:
         b, dur = i["bytes"], i["seconds"]
-        i["bandwidth_bytes_per_s"] = round(b / dur, 1) if b and dur > 0 else None
+        i["bandwidth_bytes_per_s"] = (
+            round(b / dur, 1) if isinstance(b, (int, float)) and b and dur > 0 else None
+        )
     saves = [i for i in items if i["op"] == "save"]
-    blocked_s = sum(i["seconds"] for i in items if i["blocking"])
+    blocked_s = sum(i["blocking_s"] for i in items)
     st = ctx.get("steps")
     # training time: the main loop from its first step to its last, plus blocking checkpoints after it
     train_s = 0.0
@@ -92,7 +118,7 @@ def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], 
         "loads": len(items) - len(saves),
         "bytes_written": sum(i["bytes"] or 0 for i in saves),
         "blocking_s": round(blocked_s, 6),
-        "background_s": round(sum(i["seconds"] for i in items if not i["blocking"]), 6),
+        "background_s": round(sum(i["background_s"] for i in items), 6),
         "blocking_fraction": round(share, 6),
         "median_save_s": round(median_cost, 6),
         "items": [{k: v for k, v in i.items() if k not in ("start_ns", "host")} for i in items[:200]],
@@ -144,6 +170,8 @@ def _fold(items: list[dict[str, Any]], host: str, pid: int, a: dict[str, Any], d
     for i in reversed(items):
         if i["host"] == host and i["pid"] == pid and i["op"] == "save" and i["path"] == path:
             i["seconds"] = round(i["seconds"] + dur, 6)
+            part = "blocking_s" if i["blocking"] else "background_s"
+            i[part] = round(i[part] + dur, 6)
             i["path"] = a.get("path", i["path"])
             if a.get("bytes") is not None:
                 i["bytes"] = a["bytes"]

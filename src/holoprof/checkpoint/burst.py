@@ -1,7 +1,9 @@
-"""Burst-buffer checkpointing: save to a fast tier, drain to durable storage in the background.
+"""Burst-buffer checkpointing: snapshot in memory, persist and drain to durable storage in the background.
 
-``save()`` serializes the checkpoint into the fast directory (tmpfs, local NVMe) and returns; a
-background thread copies it to the durable directory. Every checkpoint is two files per tier: the
+``save()`` copies the checkpoint into a snapshot in host memory (see ``snapshot.py``) and returns; a
+background thread serializes the snapshot to the fast directory (tmpfs, local NVMe), or straight to
+durable storage when the fast tier is not faster, and another copies fast copies to the durable
+directory. Every checkpoint is two files per tier: the
 data file and a JSON manifest (size and checksums of the data: CRC-32, plus SHA-256 once durable),
 written in this order, each through a temporary name, fsync and an atomic rename. The manifest is the commit record: a checkpoint exists
 only if its manifest exists and the data file matches it, so a crash at any moment leaves either the
@@ -15,6 +17,7 @@ See docs/checkpoint.md for the guarantees, the on-disk layout and recipes.
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import dataclasses
 import errno
@@ -36,12 +39,15 @@ import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, NoReturn, Protocol, cast, runtime_checkable
 
+from holoprof.checkpoint.snapshot import Aborted as SnapshotAborted
+from holoprof.checkpoint.snapshot import OverBudget, Snapshot, Snapshotter
 from holoprof.errors import HoloprofError, MissingExtraError
 
 log = logging.getLogger("holoprof.checkpoint")
@@ -57,8 +63,13 @@ _DATA_RE = re.compile(r"^(?P<name>.+)\.(?P<token>[0-9a-f]{16})\.ckpt$")
 _COPY_CHUNK = 8 << 20
 _PARALLEL_HASH_MIN = 1 << 20
 _DEFAULT_FAST_SHARE = 0.5
+_DEFAULT_SNAPSHOT_SHARE = 0.25  # of physical memory
+_MIN_SNAPSHOT_BUDGET = 64 << 20
+#: the fast tier is used only when it writes at least this many times faster than durable storage
+FAST_TIER_MIN_SPEEDUP = 1.2
 
 Tier = Literal["fast", "durable"]
+Route = Literal["auto", "fast", "durable"]
 SerializerName = Literal["auto", "torch", "pickle"]
 
 
@@ -129,7 +140,9 @@ class TorchSerializer:
     name = "torch"
 
     def dump(self, obj: Any, f: IO[bytes]) -> None:
-        _torch().save(obj, f)
+        save = _torch().save
+        # the tracer's wrapper would record this background write as a second checkpoint
+        getattr(save, "__wrapped__", save)(obj, f)
 
     def load(self, f: IO[bytes], **options: Any) -> Any:
         options.setdefault("weights_only", False)
@@ -242,17 +255,60 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class SaveResult:
-    """What ``save()`` did: where the checkpoint is now and how long the caller was blocked.
+    """What ``save()`` did: how long the caller was blocked and which path the checkpoint takes.
 
-    ``tier`` is ``"fast"`` when the checkpoint is on the fast tier and draining in the background,
-    ``"durable"`` when it was written straight to durable storage (larger than the fast tier, or the
-    fast tier failed); ``backpressure_s`` is the part of ``blocking_s`` spent waiting for space.
+    ``tier`` is the path chosen: ``"fast"`` (serialized to the fast tier, then drained to durable
+    storage) or ``"durable"`` (serialized straight to durable storage); ``reason`` says why.
+    ``blocking_s`` is the time ``save()`` took (the snapshot), ``backpressure_s`` the part of it spent
+    waiting for snapshot memory, ``snapshot_bytes`` what was copied. ``copied`` is False when
+    ``copy=False`` let host tensors be used as they are. ``synchronous`` is True when the checkpoint
+    was written before ``save()`` returned (its snapshot would not fit the memory budget).
+    ``wait()`` / ``info`` block until the checkpoint is written to its tier.
     """
 
-    info: CheckpointInfo
+    name: str
+    seq: int
     tier: Tier
+    reason: str
     blocking_s: float
     backpressure_s: float
+    snapshot_bytes: int
+    copied: bool
+    synchronous: bool
+    _outcome: Future[tuple[CheckpointInfo, Tier]] = field(repr=False, compare=False)
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo:
+        """The checkpoint's record once written (fast tier, or durable on the direct path).
+
+        Raises the ``CheckpointError`` that made it fail (also raised by the buffer's next call).
+        """
+        try:
+            return self._outcome.result(timeout)[0]
+        except FutureTimeout:
+            raise CheckpointError(
+                f"checkpoint {self.name!r} is not written yet after {timeout} s; wait longer"
+            ) from None
+
+    @property
+    def info(self) -> CheckpointInfo:
+        return self.wait()
+
+    @property
+    def written_tier(self) -> Tier:
+        """Where the checkpoint was written: ``tier``, or ``"durable"`` when the fast tier was full or failed."""
+        self.wait()
+        return self._outcome.result()[1]
+
+
+@dataclass
+class _Job:
+    """A snapshot waiting to be written by the persist thread."""
+
+    name: str
+    seq: int
+    snapshot: Snapshot
+    tier: Tier
+    outcome: Future[tuple[CheckpointInfo, Tier]]
 
 
 @dataclass
@@ -385,23 +441,27 @@ def _size_matches(directory: Path, info: CheckpointInfo) -> bool:
 def check_name(name: object) -> str:
     """Return ``name`` if it is a valid checkpoint name, else raise HoloprofError saying why."""
     if not isinstance(name, str) or not name:
-        raise HoloprofError(
+        raise CheckpointError(
             f"checkpoint name must be a non-empty string, got {name!r}; use e.g. 'step-000100'"
         )
     seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
     if any(s in name for s in seps) or ".." in name:
-        raise HoloprofError(
+        raise CheckpointError(
             f"checkpoint name {name!r} contains a path separator or '..'; "
             "use a plain file name such as 'step-000100' (checkpoints always live in the buffer's directories)"
         )
     if name.startswith("."):
-        raise HoloprofError(
+        raise CheckpointError(
             f"checkpoint name {name!r} starts with '.'; those names are reserved, drop the dot"
         )
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise HoloprofError(f"checkpoint name {name!r} contains control characters; use printable characters")
+        raise CheckpointError(
+            f"checkpoint name {name!r} contains control characters; use printable characters"
+        )
     if len(name) > MAX_NAME_LENGTH:
-        raise HoloprofError(f"checkpoint name is {len(name)} characters long; use at most {MAX_NAME_LENGTH}")
+        raise CheckpointError(
+            f"checkpoint name is {len(name)} characters long; use at most {MAX_NAME_LENGTH}"
+        )
     return name
 
 
@@ -472,13 +532,51 @@ class _ChecksumSink:
 
 
 def _close_at_exit(ref: weakref.ReferenceType[BurstBuffer]) -> None:
+    """At interpreter exit: make every checkpoint durable, or say loudly on stderr which were not.
+
+    Python gives exit handlers no way to change the exit status without skipping the handlers that
+    run after them, so a loss is an error line on stderr (and on the logger), not a status; call
+    ``close()`` before exiting to get an exception instead.
+    """
     buffer = ref()
-    if buffer is None:
-        return
+    if buffer is None or buffer._pid != os.getpid():
+        return  # a forked child exiting: the buffer and its threads belong to the parent
     try:
         buffer.close()
     except Exception as exc:
-        log.error("burst buffer: checkpoints not drained at exit: %s", exc)
+        names = ", ".join(repr(n) for n in buffer.undrained_names()[:10]) or "none listed"
+        msg = (
+            f"holoprof: ERROR: checkpoints were not made durable at exit ({names}): {exc}. They are "
+            f"still on the fast tier {str(buffer.fast_dir)!r}; opening a BurstBuffer on the same "
+            "directories drains them. Call close() before exiting to get this as an exception."
+        )
+        log.error("%s", msg)
+        with contextlib.suppress(Exception):
+            sys.stderr.write(msg + "\n")
+            sys.stderr.flush()
+
+
+def _trace_span(start_ns: int, end_ns: int, attrs: dict[str, Any]) -> None:
+    """Record a checkpoint phase when the process is traced by holoprof (never fails)."""
+    if "holoprof.agent.core" not in sys.modules:
+        return
+    try:
+        from holoprof.api import _agent
+
+        agent = _agent()
+        if agent is None or agent.tls.active is not None:
+            return
+        agent.span("phase", "checkpoint", start_ns, end_ns, agent.steps.index, attrs)
+    except Exception as exc:  # tracing never breaks a checkpoint
+        log.debug("not traced: %s", exc)
+
+
+def _default_snapshot_budget() -> int:
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        phys = 0
+    return max(_MIN_SNAPSHOT_BUDGET, int(phys * _DEFAULT_SNAPSHOT_SHARE))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -486,12 +584,12 @@ def _close_at_exit(ref: weakref.ReferenceType[BurstBuffer]) -> None:
 
 
 class BurstBuffer:
-    """Checkpoint to a fast tier; a background thread drains each checkpoint to durable storage.
+    """Snapshot a checkpoint in memory and return; background threads persist and drain it.
 
     Parameters:
         fast_dir: directory on a fast tier (``/dev/shm``, local NVMe); created if missing.
         durable_dir: directory on durable storage (parallel file system, disk); created if missing.
-        fast_capacity_bytes: most bytes of checkpoints kept on the fast tier. ``save()`` blocks
+        fast_capacity_bytes: most bytes of checkpoints kept on the fast tier. The persist thread waits
             (backpressure) until drained copies can be evicted; a checkpoint larger than this goes
             straight to durable storage. Default: half of the fast tier's free space at start.
         keep_last: keep only the newest ``keep_last`` checkpoints (by save order, over all names) on
@@ -501,8 +599,15 @@ class BurstBuffer:
             ``load(f, **options)``.
         fsync_fast: also fsync fast-tier files. Off by default: fast copies are verified against
             their CRC-32 before they are drained or loaded, so a torn fast copy is never trusted.
+        snapshot_budget_bytes: most bytes of host memory for snapshots (reused buffers); ``save()``
+            waits for earlier snapshots to be persisted rather than exceed it. Default: a quarter of
+            the physical memory.
+        route: ``"auto"`` (the fast tier while it writes at least ``FAST_TIER_MIN_SPEEDUP`` times
+            faster than durable storage, as measured by the saves and drains so far; otherwise
+            straight to durable storage), ``"fast"`` or ``"durable"`` to force one path.
 
-    One BurstBuffer at a time may use a directory (a lock file enforces it). Thread-safe.
+    One BurstBuffer at a time may use a directory (an ``flock`` on the directory enforces it).
+    Thread-safe.
     """
 
     def __init__(
@@ -514,18 +619,23 @@ class BurstBuffer:
         keep_last: int | None = None,
         serializer: SerializerName | Serializer = "auto",
         fsync_fast: bool = False,
+        snapshot_budget_bytes: int | None = None,
+        route: Route = "auto",
     ) -> None:
         self.fast_dir = Path(fast_dir)
         self.durable_dir = Path(durable_dir)
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-            raise HoloprofError(f"keep_last must be a positive integer or None, got {keep_last!r}")
-        if fast_capacity_bytes is not None and (
-            not isinstance(fast_capacity_bytes, int) or fast_capacity_bytes <= 0
+            raise CheckpointError(f"keep_last must be a positive integer or None, got {keep_last!r}")
+        for label, value in (
+            ("fast_capacity_bytes", fast_capacity_bytes),
+            ("snapshot_budget_bytes", snapshot_budget_bytes),
         ):
-            raise HoloprofError(
-                f"fast_capacity_bytes must be a positive integer (bytes), got {fast_capacity_bytes!r}"
-            )
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise CheckpointError(f"{label} must be a positive integer (bytes), got {value!r}")
+        if route not in ("auto", "fast", "durable"):
+            raise CheckpointError(f"route must be 'auto', 'fast' or 'durable', got {route!r}")
         self.keep_last = keep_last
+        self.route: Route = route
         self._serializer_choice = self._check_serializer(serializer)
         self._fsync_fast = fsync_fast
 
@@ -536,6 +646,7 @@ class BurstBuffer:
         self._fast_bytes: dict[str, int] = {}
         self._durable: dict[str, CheckpointInfo] = {}
         self._latest_seq: dict[str, int] = {}
+        self._jobs: deque[_Job] = deque()
         self._queue: deque[CheckpointInfo] = deque()
         self._inflight: CheckpointInfo | None = None
         self._failed: list[CheckpointInfo] = []
@@ -545,25 +656,35 @@ class BurstBuffer:
         self._stopping = False
         self._closed = False
         self._lock_fds: list[int] = []
+        self._pid = os.getpid()
+        self._fast_bps: float | None = None  # measured write speed of each path (bytes/s)
+        self._durable_bps: float | None = None
+        self._samples: dict[Tier, int] = {"fast": 0, "durable": 0}
         self.last_load_source: Tier | None = None
 
         for label, directory in (("fast_dir", self.fast_dir), ("durable_dir", self.durable_dir)):
             try:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise HoloprofError(
+                raise CheckpointError(
                     f"cannot create {label} {str(directory)!r}: {exc.strerror or exc}; "
                     "pass a directory you can write to"
                 ) from None
         if os.path.samefile(self.fast_dir, self.durable_dir):
-            raise HoloprofError(
+            raise CheckpointError(
                 f"fast_dir and durable_dir are the same directory ({str(self.fast_dir)!r}); "
                 "pass two different directories, e.g. fast_dir='/dev/shm/ckpt'"
             )
         try:
-            self._lock_fds.append(self._lock_dir(self.durable_dir))
-            self._lock_fds.append(self._lock_dir(self.fast_dir))
+            self._lock_fds.extend(self._lock_dir(self.durable_dir))
+            self._lock_fds.extend(self._lock_dir(self.fast_dir))
             self._recover()
+        except OSError as exc:
+            self._release_locks()
+            raise CheckpointError(
+                f"cannot open the checkpoint directories: {exc.strerror or exc} "
+                f"({exc.filename or self.durable_dir}); check that both exist and are writable"
+            ) from None
         except BaseException:
             self._release_locks()
             raise
@@ -571,54 +692,85 @@ class BurstBuffer:
             free = shutil.disk_usage(self.fast_dir).free
             fast_capacity_bytes = max(1, int(free * _DEFAULT_FAST_SHARE) + self._fast_used_locked())
         self.fast_capacity_bytes = fast_capacity_bytes
+        self.snapshots = Snapshotter(snapshot_budget_bytes or _default_snapshot_budget())
 
         self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="holoprof-ckpt-hash")
+        self._persister = threading.Thread(
+            target=self._persist_loop, name="holoprof-ckpt-persist", daemon=True
+        )
         self._worker = threading.Thread(target=self._drain_loop, name="holoprof-ckpt-drain", daemon=True)
+        self._persister.start()
         self._worker.start()
         self._atexit_hook = functools.partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._atexit_hook)
 
     # ---------------------------------------------------------------------------------------- public
 
-    def save(self, obj: Any, name: str) -> SaveResult:
-        """Write ``obj`` as checkpoint ``name`` to the fast tier and return; it drains in the background.
+    @property
+    def snapshot_budget_bytes(self) -> int:
+        return self.snapshots.budget_bytes
 
-        Blocks only for the fast-tier write (and for space, when the fast tier is full of copies not
-        yet drained). Raises a pending DrainError from an earlier drain first; that call saves nothing.
+    def save(self, obj: Any, name: str, *, copy: bool = True) -> SaveResult:
+        """Snapshot ``obj`` as checkpoint ``name`` in host memory and return; it is written and
+        drained to durable storage in the background.
+
+        Once ``save`` returns, the caller may change every tensor and object it passed: the snapshot
+        holds their state at the call. ``copy=False`` skips the copy of host tensors and of the
+        object (device tensors are still copied): the caller promises not to change them until
+        ``SaveResult.wait()`` returns. Raises a pending error of an earlier checkpoint first; that
+        call saves nothing.
         """
         check_name(name)
         with self._save_lock:
-            t0 = time.perf_counter()
+            t0_ns = time.perf_counter_ns()
             with self._cond:
                 self._check_usable()
                 self._raise_errors()
                 self._requeue_failed()
                 seq = self._next_seq
                 self._next_seq += 1
-            has_tensor, estimate = _inspect_object(obj)
-            serializer = self._serializer_for(has_tensor)
-            data_file = f"{name}.{secrets.token_hex(8)}{DATA_SUFFIX}"
-            waited = 0.0
-            if estimate > self.fast_capacity_bytes:
+                tier, reason = self._choose_tier_locked()
+            outcome: Future[tuple[CheckpointInfo, Tier]] = Future()
+            try:
+                snap, waited = self.snapshots.take(obj, copy=copy, should_stop=self._snapshot_should_stop)
+            except OverBudget as over:
+                waited = 0.0
                 reason = (
-                    f"its estimated size ({estimate} bytes) exceeds the fast tier's capacity "
+                    f"its snapshot ({over.needed} bytes) exceeds snapshot_budget_bytes ({over.budget}): "
+                    f"written to the {tier} tier before save() returned; raise the budget to snapshot it"
+                )
+                log.warning("checkpoint %r: %s", name, reason)
+                job = _Job(name, seq, Snapshot(None, obj, [], [], 0, False, 0), tier, outcome)
+                with self._cond:  # earlier snapshots first, so that checkpoints keep their order
+                    while self._jobs:
+                        self._cond.wait()
+                self._persist(job)
+                self._raise_outcome(job)
+                return self._result(job, reason, t0_ns, waited, synchronous=True)
+            except SnapshotAborted:
+                with self._cond:
+                    self._raise_errors()
+                raise CheckpointError(
+                    f"saving checkpoint {name!r} was given up while waiting for snapshot memory "
+                    "(the buffer is closing)"
+                ) from None
+            except Exception as exc:
+                raise CheckpointError(
+                    f"cannot snapshot checkpoint {name!r}: {type(exc).__name__}: {exc}; "
+                    "save picklable objects (e.g. model.state_dict())"
+                ) from exc
+            if tier == "fast" and snap.nbytes > self.fast_capacity_bytes:
+                tier = "durable"
+                reason = (
+                    f"its snapshot ({snap.nbytes} bytes) is larger than the fast tier's capacity "
                     f"({self.fast_capacity_bytes} bytes)"
                 )
-            else:
-                try:
-                    info, waited = self._write_fast(obj, name, seq, serializer, data_file)
-                    return SaveResult(info, "fast", time.perf_counter() - t0, waited)
-                except _TooLarge:
-                    reason = f"it is larger than the fast tier's capacity ({self.fast_capacity_bytes} bytes)"
-                except OSError as exc:
-                    reason = f"writing it to the fast tier failed ({exc})"
-            log.warning(
-                "checkpoint %r goes straight to durable storage because %s; save() blocks until it is durable",
-                name,
-                reason,
-            )
-            info = self._write_durable_direct(obj, name, seq, serializer, data_file)
-            return SaveResult(info, "durable", time.perf_counter() - t0, waited)
+                log.warning("checkpoint %r goes straight to durable storage because %s", name, reason)
+            job = _Job(name, seq, snap, tier, outcome)
+            with self._cond:
+                self._jobs.append(job)
+                self._cond.notify_all()
+            return self._result(job, reason, t0_ns, waited, synchronous=False)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every checkpoint saved so far is durable; raise the first drain error.
@@ -652,6 +804,8 @@ class BurstBuffer:
         check_name(name)
         with self._cond:
             self._check_usable(allow_stopping=True)
+            while any(j.name == name for j in self._jobs):  # a snapshot of it is being written
+                self._cond.wait()
             self._raise_errors()
         for _ in range(3):
             with self._cond:
@@ -683,7 +837,14 @@ class BurstBuffer:
         with self._cond:
             self._check_usable(allow_stopping=True)
         found: list[CheckpointInfo] = []
-        for path in self.durable_dir.iterdir():
+        try:
+            paths = list(self.durable_dir.iterdir())
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot list durable checkpoints in {str(self.durable_dir)!r}: {exc.strerror or exc}; "
+                "check that the durable directory exists and is readable (was it removed or unmounted?)"
+            ) from None
+        for path in paths:
             fname = path.name
             if fname.startswith(TMP_PREFIX) or not fname.endswith(MANIFEST_SUFFIX):
                 continue
@@ -704,6 +865,37 @@ class BurstBuffer:
             found.append(info)
         return sorted(found, key=lambda i: i.seq)
 
+    def remove(self, name: str) -> bool:
+        """Delete checkpoint ``name`` from both tiers (manifest first); False if there was none.
+
+        A snapshot of it still being written is finished first; a drain of it still queued or in
+        flight is dropped.
+        """
+        check_name(name)
+        with self._cond:
+            self._check_usable()
+            while any(j.name == name for j in self._jobs):
+                self._cond.wait()
+        with self._durable_lock:
+            with self._cond:
+                # a newer seq makes every earlier copy of the name superseded: in-flight drains skip it
+                self._latest_seq[name] = self._next_seq
+                self._next_seq += 1
+                entry = self._fast.pop(name, None)
+                self._queue = deque(i for i in self._queue if i.name != name)
+                self._failed = [i for i in self._failed if i.name != name]
+                durable = self._durable.pop(name, None)
+                self._cond.notify_all()
+            if entry is not None:
+                self._fast_bytes.pop(entry.info.data_file, None)
+                self._remove_fast_files(entry.info)
+            if durable is not None:
+                _unlink(_manifest_path(self.durable_dir, name))
+                with contextlib.suppress(OSError):
+                    _fsync_dir(self.durable_dir)
+                _unlink(self.durable_dir / durable.data_file)
+        return entry is not None or durable is not None
+
     @property
     def fast_used_bytes(self) -> int:
         """Bytes of checkpoint data on the fast tier now (including a save in progress)."""
@@ -714,30 +906,46 @@ class BurstBuffer:
     def pending(self) -> int:
         """Checkpoints saved but not yet durable."""
         with self._cond:
-            return len(self._queue) + (self._inflight is not None) + len(self._failed)
+            return len(self._jobs) + len(self._queue) + (self._inflight is not None) + len(self._failed)
 
     def close(self) -> None:
-        """Wait for all drains, stop the worker and release the directories. Raises a pending DrainError.
+        """Persist and drain everything, stop the threads and release the directories.
 
-        Checkpoints that could not be drained stay on the fast tier and are drained the next time a
-        BurstBuffer opens these directories.
+        Raises the first error (``DrainError``, ``CheckpointError``) when a checkpoint could not be
+        made durable: closing never loses a checkpoint in silence. Checkpoints that could not be
+        drained stay on the fast tier and are drained the next time a BurstBuffer opens these
+        directories (``undrained_names()`` lists them). At interpreter exit the same happens, and a
+        failure is written to stderr as an error line.
         """
         with self._cond:
             if self._closed:
                 return
             self._stopping = True
             self._cond.notify_all()
+        error: CheckpointError | None = None
         try:
             self.wait()
+        except CheckpointError as exc:
+            error = exc
         finally:
             with self._cond:
+                # snapshots not written yet are the only copy: write them before stopping
+                while self._jobs and self._persister.is_alive():
+                    self._cond.wait(0.5)
                 self._queue.clear()
                 self._closed = True
                 self._cond.notify_all()
+            self._persister.join()
             self._worker.join()
             self._hash_pool.shutdown(wait=True)
+            self.snapshots.abort()
             self._release_locks()
             atexit.unregister(self._atexit_hook)
+        if error is None:
+            with self._cond:
+                self._raise_errors()
+        else:
+            raise error
 
     def __enter__(self) -> BurstBuffer:
         return self
@@ -764,7 +972,7 @@ class BurstBuffer:
     def _check_serializer(serializer: SerializerName | Serializer) -> SerializerName | Serializer:
         if isinstance(serializer, str):
             if serializer not in ("auto", "torch", "pickle"):
-                raise HoloprofError(
+                raise CheckpointError(
                     f"unknown serializer {serializer!r}; use 'auto', 'torch', 'pickle' or an object "
                     "with name, dump(obj, f) and load(f)"
                 )
@@ -772,7 +980,7 @@ class BurstBuffer:
                 _torch()
             return serializer
         if not isinstance(serializer, Serializer) or not isinstance(getattr(serializer, "name", None), str):
-            raise HoloprofError(
+            raise CheckpointError(
                 "serializer must be 'auto', 'torch', 'pickle' or an object with a str 'name', "
                 "dump(obj, f) and load(f, **options)"
             )
@@ -802,7 +1010,157 @@ class BurstBuffer:
 
     def _check_usable(self, *, allow_stopping: bool = False) -> None:
         if self._closed or (self._stopping and not allow_stopping):
-            raise HoloprofError("this BurstBuffer is closed; create a new one to save or load checkpoints")
+            raise CheckpointError("this BurstBuffer is closed; create a new one to save or load checkpoints")
+
+    def _snapshot_should_stop(self) -> bool:
+        return self._closed
+
+    def _choose_tier_locked(self) -> tuple[Tier, str]:
+        """The path of the next checkpoint, and why (caller holds ``_cond``)."""
+        if self.route != "auto":
+            return self.route, f"route={self.route!r} was asked for"
+        fast, durable = self._fast_bps, self._durable_bps
+        if fast is None or durable is None:
+            return "fast", "the fast tier is used until the speeds of both tiers are measured"
+        speeds = f"fast tier {fast / 1e6:,.0f} MB/s, durable storage {durable / 1e6:,.0f} MB/s (measured)"
+        if fast >= FAST_TIER_MIN_SPEEDUP * durable:
+            return "fast", speeds
+        return "durable", f"the fast tier is not faster than durable storage: {speeds}"
+
+    def _learn(self, tier: Tier, nbytes: int, seconds: float) -> None:
+        """Update the measured write speed of a path from one write of ``nbytes``."""
+        if nbytes < (64 << 10) or seconds <= 0:
+            return  # too small to say anything about bandwidth
+        bps = nbytes / seconds
+        with self._cond:
+            self._samples[tier] += 1
+            if self._samples[tier] == 1:
+                return  # the first write of a path pays first-touch costs (allocator, page cache)
+            old = self._fast_bps if tier == "fast" else self._durable_bps
+            new = bps if old is None else 0.5 * old + 0.5 * bps
+            if tier == "fast":
+                self._fast_bps = new
+            else:
+                self._durable_bps = new
+
+    def _result(self, job: _Job, reason: str, t0_ns: int, waited: float, *, synchronous: bool) -> SaveResult:
+        t1_ns = time.perf_counter_ns()
+        snap = job.snapshot
+        _trace_span(
+            t0_ns,
+            t1_ns,
+            {
+                "op": "save",
+                "api": "holoprof.BurstBuffer.save",
+                "checkpoint": job.name,
+                "seq": job.seq,
+                "bytes": snap.nbytes if not synchronous else None,
+                "tier": job.tier,
+                "synchronous": synchronous,
+            },
+        )
+        return SaveResult(
+            name=job.name,
+            seq=job.seq,
+            tier=job.tier,
+            reason=reason,
+            blocking_s=(t1_ns - t0_ns) / 1e9,
+            backpressure_s=waited,
+            snapshot_bytes=snap.nbytes,
+            copied=snap.copied,
+            synchronous=synchronous,
+            _outcome=job.outcome,
+        )
+
+    @staticmethod
+    def _raise_outcome(job: _Job) -> None:
+        exc = job.outcome.exception()
+        if exc is not None:
+            raise exc
+
+    # persisting snapshots --------------------------------------------------------------------------
+
+    def _persist_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closed:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs[0]
+            self._persist(job, record_error=True)
+            with self._cond:
+                self._jobs.popleft()
+                self._cond.notify_all()
+
+    def _persist(self, job: _Job, *, record_error: bool = False) -> None:
+        """Serialize a snapshot to its tier; the outcome goes to ``job.outcome`` (and errors to the
+        next call when ``record_error``)."""
+        t0_ns = time.perf_counter_ns()
+        tier: Tier = job.tier
+        info: CheckpointInfo | None = None
+        try:
+            obj = job.snapshot.materialize()
+            has_tensor, estimate = _inspect_object(obj)
+            serializer = self._serializer_for(has_tensor)
+            data_file = f"{job.name}.{secrets.token_hex(8)}{DATA_SUFFIX}"
+            if tier == "fast":
+                why = ""
+                if estimate > self.fast_capacity_bytes:
+                    why = (
+                        f"its estimated size ({estimate} bytes) exceeds the fast tier's capacity "
+                        f"({self.fast_capacity_bytes} bytes)"
+                    )
+                else:
+                    t = time.perf_counter()
+                    try:
+                        info, waited = self._write_fast(obj, job.name, job.seq, serializer, data_file)
+                        self._learn("fast", info.size_bytes, time.perf_counter() - t - waited)
+                    except _TooLarge:
+                        why = f"it is larger than the fast tier's capacity ({self.fast_capacity_bytes} bytes)"
+                    except _Aborted:
+                        why = "the fast tier is full of copies that cannot be drained"
+                    except OSError as exc:
+                        why = f"writing it to the fast tier failed ({exc})"
+                if info is None:
+                    log.warning("checkpoint %r goes straight to durable storage because %s", job.name, why)
+                    tier = "durable"
+            if info is None:
+                t = time.perf_counter()
+                info = self._write_durable_direct(obj, job.name, job.seq, serializer, data_file)
+                self._learn("durable", info.size_bytes, time.perf_counter() - t)
+            del obj
+            job.outcome.set_result((info, tier))
+        except Exception as exc:
+            err = (
+                exc
+                if isinstance(exc, CheckpointError)
+                else CheckpointError(f"writing checkpoint {job.name!r} failed: {type(exc).__name__}: {exc}")
+            )
+            if err is not exc:
+                err.__cause__ = exc
+            job.outcome.set_exception(err)
+            if record_error:
+                with self._cond:
+                    self._errors.append(err)
+                    self._cond.notify_all()
+        finally:
+            job.snapshot.release()
+            if info is not None:
+                directory = self.fast_dir if tier == "fast" else self.durable_dir
+                _trace_span(
+                    t0_ns,
+                    time.perf_counter_ns(),
+                    {
+                        "op": "save",
+                        "api": "holoprof.BurstBuffer.write",
+                        "checkpoint": job.name,
+                        "seq": job.seq,
+                        "bytes": info.size_bytes,
+                        "path": str(directory / info.data_file),
+                        "tier": tier,
+                    },
+                )
 
     def _raise_errors(self) -> None:
         """Raise (once) the drain errors recorded since the last call. Caller holds ``_cond``."""
@@ -831,7 +1189,18 @@ class BurstBuffer:
     def _pending_upto(self, target: int) -> bool:
         if self._inflight is not None and self._inflight.seq <= target:
             return True
-        return any(i.seq <= target for i in self._queue)
+        return any(j.seq <= target for j in self._jobs) or any(i.seq <= target for i in self._queue)
+
+    def undrained_names(self) -> builtins.list[str]:
+        """Names of checkpoints saved but not durable yet (snapshots, queued or failed drains)."""
+        with self._cond:
+            names = [j.name for j in self._jobs]
+            names += [
+                e.info.name
+                for e in sorted(self._fast.values(), key=lambda e: e.info.seq)
+                if e.state != "durable"
+            ]
+        return list(dict.fromkeys(names))
 
     def _fast_used_locked(self) -> int:
         return sum(self._fast_bytes.values())
@@ -839,25 +1208,60 @@ class BurstBuffer:
     # locking the directories -----------------------------------------------------------------------
 
     @staticmethod
-    def _lock_dir(directory: Path) -> int:
-        path = directory / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
+    def _lock_dir(directory: Path) -> builtins.list[int]:
+        """Lock ``directory`` for this buffer; returns the descriptors that hold the locks.
+
+        The lock is an ``flock`` on the directory itself, which deleting a file cannot undo, plus one
+        on ``.holoprof-burst.lock`` (which names the holder's pid), checked to still be the file at
+        that path after locking. File systems without directory locks rely on the lock file alone.
+        """
+        fds: builtins.list[int] = []
+
+        def refuse() -> NoReturn:
             holder = ""
             with contextlib.suppress(OSError, ValueError):
-                holder = f" (pid {int(os.pread(fd, 32, 0).decode().strip())})"
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise HoloprofError(
-                    f"another BurstBuffer{holder} is using {str(directory)!r}; "
-                    "close it first or use a different directory"
-                ) from None
+                holder = f" (pid {int((directory / LOCK_NAME).read_text().strip())})"
+            raise CheckpointError(
+                f"another BurstBuffer{holder} is using {str(directory)!r}; "
+                "close it first or use a different directory"
+            )
+
+        try:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            fds.append(dfd)
+            try:
+                fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    refuse()
+                os.close(fds.pop())  # no flock on directories here: the lock file below holds it
+            path = directory / LOCK_NAME
+            for _ in range(5):
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+                fds.append(fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno in (errno.EAGAIN, errno.EACCES):
+                        refuse()
+                    raise
+                try:
+                    same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    break
+                os.close(fds.pop())  # removed or replaced while we locked it: lock the new one
+            else:
+                refuse()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fd
+        return fds
 
     def _release_locks(self) -> None:
         for fd in self._lock_fds:
@@ -1038,14 +1442,7 @@ class BurstBuffer:
     ) -> NoReturn:
         """Turn what went wrong inside ``serializer.dump`` into the exception ``save()`` handles."""
         failure = sink.failure
-        if isinstance(failure, _Aborted):
-            with self._cond:
-                self._raise_errors()
-            raise CheckpointError(
-                f"saving checkpoint {name!r} was interrupted by a drain error (raised in another "
-                "thread); fix durable storage and save it again"
-            ) from None
-        if isinstance(failure, (_TooLarge, OSError)):
+        if isinstance(failure, (_TooLarge, _Aborted, OSError)):
             raise failure from None
         if isinstance(exc, OSError):
             raise exc
@@ -1118,10 +1515,25 @@ class BurstBuffer:
                 info = self._queue.popleft()
                 self._inflight = info
             outcome: BaseException | bool
+            t0_ns = time.perf_counter_ns()
             try:
                 outcome = self._drain_one(info)
             except BaseException as exc:
                 outcome = exc
+            if outcome is True:
+                _trace_span(
+                    t0_ns,
+                    time.perf_counter_ns(),
+                    {
+                        "op": "save",
+                        "api": "holoprof.BurstBuffer.drain",
+                        "checkpoint": info.name,
+                        "seq": info.seq,
+                        "bytes": info.size_bytes,
+                        "path": str(self.durable_dir / info.data_file),
+                        "tier": "durable",
+                    },
+                )
             with self._cond:
                 self._inflight = None
                 entry = self._fast.get(info.name)
@@ -1181,6 +1593,7 @@ class BurstBuffer:
         ck = _Checksum(sha256=True)
         buf = bytearray(_COPY_CHUNK)
         view = memoryview(buf)
+        t0 = time.perf_counter()
         try:
             with open(src, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
                 while True:
@@ -1195,6 +1608,7 @@ class BurstBuffer:
                 os.fsync(fout.fileno())
                 if hasattr(os, "posix_fadvise"):  # the fast copy serves loads: keep the page cache free
                     os.posix_fadvise(fout.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            self._learn("durable", ck.size, time.perf_counter() - t0)
             bad = ck.mismatch(info)
             if bad is not None:
                 raise _FastCopyLost(
@@ -1335,14 +1749,27 @@ class BurstBuffer:
             raise CheckpointCorruptError(
                 f"the data file of checkpoint {info.name!r} ({path}) is missing; load an older checkpoint"
             ) from None
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot read checkpoint {info.name!r} ({path}): {exc.strerror or exc}; "
+                "check that the directory is readable"
+            ) from None
         if bad is not None:
             raise CheckpointCorruptError(
                 f"checkpoint {info.name!r} in {str(directory)!r} does not match its manifest ({bad}); "
                 "load an older checkpoint"
             )
         serializer = self._serializer_named(info.serializer)
-        with open(path, "rb") as f:
-            return serializer.load(f, **options)
+        try:
+            with open(path, "rb") as f:
+                return serializer.load(f, **options)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(
+                f"cannot load checkpoint {info.name!r} from {str(path)!r} with {serializer.name}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _handle_corrupt_fast(self, info: CheckpointInfo, exc: CheckpointCorruptError) -> None:
         with self._cond:
