@@ -868,7 +868,9 @@ class ControlCollector(Collector):
                 "updated_ns": time.time_ns(),
                 "info": info,
             }
-            cfd = open_dir(os.path.join(a.run_dir, model.CONTROL_DIR))
+            control = os.path.join(a.run_dir, model.CONTROL_DIR)
+            os.makedirs(control, mode=0o700, exist_ok=True)
+            cfd = open_dir(control)
             try:
                 try:
                     os.mkdir(job.id, 0o700, dir_fd=cfd)
