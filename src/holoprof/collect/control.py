@@ -20,9 +20,11 @@ within bounds. The mailbox is read and written only through real directories of 
 (``control/`` and ``control/<id>/`` are opened with ``O_NOFOLLOW``, a symbolic link there is refused)
 and a request is read only from a regular file opened with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO never
 blocks the reader), at most :data:`MAX_REQUEST_BYTES` and nested at most :data:`MAX_REQUEST_DEPTH`
-deep. A bad request file is refused with a reason; it never turns the mailbox off. Actions never run long on the training thread: a stack dump runs on the writer thread,
-a deep profile starts and stops at step boundaries on the training thread and is exported on a thread
-of its own.
+deep. A bad request file is refused with a reason; it never turns the mailbox off.
+
+Actions never run long on the training thread: a stack dump runs on the writer thread, a deep
+profile starts and stops at step boundaries on the training thread and is exported on a thread of
+its own.
 
 Other modules add actions by registering a handler in :data:`ACTIONS` (and, for a new action name,
 its parameters in :data:`ACTION_SPECS`). A handler receives a :class:`Job` and calls
@@ -33,9 +35,11 @@ This module runs inside the job: standard library only.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -140,8 +144,6 @@ def _close(fd: int) -> None:
 
 
 def _kind(mode: int) -> str:
-    import stat
-
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -198,14 +200,10 @@ def read_file(name: str, dir_fd: int, limit: int = MAX_REQUEST_BYTES) -> tuple[d
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        import errno
-
         if exc.errno == errno.ELOOP:
             raise RequestError("the request is a symbolic link; only regular files are read")
         raise RequestError(f"the request cannot be opened ({exc.strerror or exc})")
     try:
-        import stat
-
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise RequestError(f"the request is {_kind(st.st_mode)}; only regular files are read")
@@ -870,7 +868,9 @@ class ControlCollector(Collector):
                 "updated_ns": time.time_ns(),
                 "info": info,
             }
-            cfd = open_dir(os.path.join(a.run_dir, model.CONTROL_DIR))
+            control = os.path.join(a.run_dir, model.CONTROL_DIR)
+            os.makedirs(control, mode=0o700, exist_ok=True)
+            cfd = open_dir(control)
             try:
                 try:
                     os.mkdir(job.id, 0o700, dir_fd=cfd)
