@@ -167,6 +167,17 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
     assert run.report["steps"]["count"] == 3, "12 micro-batches, 3 optimizer steps"
 
 
+def test_one_batch_epochs_count_and_unknown_epochs_are_null(tmp_path: Path, small_run: TracedRun) -> None:
+    """An epoch of one batch ends with the batch that also shows its loader is a training loader; a
+    loop with no DataLoader has no epoch boundary: its epochs are unknown (null), not 0."""
+    run = traced(tmp_path, script("train.py"), "--epochs", "3", "--batches", "1", "--no-eval")
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert run.report["steps"]["count"] == 3
+    assert run.report["steps"]["epochs"] == 3
+    assert small_run.report["steps"]["count"] > 0
+    assert small_run.report["steps"]["epochs"] is None
+
+
 def test_manual_steps_count_each_marked_iteration(tmp_path: Path) -> None:
     run = traced(tmp_path, script("manual_steps.py"), "6", "--phases")
     assert run.proc.returncode == 0, run.proc.stderr

@@ -53,6 +53,7 @@ class TorchCollector(Collector):
         self._dev_pending: list[tuple[str, int, int, Any, Any]] = []
         self._closure_pos: dict[type, int] = {}
         self._iter_len: dict[int, tuple[int, int]] = {}  # loader key -> (iterator id, batches)
+        self._unclaimed_epochs: dict[int, tuple[int, int]] = {}  # loader key -> (start, end)
 
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -401,6 +402,9 @@ class TorchCollector(Collector):
             if pend is not None and pend[2] not in self._eval_loaders:
                 self._train_loaders.add(pend[2])
                 steps.opener(pend[0])
+                ended = self._unclaimed_epochs.pop(pend[2], None)
+                if ended is not None:  # its epoch ended with the batch that made it a training loader
+                    self._epoch_span(pend[2], *ended)
             else:
                 steps.opener(t0)
             self._resolve_pending("data_wait")
@@ -451,9 +455,16 @@ class TorchCollector(Collector):
 
     def _end_epoch(self, key: int, t1: int) -> None:
         start = self._epoch_start.pop(key, None)
-        if start is not None and key in self._train_loaders:
-            self.agent.span("epoch", "epoch", start, t1, -1, {"epoch": self._epochs, "loader": key})
-            self._epochs += 1
+        if start is None:
+            return
+        if key in self._train_loaders:
+            self._epoch_span(key, start, t1)
+        elif key not in self._eval_loaders:  # not known yet (a one-batch epoch): its use decides
+            self._unclaimed_epochs[key] = (start, t1)
+
+    def _epoch_span(self, key: int, start: int, t1: int) -> None:
+        self.agent.span("epoch", "epoch", start, t1, -1, {"epoch": self._epochs, "loader": key})
+        self._epochs += 1
 
     def finish(self) -> None:
         self._resolve_pending(None)
