@@ -7,7 +7,13 @@ What is patched (each original kept, each patch undone by ``uninstall``):
 * ``torch.autograd.backward`` / ``torch.autograd.grad`` — ``backward`` (``Tensor.backward`` calls it).
 * the global optimizer step hooks, ``Optimizer.zero_grad`` and ``Module.zero_grad`` — ``optimizer``.
 * ``_BaseDataLoaderIter.__next__`` — ``data_wait``; a fetch whose batch feeds an eval forward counts
-  as ``eval``; the end of a training loader is an epoch boundary.
+  as ``eval``; the end of a training loader is an epoch boundary. Its attributes carry the CPU time
+  of the waiting thread (``cpu_ns``: the loading itself without workers, receiving a batch with them)
+  and the process's CPU time when the wait began (``proc_cpu_ns``), which the input-pipeline model
+  turns into CPU per step.
+* the dataset fetchers (``_MapDatasetFetcher.fetch``, ``_IterableDatasetFetcher.fetch``) — an
+  ``op`` span ``fetch`` per batch with its thread CPU time, in the training process and in every
+  DataLoader worker.
 * ``torch.save`` / ``torch.load`` — ``checkpoint``, with the path and bytes.
 
 Only one phase is open per thread at a time: whatever runs inside a phase (a transform module inside
@@ -19,13 +25,17 @@ device is never synchronized.
 from __future__ import annotations
 
 import os
+import time
 from types import ModuleType
 from typing import Any
 
 from holoprof import model
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
-from holoprof.collect.util import path_bytes
+from holoprof.collect.util import path_bytes, usable_cores
+
+thread_time_ns = time.thread_time_ns
+process_time_ns = time.process_time_ns
 
 
 class _Fault(RuntimeError):
@@ -43,7 +53,7 @@ class TorchCollector(Collector):
 
     def _reset_state(self) -> None:
         self._tls = self.agent.tls
-        self._pending_dw: tuple[int, int, int] | None = None  # (start, end, loader key)
+        self._pending_dw: tuple[int, int, int, int, int] | None = None  # (start, end, loader, cpu, proc cpu)
         self._train_loaders: set[int] = set()
         self._eval_loaders: set[int] = set()
         self._seen_loaders: set[int] = set()
@@ -248,6 +258,8 @@ class TorchCollector(Collector):
                 if key in col._train_loaders:
                     steps.opener(t0)
                 col._epoch_start.setdefault(key, t0)
+                pc0 = process_time_ns()
+                c0 = thread_time_ns()
             except Exception as exc:
                 fail(exc)
                 return orig_next(it)
@@ -262,13 +274,37 @@ class TorchCollector(Collector):
                 t.active = None
                 try:
                     t1 = now_ns()
-                    col._pending_dw = (t0, t1, key)
+                    col._pending_dw = (t0, t1, key, thread_time_ns() - c0, pc0)
                     if stop:
                         col._end_epoch(key, t1)
                 except Exception as exc:
                     fail(exc)
 
         self._set(base_iter, "__next__", __next__)
+
+        # fetch: one batch's loading work, in the training process and in DataLoader workers ------
+        import torch.utils.data._utils.fetch as fetch_mod
+
+        def wrap_fetch(orig: Any) -> Any:
+            def fetch(self_: Any, possibly_batched_index: Any) -> Any:
+                if not col.enabled:
+                    return orig(self_, possibly_batched_index)
+                t0, c0 = now_ns(), thread_time_ns()
+                try:
+                    return orig(self_, possibly_batched_index)
+                finally:
+                    try:
+                        span("op", "fetch", t0, now_ns(), -1, {"cpu_ns": thread_time_ns() - c0})
+                    except Exception as exc:
+                        fail(exc)
+
+            fetch.__wrapped__ = orig  # type: ignore[attr-defined]
+            return fetch
+
+        for cls_name in ("_MapDatasetFetcher", "_IterableDatasetFetcher"):
+            fcls = getattr(fetch_mod, cls_name, None)
+            if fcls is not None and "fetch" in vars(fcls):
+                self._set(fcls, "fetch", wrap_fetch(fcls.fetch))
 
         # checkpoints -------------------------------------------------------------------------------
         def wrap_ckpt(orig: Any, op: str, api: str) -> Any:
@@ -364,10 +400,11 @@ class TorchCollector(Collector):
         if pend is None:
             return
         self._pending_dw = None
-        t0, t1, key = pend
+        t0, t1, key, cpu, pcpu = pend
         if label is None or (label == "data_wait" and key in self._eval_loaders):
             label = "eval" if key in self._eval_loaders else "data_wait"
-        self.agent.span("phase", label, t0, t1, self.agent.steps.index, {"loader": key})
+        attrs = {"loader": key, "cpu_ns": cpu, "proc_cpu_ns": pcpu}
+        self.agent.span("phase", label, t0, t1, self.agent.steps.index, attrs)
 
     def _new_loader(self, it: Any, key: int, t0: int) -> None:
         self._seen_loaders.add(key)
@@ -381,6 +418,12 @@ class TorchCollector(Collector):
         ctx = getattr(it, "_multiprocessing_context", None)
         if ctx is not None:
             attrs["multiprocessing_context"] = getattr(ctx, "_name", str(ctx))
+        # the machine the input-pipeline model needs: usable cores, torch threads, a GPU in use
+        attrs.update(usable_cores())
+        torch = self._torch
+        if torch is not None:
+            attrs["torch_threads"] = torch.get_num_threads()
+            attrs["gpu"] = bool(torch.cuda.is_initialized())
         self.agent.span("op", "dataloader", t0, t0, -1, attrs)
 
     def _end_epoch(self, key: int, t1: int) -> None:
