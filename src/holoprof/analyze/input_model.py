@@ -4,8 +4,9 @@ Stated with its assumptions in docs/input-pipeline.md. In short, from one run it
 over the training loop's steps):
 
 * ``step_s`` (S0), ``wait_s`` (the data_wait per step) and ``compute_s = step_s - wait_s``;
-* ``loader_cpu_s`` / ``loader_wall_s``: CPU and wall time of loading one batch (the dataset fetch:
-  ``__getitem__`` and collate), in the training process or in the workers;
+* ``loader_cpu_s`` / ``loader_wall_s`` / ``loader_runq_s``: CPU time, wall time, and the part of it
+  spent waiting for a CPU, of loading one batch (the dataset fetch: ``__getitem__`` and collate), in
+  the training process or in the workers;
 * ``ipc_cpu_s``: CPU the training process spends receiving one batch from a worker (measured when the
   run has workers; :data:`IPC_DEFAULT_S` otherwise);
 * ``compute_cpu_s``: CPU of the training process per step outside the loader (all its threads);
@@ -56,6 +57,7 @@ class PipelineInputs:
     num_workers: int
     loader_cpu_s: float
     loader_wall_s: float
+    loader_runq_s: float  # of the wall time, waiting for a CPU (other work had the cores)
     ipc_cpu_s: float
     ipc_measured: bool
     compute_cpu_s: float
@@ -125,19 +127,21 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
         if not pids:
             return None
         fetch = run.rows(
-            f"""SELECT (end_ns - start_ns), json_extract(attrs, '$.cpu_ns') FROM spans
+            f"""SELECT (end_ns - start_ns), json_extract(attrs, '$.cpu_ns'),
+                       coalesce(json_extract(attrs, '$.runq_ns'), 0) FROM spans
                 WHERE kind = 'op' AND name = 'fetch' AND host = ? AND pid IN ({",".join(map(str, pids))})""",
             [main.host],
         )
     else:
         fetch = run.rows(
-            """SELECT (f.end_ns - f.start_ns), json_extract(f.attrs, '$.cpu_ns') FROM spans f
+            """SELECT (f.end_ns - f.start_ns), json_extract(f.attrs, '$.cpu_ns'),
+                      coalesce(json_extract(f.attrs, '$.runq_ns'), 0) FROM spans f
                WHERE f.kind = 'op' AND f.name = 'fetch' AND f.host = ? AND f.pid = ? AND EXISTS (
                  SELECT 1 FROM spans w WHERE w.kind = 'phase' AND w.name = 'data_wait' AND w.host = f.host
                    AND w.pid = f.pid AND w.step >= 0 AND f.start_ns >= w.start_ns AND f.end_ns <= w.end_ns)""",
             [main.host, main.pid],
         )
-    fetch = [(int(w), int(c)) for w, c in fetch if c is not None]
+    fetch = [(int(w), int(c), int(q)) for w, c, q in fetch if c is not None]
     if not fetch:
         return None
     wait = min(st.phases["data_wait"].median_s, st.median_s)
@@ -149,13 +153,16 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
         wait_s=wait,
         compute_s=max(st.median_s - wait, 0.0),
         num_workers=workers,
-        loader_cpu_s=_median([c / NS for _, c in fetch]),
-        loader_wall_s=_median([w / NS for w, _ in fetch]),
+        loader_cpu_s=_median([c / NS for _, c, _ in fetch]),
+        loader_wall_s=_median([w / NS for w, _, _ in fetch]),
+        loader_runq_s=_median([q / NS for _, _, q in fetch]),
         ipc_cpu_s=_median(main_wait_cpu) if workers > 0 else IPC_DEFAULT_S,
         ipc_measured=workers > 0,
         compute_cpu_s=_median(compute_cpu),
         cores=float(loader.get("cores") or 1),
-        cores_free=free_cores(run, st, float(loader.get("cores") or 1), int(loader.get("host_cpus") or 0)),
+        cores_free=free_cores(
+            run, st, float(loader.get("cores") or 1), int(loader.get("host_cpus") or 0), fetch
+        ),
         torch_threads=int(loader.get("torch_threads") or 1),
         gpu=bool(loader.get("gpu")),
         batches=len(fetch),
@@ -163,12 +170,21 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     )
 
 
-def free_cores(run: Run, st: StepStats, cores: float, host_cpus: int) -> float:
+def free_cores(
+    run: Run, st: StepStats, cores: float, host_cpus: int, fetch: list[tuple[int, int, int]]
+) -> float:
     """The cores other processes left the job during its steps: ``cores`` minus the median load of
     the rest of the machine (``host.cpu_percent`` of all its CPUs less ``job.cpu_percent``), never less
-    than the job itself used nor more than ``cores``."""
+    than the job itself used nor more than ``cores``; and at most ``cores`` times the share of the
+    time a loading thread that wanted a CPU had one (its CPU over CPU plus run-queue wait), when
+    loading is CPU work (a thread that mostly sleeps or reads waits for a CPU at every wake-up, which
+    says little about the share it would get)."""
+    wall, cpu, runq = (sum(f[i] for f in fetch) for i in range(3))
+    off_cpu = max(0, wall - cpu - runq)
+    share = cpu / (cpu + runq) if cpu + runq > 0 and off_cpu < 0.25 * (cpu + runq) else 1.0
+    by_runq = max(0.1, cores * share)
     if host_cpus <= 0:
-        return cores
+        return round(min(cores, by_runq), 3)
     rows = run.rows(
         """SELECT h.value, j.value FROM samples h JOIN samples j ON h.ts_ns = j.ts_ns
            WHERE h.name = 'host.cpu_percent' AND j.name = 'job.cpu_percent' AND h.target_pid = -1
@@ -176,10 +192,10 @@ def free_cores(run: Run, st: StepStats, cores: float, host_cpus: int) -> float:
         [st.first_start_ns, st.last_end_ns],
     )
     if not rows:
-        return cores
+        return round(min(cores, by_runq), 3)
     others = _median([max(0.0, h / 100 * host_cpus - j / 100) for h, j in rows])
     used = _median([j / 100 for _, j in rows])
-    return round(min(cores, max(cores - others, used, 0.1)), 3)
+    return round(min(cores, by_runq, max(cores - others, used, 0.1)), 3)
 
 
 def _step_durations(run: Run, main: ProcKey) -> list[float]:
@@ -227,6 +243,7 @@ def predict(x: PipelineInputs, workers: int) -> dict[str, float]:
     cpu = x.compute_cpu_s + x.ipc_cpu_s + x.loader_cpu_s
     k = x.cores_free
     step = max(main, loaders, cpu / k)
+    eff = 1.0
     for _ in range(20):  # the cores' efficiency depends on how busy the workers are at that step
         busy_workers = min(float(workers), x.loader_cpu_s / step)
         eff = OVERSUBSCRIBED_EFFICIENCY if _oversubscribed(_parallelism(x), busy_workers, k) else 1.0
@@ -234,7 +251,7 @@ def predict(x: PipelineInputs, workers: int) -> dict[str, float]:
         if abs(nxt - step) < 1e-9:
             break
         step = nxt
-    return {"step_s": step, "main_s": main, "loaders_s": loaders, "cores_s": cpu / k}
+    return {"step_s": step, "main_s": main, "loaders_s": loaders, "cores_s": cpu / (k * eff)}
 
 
 def margin(x: PipelineInputs) -> float:
@@ -261,8 +278,11 @@ def advise(x: PipelineInputs, max_workers: int | None = None) -> Advice:
     # the smallest count within 2% of the best: as fast, fewer processes and cores
     best = min(n for n in cands if cands[n] <= cands[best] * 1.02)
     b = predict(x, best)
+    # what bounds the step: at the best count, or (when that is none) at the best count with workers
+    with_workers = min((n for n in cands if n > 0), key=lambda n: (cands[n], n), default=best)
+    lim = b if best > 0 else predict(x, with_workers)
     limit = max(
-        ("main", b["main_s"]), ("loaders", b["loaders_s"]), ("cores", b["cores_s"]), key=lambda t: t[1]
+        ("main", lim["main_s"]), ("loaders", lim["loaders_s"]), ("cores", lim["cores_s"]), key=lambda t: t[1]
     )[0]
     gain = 1 - b["step_s"] / x.step_s if x.step_s > 0 else 0.0
     ok = best != x.num_workers and gain >= margin(x)

@@ -12,8 +12,8 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   and the process's CPU time when the wait began (``proc_cpu_ns``), which the input-pipeline model
   turns into CPU per step.
 * the dataset fetchers (``_MapDatasetFetcher.fetch``, ``_IterableDatasetFetcher.fetch``) — an
-  ``op`` span ``fetch`` per batch with its thread CPU time, in the training process and in every
-  DataLoader worker.
+  ``op`` span ``fetch`` per batch with its thread CPU time (``cpu_ns``) and time spent waiting for a
+  CPU (``runq_ns``), in the training process and in every DataLoader worker.
 * ``torch.save`` / ``torch.load`` — ``checkpoint``, with the path and bytes.
 
 Only one phase is open per thread at a time: whatever runs inside a phase (a transform module inside
@@ -25,6 +25,7 @@ device is never synchronized.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from types import ModuleType
 from typing import Any
@@ -36,6 +37,23 @@ from holoprof.collect.util import path_bytes, usable_cores
 
 thread_time_ns = time.thread_time_ns
 process_time_ns = time.process_time_ns
+
+
+class _RunQueue(threading.local):
+    """This thread's time spent runnable but waiting for a CPU (Linux ``schedstat``), in ns: a fetch
+    that waited for a core is told from one that waited for a file or a sleep. One ``pread`` of a file
+    kept open per thread (a few microseconds); 0 where the kernel does not provide it."""
+
+    fd = -1
+    pid = 0
+
+    def wait_ns(self) -> int:
+        try:
+            if self.fd < 0 or self.pid != os.getpid():  # a forked child: the file is its parent's thread's
+                self.fd, self.pid = os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.getpid()
+            return int(os.pread(self.fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
 
 
 class _Fault(RuntimeError):
@@ -285,16 +303,19 @@ class TorchCollector(Collector):
         # fetch: one batch's loading work, in the training process and in DataLoader workers ------
         import torch.utils.data._utils.fetch as fetch_mod
 
+        runq = _RunQueue()
+
         def wrap_fetch(orig: Any) -> Any:
             def fetch(self_: Any, possibly_batched_index: Any) -> Any:
                 if not col.enabled:
                     return orig(self_, possibly_batched_index)
-                t0, c0 = now_ns(), thread_time_ns()
+                t0, c0, q0 = now_ns(), thread_time_ns(), runq.wait_ns()
                 try:
                     return orig(self_, possibly_batched_index)
                 finally:
                     try:
-                        span("op", "fetch", t0, now_ns(), -1, {"cpu_ns": thread_time_ns() - c0})
+                        attrs = {"cpu_ns": thread_time_ns() - c0, "runq_ns": runq.wait_ns() - q0}
+                        span("op", "fetch", t0, now_ns(), -1, attrs)
                     except Exception as exc:
                         fail(exc)
 
