@@ -250,3 +250,55 @@ def test_pin_memory_is_advised_only_on_a_gpu(tmp_path: Path) -> None:
         a = advise(x)
         assert a.advised and a.workers > 0
         assert ("pin_memory=True" in _model_fix(x, {"pin_memory": False}, a)) == gpu
+
+
+def test_tune_sweeps_what_the_finding_names_and_measures_the_best(script_dir: Path) -> None:
+    proc = run_holoprof(
+        "tune", "--steps", "8", "--out", str(script_dir / "tuned"), "--json", "--", "train.py",
+        cwd=script_dir, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == "holoprof.tune/1"
+    predicted = doc["finding"]["evidence"]["model"]["predicted_step_s"]
+    best_two = sorted(predicted, key=lambda n: (predicted[n], int(n)))[:2]
+    swept = doc["sweep"]["knobs"]["num_workers"]
+    assert swept == sorted({"0", *best_two}, key=int)  # the current value and the model's best two
+    assert "pin_memory" not in doc["sweep"]["knobs"]  # no GPU here
+    for r in doc["sweep"]["rows"]:
+        assert r["loader"]["num_workers"] == int(r["knobs"]["num_workers"]) and r["steps"] == 8
+    m = doc["measured"]
+    assert m["gain_kind"] == "measured" and m["gain_basis"]["this"] == "num_workers=0"
+    best = doc["sweep"]["rows"][doc["sweep"]["recommended_index"]]
+    assert m["gain_basis"]["best"] == best["label"]
+    assert m["gain_basis"]["best_interval_s"] == best["step_ci_s"]
+    assert (m["estimated_gain"] > 0) == (m["gain_basis"]["significant"] and best["label"] != "num_workers=0")
+
+
+TF_SCRIPT = """
+import tensorflow as tf
+ds = tf.data.Dataset.range(64).map(lambda x: x * 2).prefetch(1)
+print("map dataset:", type(ds._input_dataset).__name__, flush=True)
+print("sum:", int(sum(int(v) for v in ds)))
+"""
+
+
+def test_tf_data_knobs_reach_the_pipeline(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    (tmp_path / "tfjob.py").write_text(TF_SCRIPT)
+    run = traced(
+        tmp_path, "tfjob.py", options=("--set", "num_parallel_calls=autotune", "--set", "prefetch=autotune"),
+        timeout=240,
+    )  # fmt: skip
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert (
+        "map dataset: _ParallelMapDataset" in run.proc.stdout
+    )  # the script's map (_MapDataset) is now parallel
+    assert "sum: 4032" in run.proc.stdout  # and computes the same
+    assert run.report["run"]["knobs"] == {"num_parallel_calls": "autotune", "prefetch": "autotune"}
+    import holoprof
+
+    r = holoprof.load(run.run_dir)
+    (info,) = r.rows("SELECT info FROM processes WHERE role = 'main' ORDER BY updated_ns DESC LIMIT 1")[0]
+    applied = json.loads(info)["knobs"]["applied"]
+    assert applied == {"num_parallel_calls": {"applied": 1}, "prefetch": {"applied": 1}}
