@@ -37,11 +37,11 @@ from holoprof.store.reader import Run
 
 NS = 1e9
 #: CPU the training process spends per batch received from a worker when the run had none to
-#: measure it (unpickling the batch's tensors from shared memory: measured on this project's
-#: benchmark machine, benchmarks/RESULTS.md).
+#: measure it (unpickling the batch's tensors from shared memory; a chosen default, see
+#: docs/input-pipeline.md).
 IPC_DEFAULT_S = 0.0004
 #: Share of the cores' time that does useful work when more threads want to run than there are
-#: cores (fitted on benchmarks/bench_input_model.py; see docs/input-pipeline.md).
+#: cores (a chosen constant that benchmarks/bench_input_model.py checks; docs/input-pipeline.md).
 OVERSUBSCRIBED_EFFICIENCY = 0.8
 #: Smallest predicted gain ever advised, whatever the noise (the diff's minimum effect).
 MIN_GAIN = 0.05

@@ -247,6 +247,7 @@ def to_html(doc: dict[str, Any]) -> str:
                 r["status"],
                 r["steps"],
                 fmt_s(r["step_median_s"]) if r["steps"] else "-",
+                "–".join(fmt_s(v) for v in r.get("step_ci_s") or []) if r["steps"] else "-",
                 f"{r['throughput']:.1f} {r['throughput_unit']}" if r["steps"] else "-",
                 fmt_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
                 r["error"],
@@ -262,7 +263,7 @@ text-align:left}}table{{border-collapse:collapse}}.plots{{display:flex;gap:24px;
 <body><h1>holoprof sweep</h1><p><code>{html.escape(" ".join(doc["command"]))}</code></p>
 <div class="plots">{_bars_svg(rows, best)}{_memory_svg(rows)}</div>
 <p><b>recommendation</b>: {html.escape(doc["reason"])}</p>
-<table><tr><th>configuration</th><th>status</th><th>steps</th><th>step (median)</th><th>throughput</th>
+<table><tr><th>configuration</th><th>status</th><th>steps</th><th>step (median)</th><th>95% CI</th><th>throughput</th>
 <th>peak memory</th><th>error</th></tr>{table_rows}</table>
 </body></html>
 """
