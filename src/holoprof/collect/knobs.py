@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -159,10 +160,12 @@ class KnobCollector(Collector):
             self._count("torch_threads")
 
             def set_num_threads(k: int) -> None:
-                if os.getpid() == col.pid and col.enabled:
+                # DataLoader workers (forked, or spawned: their _worker_loop asks) keep their one thread
+                worker = sys._getframe(1).f_code.co_name == "_worker_loop" or os.getpid() != col.pid
+                if col.enabled and not worker:
                     col._count("torch_threads", f"held at {n} (the job asked for {k})")
                     return orig_set(n)
-                return orig_set(k)  # DataLoader workers (forked): their own single thread
+                return orig_set(k)
 
             set_num_threads.__wrapped__ = orig_set  # type: ignore[attr-defined]
             self._set(torch, "set_num_threads", set_num_threads)
@@ -176,6 +179,8 @@ class KnobCollector(Collector):
                 try:
                     kwargs = col._loader_kwargs(orig_init, dataset, args, kwargs)
                     args = ()
+                except TypeError:
+                    pass  # arguments DataLoader itself refuses: it says so, below, as it would untraced
                 except Exception as exc:
                     col.agent.fail(col, exc)
             orig_init(self_, dataset, *args, **kwargs)
