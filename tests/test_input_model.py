@@ -3,6 +3,7 @@ slowdown: real traced runs of small scripts, and the model's promises checked as
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import error_lines, run_holoprof, traced
-from holoprof.analyze.input_model import PipelineInputs, advise, margin, predict
+from holoprof.analyze.input_model import PipelineInputs, advise, margin, predict, quiet
 
 # An ordinary script: a slow __getitem__ (a wait, or CPU work), a tiny model. It prints what its own
 # DataLoader and torch really have, so the test sees the knobs from inside the job.
@@ -210,7 +211,8 @@ def measured(draw: Any) -> PipelineInputs:
         step_s=compute + wait, wait_s=wait, compute_s=compute, num_workers=workers,
         loader_cpu_s=loader_cpu, loader_wall_s=loader_wall, loader_runq_s=draw(st.floats(0, 0.05)), ipc_cpu_s=draw(st.floats(0, 0.002)),
         ipc_measured=workers > 0, compute_cpu_s=compute * draw(st.floats(0.5, float(threads))),
-        cores=cores, cores_free=draw(st.floats(0.2, cores)), torch_threads=threads, gpu=draw(st.booleans()),
+        compute_runq_s=compute * draw(st.floats(0, 0.5)),
+        cores=cores, others_runnable=draw(st.floats(0, 16)), cores_free=cores, torch_threads=threads, gpu=draw(st.booleans()),
         batches=50, noise=draw(st.floats(0, 0.3)),
     )  # fmt: skip
 
@@ -223,6 +225,8 @@ def test_advice_is_never_a_predicted_slowdown(x: PipelineInputs) -> None:
         assert a.workers != x.num_workers
         assert a.predicted_step_s <= x.step_s * (1 - margin(x)) + 1e-12
         assert a.gain >= margin(x) - 1e-12
+        q = quiet(x)  # and no slower once the other processes competing for the cores are gone
+        assert predict(q, a.workers)["step_s"] <= predict(q, x.num_workers)["step_s"] + 1e-12
     else:
         assert a.workers == x.num_workers and a.gain == 0
 
@@ -232,7 +236,9 @@ def test_advice_is_never_a_predicted_slowdown(x: PipelineInputs) -> None:
 def test_no_prediction_beats_the_cores_or_the_training_loop(x: PipelineInputs, n: int) -> None:
     p = predict(x, n)
     cpu = x.compute_cpu_s + x.loader_cpu_s + x.ipc_cpu_s
-    assert p["step_s"] >= cpu / x.cores_free - 1e-12  # all CPU work of a step shares the free cores
+    assert p["step_s"] >= cpu / x.cores - 1e-12  # all CPU work of a step shares the job's cores
+    # other processes competing for the cores never make it faster
+    assert p["step_s"] >= predict(dataclasses.replace(x, others_runnable=0.0), n)["step_s"] - 1e-12
     assert p["step_s"] >= x.loader_wall_s / n - 1e-12  # n workers make at most n batches per batch time
     assert p["step_s"] >= p["main_s"]
 
@@ -242,7 +248,7 @@ def test_pin_memory_is_advised_only_on_a_gpu(tmp_path: Path) -> None:
 
     base = dict(
         step_s=0.02, wait_s=0.018, compute_s=0.002, num_workers=0, loader_cpu_s=0.001, loader_wall_s=0.018,
-        loader_runq_s=0.0, ipc_cpu_s=0.0004, ipc_measured=False, compute_cpu_s=0.002, cores=8.0, cores_free=8.0, torch_threads=1,
+        loader_runq_s=0.0, ipc_cpu_s=0.0004, ipc_measured=False, compute_cpu_s=0.002, compute_runq_s=0.0, cores=8.0, others_runnable=0.0, cores_free=8.0, torch_threads=1,
         batches=50, noise=0.02,
     )  # fmt: skip
     for gpu in (False, True):

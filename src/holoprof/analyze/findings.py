@@ -79,8 +79,10 @@ def _loader_evidence(st: StepStats, loader: dict[str, Any], frac: float) -> dict
 
 
 def _cores(x: PipelineInputs) -> str:
-    free = f", {x.cores_free:g} of them left free by other work" if x.cores_free < x.cores else ""
-    return f"{x.cores:g} cores{free}"
+    busy = (
+        f" shared with {x.others_runnable:g} busy threads of other processes" if x.others_runnable > 0 else ""
+    )
+    return f"{x.cores:g} cores{busy}"
 
 
 def _model_fix(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> str:
@@ -130,7 +132,6 @@ def input_bound(
     st: StepStats,
     loader: dict[str, Any],
     cpus: int | None = None,
-    gpu: bool = False,
     pipeline: PipelineInputs | None = None,
 ) -> Finding | None:
     """``input_bound`` with a recommendation from the input-pipeline model when the run measured
@@ -278,7 +279,7 @@ def all_findings(
 ) -> list[Finding]:
     out: list[Finding | None] = []
     if st is not None:
-        out += [input_bound(st, loader, gpu=bool(res.gpus), pipeline=pipeline), host_overhead(st)]
+        out += [input_bound(st, loader, pipeline=pipeline), host_overhead(st)]
     out.append(low_device_utilization(st, res))
     return ordered([f for f in out if f is not None])
 

@@ -10,14 +10,18 @@ over the training loop's steps):
 * ``ipc_cpu_s``: CPU the training process spends receiving one batch from a worker (measured when the
   run has workers; :data:`IPC_DEFAULT_S` otherwise);
 * ``compute_cpu_s``: CPU of the training process per step outside the loader (all its threads);
-* ``cores`` (affinity and cgroup quota) and ``cores_free`` (what the rest of the machine left the job
-  while it ran, from the CPU samples), ``torch_threads``, ``gpu``.
+* ``cores`` (affinity and cgroup quota) and ``others_runnable`` (threads of other processes that
+  competed for them: from the training thread's run-queue wait, or the CPU samples), ``torch_threads``,
+  ``gpu``.
 
 and predicts the steady step with N workers as the largest of three bounds::
 
     main      compute_base + ipc                 the training loop itself, batches ready
     loaders   loader_wall / N                    N workers each making one batch per loader_wall
-    cores     (compute_cpu + ipc + loader_cpu) / (cores_free * efficiency)   all CPU work shares them
+    cores     (compute_cpu + ipc + loader_cpu) / (available * efficiency)   all CPU work shares them
+
+where ``available`` is the job's fair share of its cores beside the other processes' runnable
+threads, given its own busy threads (compute threads plus busy workers).
 
 ``efficiency`` is 1 while the runnable threads (the training process's busy threads plus the busy
 workers) fit in the cores, and :data:`OVERSUBSCRIBED_EFFICIENCY` when they do not: torch's
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from holoprof.analyze.steps import ProcKey, StepStats
@@ -61,8 +65,10 @@ class PipelineInputs:
     ipc_cpu_s: float
     ipc_measured: bool
     compute_cpu_s: float
+    compute_runq_s: float  # of compute_s, the training thread's wait for a CPU
     cores: float  # the cores the job may use (affinity, cgroup quota)
-    cores_free: float  # of those, what other processes left it while it ran (at least what it used)
+    others_runnable: float  # threads of other processes competing for those cores while it ran
+    cores_free: float  # the cores the job got at its measured configuration (from the two above)
     torch_threads: int
     gpu: bool
     batches: int
@@ -109,7 +115,9 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     if st.count < 3 or not loader:
         return None
     rows = run.rows(
-        """SELECT start_ns, end_ns, json_extract(attrs, '$.cpu_ns'), json_extract(attrs, '$.proc_cpu_ns'), step
+        """SELECT start_ns, end_ns, json_extract(attrs, '$.cpu_ns'), json_extract(attrs, '$.proc_cpu_ns'),
+                  coalesce(json_extract(attrs, '$.thread_cpu_ns'), 0), coalesce(json_extract(attrs, '$.runq_ns'), 0),
+                  coalesce(json_extract(attrs, '$.thread_runq_ns'), 0)
            FROM spans WHERE kind = 'phase' AND name = 'data_wait' AND host = ? AND pid = ? AND step >= 0
            ORDER BY start_ns""",
         [main.host, main.pid],
@@ -117,7 +125,14 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     rows = [r for r in rows if r[2] is not None and r[3] is not None]
     if len(rows) < 3:
         return None
-    waits = [(int(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in rows]
+    vals = [tuple(int(v) for v in r) for r in rows]
+    waits = [v[:4] for v in vals]
+    # the training thread between two waits: its CPU, and its time runnable but without a core
+    own = [
+        (b[4] - a[4] - a[2], b[6] - a[6] - a[5])
+        for a, b in itertools.pairwise(vals)
+        if b[4] and a[4] and b[4] - a[4] >= a[2] and b[6] - a[6] >= a[5]
+    ]
     # CPU of the training process between the end of one wait and the start of the next: compute
     compute_cpu = [(b[3] - a[3] - a[2]) / NS for a, b in itertools.pairwise(waits) if b[3] >= a[3] + a[2]]
     main_wait_cpu = [w[2] / NS for w in waits]
@@ -148,21 +163,32 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     durations = _step_durations(run, main)
     lo, hi = median_interval(durations)
     med = _median(durations) or st.median_s
+    cores = float(loader.get("cores") or 1)
+    compute_s = max(st.median_s - wait, 0.0)
+    compute_cpu_s = _median(compute_cpu)
+    loader_cpu_s = _median([c / NS for _, c, _ in fetch])
+    busy = min(
+        max(1.0, compute_cpu_s / compute_s if compute_s > 0 else 1.0),
+        max(1.0, float(loader.get("torch_threads") or 1)),
+    )
+    if workers > 0 and st.median_s > 0:
+        busy += min(float(workers), loader_cpu_s / st.median_s)
+    others = others_runnable(run, st, cores, int(loader.get("host_cpus") or 0), own, busy)
     return PipelineInputs(
         step_s=st.median_s,
         wait_s=wait,
-        compute_s=max(st.median_s - wait, 0.0),
+        compute_s=compute_s,
         num_workers=workers,
-        loader_cpu_s=_median([c / NS for _, c, _ in fetch]),
+        loader_cpu_s=loader_cpu_s,
         loader_wall_s=_median([w / NS for w, _, _ in fetch]),
         loader_runq_s=_median([q / NS for _, _, q in fetch]),
         ipc_cpu_s=_median(main_wait_cpu) if workers > 0 else IPC_DEFAULT_S,
         ipc_measured=workers > 0,
-        compute_cpu_s=_median(compute_cpu),
-        cores=float(loader.get("cores") or 1),
-        cores_free=free_cores(
-            run, st, float(loader.get("cores") or 1), int(loader.get("host_cpus") or 0), fetch
-        ),
+        compute_cpu_s=compute_cpu_s,
+        compute_runq_s=min(compute_s, _median([q / NS for _, q in own])),
+        cores=cores,
+        others_runnable=others,
+        cores_free=round(available(cores, others, busy), 3),
         torch_threads=int(loader.get("torch_threads") or 1),
         gpu=bool(loader.get("gpu")),
         batches=len(fetch),
@@ -170,21 +196,30 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     )
 
 
-def free_cores(
-    run: Run, st: StepStats, cores: float, host_cpus: int, fetch: list[tuple[int, int, int]]
+def available(cores: float, others: float, threads: float) -> float:
+    """Cores a job with ``threads`` runnable threads gets beside ``others`` runnable threads of other
+    processes: all of ``cores`` while everything fits, else its fair share (what Linux's scheduler
+    aims at), ``cores * threads / (others + threads)``."""
+    t = max(threads, 1.0)
+    return cores if others + t <= cores else cores * t / (others + t)
+
+
+def others_runnable(
+    run: Run, st: StepStats, cores: float, host_cpus: int, own: list[tuple[int, int]], busy: float
 ) -> float:
-    """The cores other processes left the job during its steps: ``cores`` minus the median load of
-    the rest of the machine (``host.cpu_percent`` of all its CPUs less ``job.cpu_percent``), never less
-    than the job itself used nor more than ``cores``; and at most ``cores`` times the share of the
-    time a loading thread that wanted a CPU had one (its CPU over CPU plus run-queue wait), when
-    loading is CPU work (a thread that mostly sleeps or reads waits for a CPU at every wake-up, which
-    says little about the share it would get)."""
-    wall, cpu, runq = (sum(f[i] for f in fetch) for i in range(3))
-    off_cpu = max(0, wall - cpu - runq)
-    share = cpu / (cpu + runq) if cpu + runq > 0 and off_cpu < 0.25 * (cpu + runq) else 1.0
-    by_runq = max(0.1, cores * share)
+    """Runnable threads of other processes that shared the job's cores while it ran.
+
+    From the training thread itself when the kernel reports its run-queue wait: between two fetches
+    it ran a share ``s`` of the time it was runnable; with ``busy`` runnable threads of its own and
+    fair sharing, ``s = cores / (others + busy)`` (when the threads outnumber the cores). Otherwise from
+    the CPU samples: the cores the rest of the machine used (``host.cpu_percent`` of all its CPUs less
+    ``job.cpu_percent``)."""
+    cpu, runq = sum(c for c, _ in own), sum(q for _, q in own)
+    if cpu > 0 and runq > 0:
+        share = cpu / (cpu + runq)
+        return round(max(0.0, cores / share - max(busy, 1.0)), 3) if share < 0.98 else 0.0
     if host_cpus <= 0:
-        return round(min(cores, by_runq), 3)
+        return 0.0
     rows = run.rows(
         """SELECT h.value, j.value FROM samples h JOIN samples j ON h.ts_ns = j.ts_ns
            WHERE h.name = 'host.cpu_percent' AND j.name = 'job.cpu_percent' AND h.target_pid = -1
@@ -192,10 +227,8 @@ def free_cores(
         [st.first_start_ns, st.last_end_ns],
     )
     if not rows:
-        return round(min(cores, by_runq), 3)
-    others = _median([max(0.0, h / 100 * host_cpus - j / 100) for h, j in rows])
-    used = _median([j / 100 for _, j in rows])
-    return round(min(cores, by_runq, max(cores - others, used, 0.1)), 3)
+        return 0.0
+    return round(_median([max(0.0, h / 100 * host_cpus - j / 100) for h, j in rows]), 3)
 
 
 def _step_durations(run: Run, main: ProcKey) -> list[float]:
@@ -241,17 +274,32 @@ def predict(x: PipelineInputs, workers: int) -> dict[str, float]:
     main = compute + x.ipc_cpu_s
     loaders = x.loader_wall_s / workers
     cpu = x.compute_cpu_s + x.ipc_cpu_s + x.loader_cpu_s
-    k = x.cores_free
+    p = _parallelism(x)
+    k = available(x.cores, x.others_runnable, p + workers)
     step = max(main, loaders, cpu / k)
     eff = 1.0
-    for _ in range(20):  # the cores' efficiency depends on how busy the workers are at that step
+    for _ in range(20):  # the cores it gets and their efficiency depend on how busy the workers are
         busy_workers = min(float(workers), x.loader_cpu_s / step)
-        eff = OVERSUBSCRIBED_EFFICIENCY if _oversubscribed(_parallelism(x), busy_workers, k) else 1.0
+        k = available(x.cores, x.others_runnable, p + busy_workers)
+        eff = OVERSUBSCRIBED_EFFICIENCY if _oversubscribed(p, busy_workers, k) else 1.0
         nxt = max(main, loaders, cpu / (k * eff))
         if abs(nxt - step) < 1e-9:
             break
         step = nxt
     return {"step_s": step, "main_s": main, "loaders_s": loaders, "cores_s": cpu / (k * eff)}
+
+
+def quiet(x: PipelineInputs) -> PipelineInputs:
+    """``x`` as it would be on the same machine with no other process competing: the waits for a CPU
+    taken out of the loading and compute times."""
+    return replace(
+        x,
+        others_runnable=0.0,
+        loader_wall_s=max(x.loader_cpu_s, x.loader_wall_s - x.loader_runq_s),
+        loader_runq_s=0.0,
+        compute_s=max(0.0, x.compute_s - x.compute_runq_s),
+        compute_runq_s=0.0,
+    )
 
 
 def margin(x: PipelineInputs) -> float:
@@ -271,12 +319,18 @@ class Advice:
 
 def advise(x: PipelineInputs, max_workers: int | None = None) -> Advice:
     """The best worker count the model sees, advised only if it beats the measured step by more than
-    the noise; otherwise the current one, with ``advised`` False."""
-    top = max_workers if max_workers is not None else max(2, round(2 * x.cores))
+    the noise and is no slower than the current one on the machine without its other load (a gain
+    taken from other processes' share of the cores must not turn into a loss when they stop);
+    otherwise the current one, with ``advised`` False."""
+    top = max(x.num_workers, max_workers if max_workers is not None else max(2, round(2 * x.cores)))
     cands = {n: predict(x, n)["step_s"] for n in range(0, top + 1)}
-    best = min(cands, key=lambda n: (cands[n], n))
+    # a count that only wins by taking cores from other processes must not lose once they are gone
+    q = quiet(x)
+    now_quiet = predict(q, x.num_workers)["step_s"]
+    safe = [n for n in cands if n == x.num_workers or predict(q, n)["step_s"] <= now_quiet]
+    best = min(safe, key=lambda n: (cands[n], n))
     # the smallest count within 2% of the best: as fast, fewer processes and cores
-    best = min(n for n in cands if cands[n] <= cands[best] * 1.02)
+    best = min(n for n in safe if cands[n] <= cands[best] * 1.02)
     b = predict(x, best)
     # what bounds the step: at the best count, or (when that is none) at the best count with workers
     with_workers = min((n for n in cands if n > 0), key=lambda n: (cands[n], n), default=best)

@@ -9,8 +9,10 @@ What is patched (each original kept, each patch undone by ``uninstall``):
 * ``_BaseDataLoaderIter.__next__`` — ``data_wait``; a fetch whose batch feeds an eval forward counts
   as ``eval``; the end of a training loader is an epoch boundary. Its attributes carry the CPU time
   of the waiting thread (``cpu_ns``: the loading itself without workers, receiving a batch with them)
-  and the process's CPU time when the wait began (``proc_cpu_ns``), which the input-pipeline model
-  turns into CPU per step.
+  and its run-queue wait (``runq_ns``), and, when the wait began, the process's CPU time
+  (``proc_cpu_ns``), the thread's (``thread_cpu_ns``) and its run-queue wait so far
+  (``thread_runq_ns``), which the input-pipeline model turns into CPU per step and the share of a
+  core the training thread got.
 * the dataset fetchers (``_MapDatasetFetcher.fetch``, ``_IterableDatasetFetcher.fetch``) — an
   ``op`` span ``fetch`` per batch with its thread CPU time (``cpu_ns``) and time spent waiting for a
   CPU (``runq_ns``), in the training process and in every DataLoader worker.
@@ -71,7 +73,8 @@ class TorchCollector(Collector):
 
     def _reset_state(self) -> None:
         self._tls = self.agent.tls
-        self._pending_dw: tuple[int, int, int, int, int] | None = None  # (start, end, loader, cpu, proc cpu)
+        # (start, end, loader, (cpu, process cpu at start, thread cpu at start, run-queue wait, at start))
+        self._pending_dw: tuple[int, int, int, tuple[int, int, int, int, int]] | None = None
         self._train_loaders: set[int] = set()
         self._eval_loaders: set[int] = set()
         self._seen_loaders: set[int] = set()
@@ -259,6 +262,7 @@ class TorchCollector(Collector):
         self._set(torch.nn.Module, "zero_grad", wrap_zero_grad(torch.nn.Module.zero_grad))
 
         # data_wait ---------------------------------------------------------------------------------
+        runq = _RunQueue()
         base_iter = dl_mod._BaseDataLoaderIter
         orig_next = base_iter.__next__
 
@@ -278,6 +282,7 @@ class TorchCollector(Collector):
                 col._epoch_start.setdefault(key, t0)
                 pc0 = process_time_ns()
                 c0 = thread_time_ns()
+                q0 = runq.wait_ns()
             except Exception as exc:
                 fail(exc)
                 return orig_next(it)
@@ -292,7 +297,7 @@ class TorchCollector(Collector):
                 t.active = None
                 try:
                     t1 = now_ns()
-                    col._pending_dw = (t0, t1, key, thread_time_ns() - c0, pc0)
+                    col._pending_dw = (t0, t1, key, (thread_time_ns() - c0, pc0, c0, runq.wait_ns() - q0, q0))
                     if stop:
                         col._end_epoch(key, t1)
                 except Exception as exc:
@@ -302,8 +307,6 @@ class TorchCollector(Collector):
 
         # fetch: one batch's loading work, in the training process and in DataLoader workers ------
         import torch.utils.data._utils.fetch as fetch_mod
-
-        runq = _RunQueue()
 
         def wrap_fetch(orig: Any) -> Any:
             def fetch(self_: Any, possibly_batched_index: Any) -> Any:
@@ -421,10 +424,17 @@ class TorchCollector(Collector):
         if pend is None:
             return
         self._pending_dw = None
-        t0, t1, key, cpu, pcpu = pend
+        t0, t1, key, cpu = pend
         if label is None or (label == "data_wait" and key in self._eval_loaders):
             label = "eval" if key in self._eval_loaders else "data_wait"
-        attrs = {"loader": key, "cpu_ns": cpu, "proc_cpu_ns": pcpu}
+        attrs = {
+            "loader": key,
+            "cpu_ns": cpu[0],
+            "proc_cpu_ns": cpu[1],
+            "thread_cpu_ns": cpu[2],
+            "runq_ns": cpu[3],
+            "thread_runq_ns": cpu[4],
+        }
         self.agent.span("phase", label, t0, t1, self.agent.steps.index, attrs)
 
     def _new_loader(self, it: Any, key: int, t0: int) -> None:
