@@ -25,6 +25,7 @@ BENCHES = [
     "bench_iobench_fio.py",  # holoprof iobench against fio (needs Debian's fio)
     "bench_burst.py",  # BurstBuffer blocking time; pass --durable-dir on slow (network) storage
     "bench_whatif.py",  # what-if predictions against tc-limited veth links (needs root, iproute2)
+    "bench_input_model.py",  # input-pipeline model: predicted against measured step, 0/1/2 workers
 ]
 
 

@@ -167,6 +167,10 @@ EXTRA_COMMANDS["sweep"] = (
     "holoprof.analyze.sweep",
     "throughput and memory against a parameter: holoprof sweep",
 )
+EXTRA_COMMANDS["tune"] = (
+    "holoprof.analyze.tune",
+    "sweep the loader knobs the input_bound finding names and print the measured best: holoprof tune -- COMMAND",
+)
 EXTRA_COMMANDS["import"] = (
     "holoprof.store.import_darshan",
     "import a trace: holoprof import darshan LOG --out DIR",
@@ -184,6 +188,7 @@ RUN_OPTION_MODULES.append("holoprof.collect.tensorflow")
 RUN_OPTION_MODULES.append("holoprof.analyze.checkpoints")
 RUN_OPTION_MODULES.append("holoprof.collect.memory")
 RUN_OPTION_MODULES.append("holoprof.collect.io_options")
+RUN_OPTION_MODULES.append("holoprof.collect.knobs")
 
 
 def _run_option_modules() -> list[Any]:

@@ -92,6 +92,7 @@ def post_import_finder() -> PostImportFinder:
 #: The always-on collectors, "module:Class", in installation order. A collector that cannot be
 #: imported or built is reported once (fail open) and the others run.
 COLLECTORS: list[str] = [
+    "holoprof.collect.knobs:KnobCollector",
     "holoprof.collect.torch:TorchCollector",
     "holoprof.collect.checkpoints:CheckpointCollector",
     "holoprof.collect.tensorflow:TensorFlowCollector",

@@ -2,7 +2,9 @@
 
 Each rule is a pure function of analysis results returning a :class:`Finding` or None. A finding that
 cannot be backed by a number is not produced. ``estimated_gain`` is the fraction of step time that the
-fix can save at most, from the measurements (an upper bound, said as such in the text).
+fix is expected to save: ``gain_kind`` says whether that is ``predicted`` (a model, named with its
+inputs in ``gain_basis``; for most findings the upper bound of removing the whole share) or
+``measured`` (a sweep's runs, with the interval).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from holoprof.analyze.input_model import Advice, PipelineInputs, advise, base_compute, margin
 from holoprof.analyze.resources import Resources
 from holoprof.analyze.steps import StepStats
 
@@ -33,6 +36,10 @@ class Finding:
     recommendation: str
     estimated_gain: float
     threshold: dict[str, Any] = field(default_factory=dict)
+    #: whether ``estimated_gain`` is ``predicted`` (by a model: ``gain_basis`` names it and its
+    #: inputs) or ``measured`` (by a sweep: ``gain_basis`` has the runs and the interval)
+    gain_kind: str = "predicted"
+    gain_basis: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,50 +64,7 @@ def steady_share(st: StepStats, phase: str) -> float:
     return ps.median_share if st.count >= 5 else ps.fraction
 
 
-def input_whatif(
-    st: StepStats, loader: dict[str, Any], readers: int, cpus: int, gpu: bool = False
-) -> dict[str, Any]:
-    """Expected step time with ``readers`` loader workers, and with input fully overlapped.
-
-    Model (stated in docs/how-it-works.md): a typical step is ``compute + wait`` (medians). With
-    ``W`` workers already, an input-bound loop gets one batch per step from W workers, so one worker
-    needs about ``P = step * W`` per batch; with no workers the loop itself spends ``P = wait`` per
-    batch. With N workers running in parallel, batches arrive every ``P / N_eff`` and the step takes
-    ``max(compute, P / N_eff)``, where ``N_eff`` is N capped by the cores left to workers (all cores
-    with a GPU, one fewer when the model also trains on the CPU). Fully overlapped input gives
-    ``compute``.
-    """
-    step = st.median_s
-    wait = min(st.phases["data_wait"].median_s, step)
-    compute = max(step - wait, 0.0)
-    workers = loader.get("num_workers") if isinstance(loader.get("num_workers"), int) else 0
-    per_batch = wait if not workers else step * workers
-    n_eff = max(1, min(readers, cpus if gpu else max(1, cpus - 1)))
-    predicted = max(compute, per_batch / n_eff)
-    return {
-        "step_median_s": round(step, 6),
-        "compute_s": round(compute, 6),
-        "per_batch_load_s": round(per_batch, 6),
-        "readers": readers,
-        "effective_readers": n_eff,
-        "predicted_step_s": round(predicted, 6),
-        "fully_overlapped_step_s": round(compute, 6),
-        "predicted_gain": round(1 - predicted / step, 4) if step > 0 else 0.0,
-    }
-
-
-def input_bound(
-    st: StepStats, loader: dict[str, Any], cpus: int | None = None, gpu: bool = False, imported: bool = False
-) -> Finding | None:
-    """``imported``: the run was read from a file made elsewhere (a profiler trace): the cores of the
-    machine that reads it say nothing about the job, so the advice does not count them."""
-    frac = steady_share(st, "data_wait")
-    if st.count == 0 or frac < INPUT_BOUND_MEDIUM:
-        return None
-    severity = "high" if frac >= INPUT_BOUND_HIGH else "medium"
-    cores_known = cpus is not None or not imported
-    cpus = cpus or os.cpu_count() or 1
-    workers = loader.get("num_workers")
+def _loader_evidence(st: StepStats, loader: dict[str, Any], frac: float) -> dict[str, Any]:
     evidence: dict[str, Any] = {
         "data_wait_fraction": round(frac, 4),
         "data_wait_fraction_of_total": round(st.phases["data_wait"].fraction, 4),
@@ -108,41 +72,106 @@ def input_bound(
         "step_median_s": round(st.median_s, 6),
         "steps": st.count,
     }
-    if cores_known:
-        evidence["cpu_cores"] = cpus
     for k in ("num_workers", "batch_size", "prefetch_factor", "pin_memory", "persistent_workers", "dataset"):
         if k in loader:
             evidence[k] = loader[k]
-    if workers == 0:
-        n = max(2, min(8, cpus))
-        fix = (
-            f"load batches in parallel with the training step: DataLoader(..., num_workers={n}, "
-            "persistent_workers=True, pin_memory=True) — the loader runs in the training process now "
-            + (f"(num_workers=0) and this machine has {cpus} CPU cores" if cores_known else "(num_workers=0)")
+    return evidence
+
+
+def _cores(x: PipelineInputs) -> str:
+    busy = (
+        f" shared with {x.others_runnable:g} busy threads of other processes" if x.others_runnable > 0 else ""
+    )
+    return f"{x.cores:g} cores{busy}"
+
+
+def _model_fix(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> str:
+    """The recommendation from the input-pipeline model: a configuration, or why none helps."""
+    cur = x.num_workers
+    if adv.advised:
+        extra = []
+        if x.gpu and adv.workers > 0 and not loader.get("pin_memory"):
+            extra.append("pin_memory=True")  # page-locked batches copy to the GPU asynchronously
+        fix = f"use DataLoader(..., num_workers={adv.workers}{''.join(', ' + e for e in extra)})"
+        fix += f" (now num_workers={cur})" if adv.workers != cur else ""
+        fix += (
+            f". Predicted: step {_ms(x.step_s)} -> {_ms(adv.predicted_step_s)} with {_cores(x)} "
+            f"(loading {_ms(x.loader_cpu_s)} CPU / {_ms(x.loader_wall_s)} wall per batch, compute "
+            f"{_ms(x.compute_cpu_s)} CPU per step); measure it with no code change: "
+            f"holoprof sweep --set num_workers={cur},{adv.workers} -- COMMAND (or holoprof tune -- COMMAND)"
         )
-    elif isinstance(workers, int):
-        n = min(max(workers * 2, workers + 2), max(workers + 1, 2 * cpus))
-        fix = (
-            f"give the input pipeline more parallelism: num_workers {workers} -> {n}, prefetch_factor "
-            f"{loader.get('prefetch_factor') or 2} -> 4; if workers are already busy, make __getitem__ cheaper "
-            "(decode once and cache, smaller images, fewer/lighter augmentations) or read fewer, larger files"
+        return fix
+    total_cpu = x.compute_cpu_s + x.loader_cpu_s
+    if adv.limit == "cores":
+        why = (
+            f"each step needs {_ms(total_cpu)} of CPU (compute {_ms(x.compute_cpu_s)}, loading "
+            f"{_ms(x.loader_cpu_s)} per batch) and the job had {_cores(x)}, so more workers would only "
+            "compete with the training process for them"
         )
+        helps = (
+            "fewer threads per process (torch.set_num_threads), cheaper decode (smaller images, lighter "
+            "augmentations), caching decoded samples (decode once, keep tensors), or a machine with more cores"
+        )
+    elif adv.limit == "main":
+        why = f"the training loop itself takes {_ms(base_compute(x))} per step, which loading already keeps up with"
+        helps = "a cheaper step (see the phases above), not a different loader"
     else:
-        n = 0
+        why = f"loading one batch takes {_ms(x.loader_wall_s)} and more workers than {adv.workers} do not pay"
+        helps = (
+            "cheaper per-sample work, caching decoded samples, fewer and larger files, or a machine with "
+            "more cores"
+        )
+    return (
+        f"the loader is already as good as this machine allows (num_workers={cur}): no worker count is "
+        f"predicted to beat the measured step of {_ms(x.step_s)} by more than its noise "
+        f"({_pct(margin(x))}) — {why}. What would help: {helps}"
+    )
+
+
+def input_bound(
+    st: StepStats,
+    loader: dict[str, Any],
+    cpus: int | None = None,
+    pipeline: PipelineInputs | None = None,
+    imported: bool = False,
+) -> Finding | None:
+    """``input_bound`` with a recommendation from the input-pipeline model when the run measured
+    its inputs (:mod:`holoprof.analyze.input_model`); never one the model predicts slower.
+    ``imported``: the run was read from a file made elsewhere (a profiler trace): the cores of the
+    machine that reads it say nothing about the job, so the evidence does not count them."""
+    frac = steady_share(st, "data_wait")
+    if st.count == 0 or frac < INPUT_BOUND_MEDIUM:
+        return None
+    severity = "high" if frac >= INPUT_BOUND_HIGH else "medium"
+    evidence = _loader_evidence(st, loader, frac)
+    if pipeline is not None:
+        evidence["cpu_cores"] = pipeline.cores
+    elif cpus is not None or not imported:
+        evidence["cpu_cores"] = cpus or os.cpu_count() or 1
+    if pipeline is not None:
+        adv = advise(pipeline)
+        evidence["model"] = {
+            "inputs": pipeline.to_dict(),
+            "predicted_step_s": {str(n): v for n, v in adv.candidates.items()},
+            "recommended_workers": adv.workers,
+            "limit": adv.limit,
+            "margin": round(margin(pipeline), 4),
+        }
+        fix = _model_fix(pipeline, loader, adv)
+        gain = adv.gain
+        basis: dict[str, Any] = {"model": "input_pipeline", "inputs": pipeline.to_dict()}
+    else:
         fix = (
             "overlap input with compute: load batches in background workers (DataLoader num_workers>0; "
             "tf.data: .map(..., num_parallel_calls=tf.data.AUTOTUNE), .interleave, .cache(), "
-            ".prefetch(tf.data.AUTOTUNE)) and make per-sample work cheaper"
+            ".prefetch(tf.data.AUTOTUNE)) and make per-sample work cheaper; measure a change with no code "
+            "change: holoprof sweep --set num_workers=0,2 -- COMMAND (tf.data: --set num_parallel_calls=autotune)"
         )
-    gain = frac
-    if n:
-        wi = input_whatif(st, loader, n, cpus, gpu)
-        evidence["whatif"] = wi
-        gain = wi["predicted_gain"]
-        fix += (
-            f". Expected: step {1000 * wi['step_median_s']:.1f} ms -> {1000 * wi['predicted_step_s']:.1f} ms with "
-            f"{n} workers (fully overlapped input: {1000 * wi['fully_overlapped_step_s']:.1f} ms)"
-        )
+        gain = frac
+        basis = {
+            "model": "input fully overlapped (an upper bound)",
+            "inputs": {"data_wait_fraction": round(frac, 4)},
+        }
     return Finding(
         id="input_bound",
         severity=severity,
@@ -155,6 +184,8 @@ def input_bound(
             "high": INPUT_BOUND_HIGH,
             "measure": "data_wait / step time",
         },
+        gain_kind="predicted",
+        gain_basis=basis,
     )
 
 
@@ -227,12 +258,38 @@ def low_device_utilization(st: StepStats | None, res: Resources) -> Finding | No
     )
 
 
+def gain_label(f: dict[str, Any]) -> str:
+    """A finding's expected gain, labelled measured (a sweep, with its interval) or predicted (a model)."""
+    gain = float(f.get("estimated_gain") or 0)
+    basis = f.get("gain_basis") or {}
+    if f.get("gain_kind") == "measured":
+        lo, hi = (basis.get("best_interval_s") or [0.0, 0.0])[:2]
+        where = (
+            f"{basis.get('best')}: step {_ms(basis.get('best_step_s', 0))} (95% CI {_ms(lo)}–{_ms(hi)}) "
+            f"against {_ms(basis.get('this_step_s', 0))} with {basis.get('this')}"
+        )
+        if basis.get("best") == basis.get("this"):
+            return f"measured: this run is the sweep's best configuration, step {_ms(basis.get('best_step_s', 0))}"
+        if gain:
+            return f"measured: {100 * gain:.0f}% of step time, {where}"
+        return f"measured: no significant gain, {where}"
+    if not gain:
+        return "predicted: no gain on this machine" if basis.get("model") == "input_pipeline" else ""
+    if basis.get("model") == "input_pipeline":
+        return f"predicted by the input-pipeline model: {100 * gain:.0f}% of step time"
+    return f"predicted: up to {100 * gain:.0f}% of step time"
+
+
 def all_findings(
-    st: StepStats | None, res: Resources, loader: dict[str, Any], imported: bool = False
+    st: StepStats | None,
+    res: Resources,
+    loader: dict[str, Any],
+    pipeline: PipelineInputs | None = None,
+    imported: bool = False,
 ) -> list[Finding]:
     out: list[Finding | None] = []
     if st is not None:
-        out += [input_bound(st, loader, gpu=bool(res.gpus), imported=imported), host_overhead(st)]
+        out += [input_bound(st, loader, pipeline=pipeline, imported=imported), host_overhead(st)]
     out.append(low_device_utilization(st, res))
     return ordered([f for f in out if f is not None])
 

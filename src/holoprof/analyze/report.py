@@ -238,6 +238,18 @@ def build_report(run: Run, engine: str = "duckdb", scheduler: str | None = None)
     return _build(run, _DuckDBEngine(run))
 
 
+def _label_measured(run: Run, found: list[Any]) -> None:
+    """A run made by a sweep: its input_bound gain is the one the sweep measured, with the interval."""
+    ib = next((f for f in found if f.id == "input_bound"), None)
+    if ib is None:
+        return
+    from holoprof.analyze.sweep import measured_gain
+
+    basis = measured_gain(run.path)
+    if basis is not None:
+        ib.gain_kind, ib.gain_basis, ib.estimated_gain = "measured", basis, basis["gain"]
+
+
 def _build(run: Run, eng: Any) -> dict[str, Any]:
     procs = eng.step_processes()
     main: ProcKey | None = procs[0] if procs else None
@@ -262,7 +274,14 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
             )
     res = eng.resources()
     loader = loader_config(run, main) if main is not None else {}
-    found = findings_mod.all_findings(st, res, loader, imported=run.manifest.get("status") == "imported")
+    pipeline = None
+    if main is not None and st is not None and loader:
+        from holoprof.analyze.input_model import measure
+
+        pipeline = measure(run, main, st, loader)
+    found = findings_mod.all_findings(
+        st, res, loader, pipeline, imported=run.manifest.get("status") == "imported"
+    )
     ctx = {
         "main": main,
         "steps": st,
@@ -277,6 +296,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
     if failure:  # a dead rank matters more than anything else in the report: say it up front
         section_warnings.insert(0, str(failure.get("message")))
     found = findings_mod.ordered(found + more)
+    _label_measured(run, found)
     processes = _processes(run, ctx)
     m = run.manifest
     start, end = m.get("start_ns"), m.get("end_ns")
@@ -307,6 +327,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
             "dir": run.path,
             "name": m.get("name"),
             "command": m.get("command"),
+            "knobs": (m.get("options") or {}).get("knobs") or {},
             "status": run.status,
             "exit_code": m.get("exit_code"),
             "start_ns": start,

@@ -2,20 +2,25 @@
 
     holoprof sweep --param batch_size=8,16,32,64 [--param lr=0.1,0.01] [--steps N] [--max-seconds S]
                    [--out DIR] [--json] [--plot FILE] -- python train.py --batch-size {batch_size}
+    holoprof sweep --set num_workers=0,1,2 [--set pin_memory=true,false] [--steps N] -- python train.py
 
-Each configuration (the cartesian product of the ``--param`` values) runs traced as
-``holoprof run --out DIR/<config> --no-report [--stop-after-steps N] -- COMMAND`` with every
-``{name}`` placeholder replaced by its value; the job's output goes to ``DIR/<config>.log``. A
+Each configuration (the cartesian product of the ``--param`` and ``--set`` values) runs traced as
+``holoprof run --out DIR/<config> --no-report [--stop-after-steps N] [--set KNOB=V ...] -- COMMAND``
+with every ``{name}`` placeholder replaced by its ``--param`` value; ``--set`` knobs are applied inside
+the job by the agent with no change to the command (:mod:`holoprof.collect.knobs`), and each run records
+what was applied. The job's output goes to ``DIR/<config>.log``. A
 configuration that runs past ``--max-seconds`` is stopped (SIGTERM, forwarded to the job, which
 flushes what it recorded) and kept with the steps it made. ``--steps N`` ends each job cleanly after N
 optimizer steps, so a sweep costs N steps per configuration whatever the script's own length.
 
-Per configuration: median step time, throughput (samples/s when the swept parameter is the batch
+Per configuration: median step time with its 95% confidence interval (order statistics), throughput (samples/s when the swept parameter is the batch
 size — ``batch × steps/s`` — or when the DataLoader's batch size is known; steps/s otherwise), the peak
 memory and its categories. A job that exits non-zero is marked ``oom`` when its output says it ran
 out of memory (or it was killed by SIGKILL, as the kernel's OOM killer does), ``failed`` otherwise;
 the other rows are kept. The recommendation is the configuration with the best throughput among
-those that finished and fit (peak under 90% of the device's memory).
+those that finished and fit (peak under 90% of the device's memory); its step times are compared with
+those of the runner-up and of the first configuration by the diff's test (Mann-Whitney U, p < 0.01 and
+at least a 5% change of the median), which says whether it is significantly better.
 """
 
 from __future__ import annotations
@@ -62,6 +67,12 @@ class SweepRow:
     categories: dict[str, int] = field(default_factory=dict)
     error: str = ""
     fits: bool = False
+    knobs: dict[str, str] = field(default_factory=dict)  # the --set values of this configuration
+    applied: dict[str, Any] = field(default_factory=dict)  # what the job's agent recorded applying
+    loader: dict[str, Any] = field(default_factory=dict)  # the training DataLoader as the job built it
+    step_ci_s: list[float] = field(default_factory=list)  # 95% interval of the median step
+    throughput_ci: list[float] = field(default_factory=list)
+    durations_s: list[float] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -78,16 +89,23 @@ class SweepResult:
     rows: list[SweepRow]
     recommended: int | None  # index into rows
     reason: str
+    knobs: dict[str, list[str]] = field(default_factory=dict)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)  # the best against others
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
             "command": self.command,
-            "params": self.params,
+            "params": {**self.params, **self.knobs},
+            "knobs": self.knobs,
+            "comparisons": self.comparisons,
             "out_dir": self.out_dir,
             "steps_limit": self.steps_limit,
             "max_seconds": self.max_seconds,
-            "rows": [{**asdict(r), "label": r.label} for r in self.rows],
+            "rows": [
+                {**{k: v for k, v in asdict(r).items() if k != "durations_s"}, "label": r.label}
+                for r in self.rows
+            ],
             "recommended": None if self.recommended is None else self.rows[self.recommended].params,
             "recommended_index": self.recommended,
             "reason": self.reason,
@@ -95,10 +113,24 @@ class SweepResult:
 
 
 # --- input -------------------------------------------------------------------------------------------
-def parse_params(specs: list[str]) -> dict[str, list[str]]:
+def parse_knobs(specs: list[str], params: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """``["num_workers=0,2"]`` -> ``{"num_workers": ["0", "2"]}``, each value checked and normalised."""
+    from holoprof.collect.knobs import parse_assignments, text
+
+    out = {k: [text(v) for v in vs] for k, vs in parse_assignments(specs).items()}
+    both = sorted(set(out) & set(params or {}))
+    if both:
+        raise HoloprofError(f"{both[0]} is given both as --param and as --set; keep one")
+    return out
+
+
+def parse_params(specs: list[str], knobs: bool = False) -> dict[str, list[str]]:
     """``["batch_size=8,16", "lr=0.1"]`` -> ``{"batch_size": ["8", "16"], "lr": ["0.1"]}``."""
-    if not specs:
-        raise HoloprofError("give at least one --param NAME=V1,V2,..., e.g. --param batch_size=8,16,32")
+    if not specs and not knobs:
+        raise HoloprofError(
+            "give at least one --param NAME=V1,V2,... (e.g. --param batch_size=8,16,32) or --set KNOB=V1,V2,... "
+            "(e.g. --set num_workers=0,2)"
+        )
     out: dict[str, list[str]] = {}
     for spec in specs:
         name, sep, values = spec.partition("=")
@@ -178,6 +210,8 @@ def analyze_config(row: SweepRow) -> SweepRow:
     """Fill ``row`` with step time, throughput and memory from its run directory (if it has steps)."""
     if not os.path.isfile(os.path.join(row.run_dir, "manifest.json")):
         return row
+    from holoprof.analyze.diff import step_durations
+    from holoprof.analyze.input_model import median_interval
     from holoprof.analyze.memory import memory_stats
     from holoprof.analyze.steps import loader_config, step_processes, step_stats
     from holoprof.store.reader import load
@@ -191,6 +225,15 @@ def analyze_config(row: SweepRow) -> SweepRow:
             row.steps = st.count
             row.step_median_s = st.median_s
             row.steps_per_s = 1.0 / st.median_s if st.median_s > 0 else 0.0
+            row.durations_s = step_durations(run)
+            lo, hi = median_interval(row.durations_s)
+            row.step_ci_s = [round(lo, 6), round(hi, 6)]
+            row.applied = applied_knobs(run, main)
+            row.loader = {
+                k: v
+                for k, v in loader_config(run, main).items()
+                if k in ("num_workers", "batch_size", "prefetch_factor", "pin_memory", "persistent_workers")
+            }
             bp = batch_param(row.params)
             batch: int | None = None
             if bp is not None:
@@ -199,13 +242,13 @@ def analyze_config(row: SweepRow) -> SweepRow:
                 except ValueError:
                     batch = None
             if batch is None:
-                b = loader_config(run, main).get("batch_size")
+                b = row.loader.get("batch_size")
                 batch = int(b) if isinstance(b, (int, float)) and b > 0 else None
             row.batch_size = batch
-            if batch:
-                row.throughput, row.throughput_unit = row.steps_per_s * batch, "samples/s"
-            else:
-                row.throughput, row.throughput_unit = row.steps_per_s, "steps/s"
+            per = float(batch) if batch else 1.0
+            row.throughput_unit = "samples/s" if batch else "steps/s"
+            row.throughput = row.steps_per_s * per
+            row.throughput_ci = [round(per / hi, 4) if hi > 0 else 0.0, round(per / lo, 4) if lo > 0 else 0.0]
         ms = memory_stats(run, main)
         if ms is not None:
             row.peak_bytes = ms.peak_bytes
@@ -220,6 +263,49 @@ def analyze_config(row: SweepRow) -> SweepRow:
         and (row.limit_bytes <= 0 or row.peak_bytes < FITS_FRACTION * row.limit_bytes)
     )
     return row
+
+
+def applied_knobs(run: Any, main: Any) -> dict[str, Any]:
+    """The knobs the job's agent recorded applying (its process row's ``info["knobs"]``)."""
+    rows = run.rows(
+        "SELECT info FROM processes WHERE host = ? AND pid = ? ORDER BY updated_ns DESC LIMIT 1",
+        [main.host, main.pid],
+    )
+    try:
+        info = json.loads(rows[0][0]) if rows and rows[0][0] else {}
+    except ValueError:
+        return {}
+    knobs = info.get("knobs") if isinstance(info, dict) else None
+    return knobs if isinstance(knobs, dict) else {}
+
+
+def compare_best(rows: list[SweepRow], best: int | None) -> list[dict[str, Any]]:
+    """The best configuration's steps against the runner-up's and the first configuration's, with the
+    diff's significance test (B = the best)."""
+    from holoprof.analyze.diff import ALPHA, MIN_EFFECT, _step_test
+
+    if best is None:
+        return []
+    fit = sorted((i for i, r in enumerate(rows) if r.fits and r.throughput > 0 and i != best),
+                 key=lambda i: -rows[i].throughput)  # fmt: skip
+    others = ([fit[0]] if fit else []) + (
+        [0] if best != 0 and rows[0].durations_s and (not fit or fit[0] != 0) else []
+    )
+    out = []
+    for i in others:
+        t = _step_test(rows[i].durations_s, rows[best].durations_s, ALPHA, MIN_EFFECT)
+        out.append(
+            {
+                "against": rows[i].label,
+                "against_index": i,
+                "role": "runner-up" if fit and i == fit[0] else "first",
+                "significant": t.significant and t.direction == "faster",
+                "median_change": t.median_change,
+                "p_value": t.p_value,
+                "verdict": t.verdict.replace("B is", "the best is"),
+            }
+        )
+    return out
 
 
 def recommend(rows: list[SweepRow]) -> tuple[int | None, str]:
@@ -238,6 +324,47 @@ def recommend(rows: list[SweepRow]) -> tuple[int | None, str]:
     )
 
 
+def measurement(doc: dict[str, Any], this: int) -> dict[str, Any] | None:
+    """What a sweep measured for its row ``this``: the best configuration's step against this one's,
+    with their 95% intervals and the diff's verdict; ``gain`` is the saving when it is significant."""
+    rows = doc["rows"]
+    best = doc.get("recommended_index")
+    if best is None or not 0 <= this < len(rows) or rows[this]["steps"] == 0:
+        return None
+    b, t = rows[best], rows[this]
+    comp = next((c for c in doc.get("comparisons") or [] if c["against_index"] == this), None)
+    significant = bool(comp and comp["significant"])
+    gain = 1 - b["step_median_s"] / t["step_median_s"] if significant and t["step_median_s"] > 0 else 0.0
+    return {
+        "sweep": doc["out_dir"],
+        "this": t["label"],
+        "this_step_s": t["step_median_s"],
+        "this_interval_s": t.get("step_ci_s") or [],
+        "best": b["label"],
+        "best_step_s": b["step_median_s"],
+        "best_interval_s": b.get("step_ci_s") or [],
+        "significant": significant or this == best,
+        "p_value": comp["p_value"] if comp else None,
+        "verdict": comp["verdict"] if comp else ("this is the best configuration" if this == best else ""),
+        "gain": round(max(0.0, gain), 4),
+    }
+
+
+def measured_gain(run_dir: str) -> dict[str, Any] | None:
+    """For a run made by a sweep (its folder holds ``sweep.json``): what the sweep measured, as
+    :func:`measurement` gives it; None for other runs."""
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    try:
+        with open(os.path.join(parent, "sweep.json")) as f:
+            doc = json.load(f)
+        rows = doc["rows"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    me = os.path.abspath(run_dir)
+    idx = next((i for i, r in enumerate(rows) if os.path.abspath(str(r.get("run_dir"))) == me), None)
+    return measurement(doc, idx) if idx is not None else None
+
+
 # --- running -----------------------------------------------------------------------------------------
 def run_config(
     command: list[str],
@@ -246,8 +373,10 @@ def run_config(
     steps: int | None,
     max_seconds: float | None,
     memory: str | None,
+    knobs: dict[str, str] | None = None,
 ) -> SweepRow:
-    name = slug(values)
+    knobs = dict(knobs or {})
+    name = slug({**values, **knobs}) or "baseline"
     run_dir = os.path.join(out_dir, name)
     log = os.path.join(out_dir, f"{name}.log")
     argv = [sys.executable, "-m", "holoprof.cli", "run", "--out", run_dir, "--no-report"]
@@ -255,6 +384,8 @@ def run_config(
         argv += ["--stop-after-steps", str(steps)]
     if memory:
         argv += ["--memory", memory]
+    for k, v in knobs.items():
+        argv += ["--set", f"{k}={v}"]
     argv += ["--", *fill(command, values)]
     t0 = time.monotonic()
     timed_out = False
@@ -274,7 +405,15 @@ def run_config(
     with open(log, errors="replace") as f:
         text = f.read()
     status, err = classify(rc, text, timed_out)
-    row = SweepRow(params=dict(values), status=status, exit_code=rc, run_dir=run_dir, log=log, wall_s=wall)
+    row = SweepRow(
+        params={**values, **knobs},
+        status=status,
+        exit_code=rc,
+        run_dir=run_dir,
+        log=log,
+        wall_s=wall,
+        knobs=knobs,
+    )
     row.error = err
     try:
         analyze_config(row)
@@ -291,10 +430,12 @@ def sweep(
     max_seconds: float | None = None,
     memory: str | None = None,
     progress: Any = None,
+    knobs: dict[str, list[str]] | None = None,
 ) -> SweepResult:
     check_template(command, params)
     from holoprof.launch.run import resolve_command
 
+    knobs = dict(knobs or {})
     resolve_command(fill(command, configurations(params)[0]))  # a missing script fails before any run
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise HoloprofError(f"{out_dir} exists and is not a directory; give a new --out directory")
@@ -307,12 +448,20 @@ def sweep(
             f"cannot create {out_dir} ({exc.strerror or exc}); choose a writable place with --out"
         )
     rows = []
-    configs = configurations(params)
-    for i, values in enumerate(configs):
+    configs = [(v, k) for v in configurations(params) for k in configurations(knobs)]
+    for i, (values, knob_values) in enumerate(configs):
         if progress is not None:
-            progress(i, len(configs), values)
-        rows.append(run_config(command, values, out_dir, steps, max_seconds, memory))
+            progress(i, len(configs), {**values, **knob_values})
+        rows.append(run_config(command, values, out_dir, steps, max_seconds, memory, knob_values))
     best, reason = recommend(rows)
+    comparisons = compare_best(rows, best)
+    if comparisons:
+        sig = [c for c in comparisons if c["significant"]]
+        not_sig = [c for c in comparisons if not c["significant"]]
+        if not_sig:
+            reason += f"; not significantly faster than {not_sig[0]['against']} ({not_sig[0]['verdict']})"
+        elif sig:
+            reason += f"; significantly faster than {', '.join(c['against'] for c in sig)}"
     result = SweepResult(
         command=list(command),
         params=params,
@@ -322,6 +471,8 @@ def sweep(
         rows=rows,
         recommended=best,
         reason=reason,
+        knobs=knobs,
+        comparisons=comparisons,
     )
     with open(os.path.join(out_dir, "sweep.json"), "w") as f:
         json.dump(result.to_dict(), f, indent=2)
@@ -338,6 +489,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=V1,V2,...",
         help="a parameter and its values; {NAME} in the command is replaced by each (repeatable: all combinations)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="knob_specs",
+        metavar="KNOB=V1,V2,...",
+        help="a knob applied inside the job with no code change, and its values (repeatable): num_workers, "
+        "prefetch_factor, pin_memory, persistent_workers, batch_size, torch_threads, num_parallel_calls, prefetch",
     )
     p.add_argument("--steps", type=int, help="end each configuration cleanly after N optimizer steps")
     p.add_argument(
@@ -358,7 +518,8 @@ def main(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    params = parse_params(list(args.param))
+    params = parse_params(list(args.param), knobs=bool(args.knob_specs))
+    knobs = parse_knobs(list(args.knob_specs), params)
     check_template(command, params)
     if args.steps is not None and args.steps <= 0:
         raise HoloprofError("--steps must be a positive number of steps, e.g. --steps 20")
@@ -370,7 +531,7 @@ def main(args: argparse.Namespace) -> int:
         sys.stderr.write(f"holoprof: sweep {i + 1}/{n}: {', '.join(f'{k}={v}' for k, v in values.items())}\n")
         sys.stderr.flush()
 
-    result = sweep(command, params, out, args.steps, args.max_seconds, args.memory, progress)
+    result = sweep(command, params, out, args.steps, args.max_seconds, args.memory, progress, knobs)
     from holoprof.present import sweep as present
 
     if args.plot:

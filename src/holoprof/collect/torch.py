@@ -10,7 +10,15 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   starts there, and the closure is handed to the optimizer wrapped so that the forward, backward and
   ``zero_grad`` it runs keep their own phases (the optimizer's phase is the rest of the call).
 * ``_BaseDataLoaderIter.__next__`` — ``data_wait``; a fetch whose batch feeds an eval forward counts
-  as ``eval``; the end of a training loader is an epoch boundary.
+  as ``eval``; the end of a training loader is an epoch boundary. Its attributes carry the CPU time
+  of the waiting thread (``cpu_ns``: the loading itself without workers, receiving a batch with them)
+  and its run-queue wait (``runq_ns``), and, when the wait began, the process's CPU time
+  (``proc_cpu_ns``), the thread's (``thread_cpu_ns``) and its run-queue wait so far
+  (``thread_runq_ns``), which the input-pipeline model turns into CPU per step and the share of a
+  core the training thread got.
+* the dataset fetchers (``_MapDatasetFetcher.fetch``, ``_IterableDatasetFetcher.fetch``) — an
+  ``op`` span ``fetch`` per batch with its thread CPU time (``cpu_ns``) and time spent waiting for a
+  CPU (``runq_ns``), in the training process and in every DataLoader worker.
 
 Checkpoints (``torch.save``, ``torch.load``, ``torch.distributed.checkpoint``, safetensors, Hugging
 Face, Lightning) are recorded by :mod:`holoprof.collect.checkpoints`.
@@ -23,11 +31,35 @@ device is never synchronized.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from types import ModuleType
 from typing import Any
 
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
+from holoprof.collect.util import usable_cores
+
+thread_time_ns = time.thread_time_ns
+process_time_ns = time.process_time_ns
+
+
+class _RunQueue(threading.local):
+    """This thread's time spent runnable but waiting for a CPU (Linux ``schedstat``), in ns: a fetch
+    that waited for a core is told from one that waited for a file or a sleep. One ``pread`` of a file
+    kept open per thread (a few microseconds); 0 where the kernel does not provide it."""
+
+    fd = -1
+    pid = 0
+
+    def wait_ns(self) -> int:
+        try:
+            if self.fd < 0 or self.pid != os.getpid():  # a forked child: the file is its parent's thread's
+                self.fd, self.pid = os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.getpid()
+            return int(os.pread(self.fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
 
 
 class TorchCollector(Collector):
@@ -41,7 +73,8 @@ class TorchCollector(Collector):
 
     def _reset_state(self) -> None:
         self._tls = self.agent.tls
-        self._pending_dw: tuple[int, int, int] | None = None  # (start, end, loader key)
+        # (start, end, loader, (cpu, process cpu at start, thread cpu at start, run-queue wait, at start))
+        self._pending_dw: tuple[int, int, int, tuple[int, int, int, int, int]] | None = None
         self._train_loaders: set[int] = set()
         self._eval_loaders: set[int] = set()
         self._seen_loaders: set[int] = set()
@@ -262,6 +295,7 @@ class TorchCollector(Collector):
         self._set(torch.nn.Module, "zero_grad", wrap_zero_grad(torch.nn.Module.zero_grad))
 
         # data_wait ---------------------------------------------------------------------------------
+        runq = _RunQueue()
         base_iter = dl_mod._BaseDataLoaderIter
         orig_next = base_iter.__next__
 
@@ -280,6 +314,9 @@ class TorchCollector(Collector):
                 steps.just_updated = False
                 if key in col._train_loaders:
                     steps.opener(t0)
+                pc0 = process_time_ns()
+                c0 = thread_time_ns()
+                q0 = runq.wait_ns()
             except Exception as exc:
                 fail(exc)
                 return orig_next(it)
@@ -294,7 +331,7 @@ class TorchCollector(Collector):
                 t.active = None
                 try:
                     t1 = now_ns()
-                    col._pending_dw = (t0, t1, key)
+                    col._pending_dw = (t0, t1, key, (thread_time_ns() - c0, pc0, c0, runq.wait_ns() - q0, q0))
                     if stop:
                         col._end_epoch(key, t1)
                     else:
@@ -305,6 +342,31 @@ class TorchCollector(Collector):
                     fail(exc)
 
         self._set(base_iter, "__next__", __next__)
+
+        # fetch: one batch's loading work, in the training process and in DataLoader workers ------
+        import torch.utils.data._utils.fetch as fetch_mod
+
+        def wrap_fetch(orig: Any) -> Any:
+            def fetch(self_: Any, possibly_batched_index: Any) -> Any:
+                if not col.enabled:
+                    return orig(self_, possibly_batched_index)
+                t0, c0, q0 = now_ns(), thread_time_ns(), runq.wait_ns()
+                try:
+                    return orig(self_, possibly_batched_index)
+                finally:
+                    try:
+                        attrs = {"cpu_ns": thread_time_ns() - c0, "runq_ns": runq.wait_ns() - q0}
+                        span("op", "fetch", t0, now_ns(), -1, attrs)
+                    except Exception as exc:
+                        fail(exc)
+
+            fetch.__wrapped__ = orig  # type: ignore[attr-defined]
+            return fetch
+
+        for cls_name in ("_MapDatasetFetcher", "_IterableDatasetFetcher"):
+            fcls = getattr(fetch_mod, cls_name, None)
+            if fcls is not None and "fetch" in vars(fcls):
+                self._set(fcls, "fetch", wrap_fetch(fcls.fetch))
 
         # torch.distributed: the rank is remembered when the group starts (jobs destroy it before exit)
         dist = getattr(torch, "distributed", None)
@@ -418,10 +480,18 @@ class TorchCollector(Collector):
         if pend is None:
             return
         self._pending_dw = None
-        t0, t1, key = pend
+        t0, t1, key, cpu = pend
         if label is None or (label == "data_wait" and key in self._eval_loaders):
             label = "eval" if key in self._eval_loaders else "data_wait"
-        self.agent.span("phase", label, t0, t1, self.agent.steps.index, {"loader": key})
+        attrs = {
+            "loader": key,
+            "cpu_ns": cpu[0],
+            "proc_cpu_ns": cpu[1],
+            "thread_cpu_ns": cpu[2],
+            "runq_ns": cpu[3],
+            "thread_runq_ns": cpu[4],
+        }
+        self.agent.span("phase", label, t0, t1, self.agent.steps.index, attrs)
 
     def _new_loader(self, it: Any, key: int, t0: int) -> None:
         self._seen_loaders.add(key)
@@ -435,6 +505,12 @@ class TorchCollector(Collector):
         ctx = getattr(it, "_multiprocessing_context", None)
         if ctx is not None:
             attrs["multiprocessing_context"] = getattr(ctx, "_name", str(ctx))
+        # the machine the input-pipeline model needs: usable cores, torch threads, a GPU in use
+        attrs.update(usable_cores())
+        torch = self._torch
+        if torch is not None:
+            attrs["torch_threads"] = torch.get_num_threads()
+            attrs["gpu"] = bool(torch.cuda.is_initialized())
         self.agent.span("op", "dataloader", t0, t0, -1, attrs)
 
     def _last_batch(self, it: Any, key: int) -> bool:

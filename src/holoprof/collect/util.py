@@ -22,3 +22,47 @@ def path_bytes(path: str) -> int | None:
         return total or None
     except OSError:
         return None
+
+
+def usable_cores() -> dict[str, float]:
+    """The CPU this process may use: ``affinity`` (cores in its affinity mask), ``quota`` (cores'
+    worth of the cgroup CPU quota, absent when unlimited), ``cores`` (the smaller) and ``host_cpus``
+    (the machine's logical CPUs)."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = os.cpu_count() or 1
+    out: dict[str, float] = {"affinity": affinity, "cores": affinity, "host_cpus": os.cpu_count() or affinity}
+    quota = _cgroup_quota()
+    if quota is not None:
+        out["quota"] = round(quota, 3)
+        out["cores"] = min(affinity, quota)
+    return out
+
+
+def _cgroup_quota() -> float | None:
+    """Cores' worth of this process's cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [ln.strip().split(":", 2) for ln in f if ln.count(":") >= 2]
+    except OSError:
+        return None
+    for _, controllers, rel in lines:
+        rel = rel.lstrip("/")
+        try:
+            if controllers == "":
+                with open(os.path.join("/sys/fs/cgroup", rel, "cpu.max")) as f:
+                    quota, period = f.read().split()[:2]
+            elif "cpu" in controllers.split(","):
+                base = os.path.join("/sys/fs/cgroup", controllers, rel)
+                with open(os.path.join(base, "cpu.cfs_quota_us")) as f:
+                    quota = f.read().strip()
+                with open(os.path.join(base, "cpu.cfs_period_us")) as f:
+                    period = f.read().strip()
+            else:
+                continue
+        except (OSError, ValueError):
+            continue
+        if quota not in ("max", "-1") and float(period) > 0:
+            return float(quota) / float(period)
+    return None

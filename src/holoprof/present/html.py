@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present.terminal import fmt_phase_per_step
 
@@ -632,13 +633,12 @@ def _findings(doc: dict[str, Any]) -> str:
         )
         thr = f.get("threshold") or {}
         thr_txt = ", ".join(f"{k} {_fmt_value(v)}" for k, v in thr.items())
-        gain = float(f.get("estimated_gain", 0) or 0)
         items.append(
             f"<div class='finding' style='border-left-color:{color}'>"
             f"<h3><span class='sev' style='background:{color}'>{esc(sev)}</span>{esc(f.get('title', ''))} "
             f"<span class='muted'>({esc(f.get('id', ''))})</span></h3>"
             f"<p><b>Fix:</b> {esc(f.get('recommendation', ''))}</p>"
-            + (f"<p><b>Expected gain:</b> up to {esc(fmt_pct(gain))} of step time</p>" if gain else "")
+            + (f"<p><b>Expected gain:</b> {esc(gain_label(f))}</p>" if gain_label(f) else "")
             + (f"<p class='muted'>threshold: {esc(thr_txt)}</p>" if thr_txt else "")
             + f"<table><tr><th>evidence</th><th>value</th></tr>{ev}</table></div>"
         )

@@ -11,6 +11,7 @@ import sys
 from typing import IO, Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from holoprof.present.terminal import fmt_bytes, fmt_s
@@ -35,23 +36,46 @@ SHORT = {
 }
 
 
+def _num(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def _applied(r: dict[str, Any]) -> str:
+    """What the job really had: the DataLoader's own values for loader knobs, counts for the others."""
+    out = []
+    loader = r.get("loader") or {}
+    applied = (r.get("applied") or {}).get("applied") or {}
+    for k in r.get("knobs") or {}:
+        if k in loader:
+            out.append(f"{k}={str(loader[k]).lower() if isinstance(loader[k], bool) else loader[k]}")
+        elif k in applied:
+            notes = applied[k]
+            out.append(f"{k}: " + ", ".join(f"{n} ×{c}" if n == "applied" else n for n, c in notes.items()))
+        else:
+            out.append(f"{k}: not applied (nothing to apply it to)")
+    return "; ".join(out)
+
+
 def render(doc: dict[str, Any], file: IO[str] | None = None) -> None:
     console = Console(file=file or sys.stdout, highlight=False)
     if not console.is_terminal:  # a file or a pipe: no terminal to fit, keep the table on one line per row
         console = Console(file=file or sys.stdout, highlight=False, width=160)
     rows = doc["rows"]
     names = list(doc["params"])
+    knobs_only = bool(doc.get("knobs")) and set(names) == set(doc.get("knobs") or {})
     unit = next((r["throughput_unit"] for r in rows if r["throughput"] > 0), "samples/s")
     t = Table(title=f"holoprof sweep: {' '.join(doc['command'])}", title_justify="left")
     for n in names:
-        t.add_column(n, no_wrap=True)
-    t.add_column("status", no_wrap=True)
+        t.add_column(n)
+    t.add_column("status")
     t.add_column("steps", justify="right")
-    t.add_column("step", justify="right", no_wrap=True)
-    t.add_column(unit, justify="right", no_wrap=True)
-    t.add_column("peak", justify="right", no_wrap=True)
-    for c in CATEGORIES:
-        t.add_column(SHORT[c], justify="right", no_wrap=True)
+    t.add_column("step", justify="right")
+    t.add_column("95% CI", justify="right")
+    t.add_column(unit, justify="right")
+    t.add_column("peak", justify="right")
+    cats_shown = () if knobs_only else CATEGORIES  # loader knobs do not move the tensors' memory
+    for c in cats_shown:
+        t.add_column(SHORT[c], justify="right")
     best = doc.get("recommended_index")
     for i, r in enumerate(rows):
         ok = r["steps"] > 0
@@ -59,21 +83,56 @@ def render(doc: dict[str, Any], file: IO[str] | None = None) -> None:
         values = [str(r["params"].get(n, "")) for n in names]
         if i == best:
             values[0] += " ★"
+        ci = r.get("step_ci_s") or []
         t.add_row(
             *values,
             f"[{STATUS_STYLE.get(r['status'], 'white')}]{r['status']}[/]",
             str(r["steps"]),
             fmt_s(r["step_median_s"]) if ok else "-",
-            (f"{r['throughput']:.0f}" if r["throughput"] >= 100 else f"{r['throughput']:.2f}") if ok else "-",
+            f"{fmt_s(ci[0])}–{fmt_s(ci[1])}" if ok and len(ci) == 2 else "-",
+            _num(r["throughput"]) if ok else "-",
             fmt_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
-            *[fmt_bytes(cats[c]) if c in cats else "-" for c in CATEGORIES],
+            *[fmt_bytes(cats[c]) if c in cats else "-" for c in cats_shown],
         )
+    # never cut a number: a table wider than the terminal is printed at its own width
+    need = Measurement.get(console, console.options, t).maximum
+    if need > console.width:
+        console = Console(file=console.file, highlight=False, width=need, force_terminal=console.is_terminal)
     console.print(t)
+    for r in rows:
+        if r.get("knobs") and r["steps"] > 0:
+            console.print(f"{r['label']}: the job had {_applied(r)}")
     for r in rows:
         if r["status"] in ("oom", "failed") and r["error"]:
             console.print(f"[red]{r['label']}: {r['status']}[/]: {r['error']}  (log: {r['log']})")
     console.print(f"[bold]recommendation[/]: {doc['reason']}")
     console.print(f"runs in {doc['out_dir']}")
+
+
+def render_measured(finding: dict[str, Any], file: IO[str] | None = None) -> None:
+    """The input_bound finding after a sweep: what the model predicted, what was measured."""
+    console = Console(file=file or sys.stdout, highlight=False)
+    basis = finding.get("gain_basis") or {}
+    if finding.get("gain_kind") != "measured":
+        console.print("measured: the sweep has no run of the current configuration to compare with")
+        return
+    lo, hi = (basis.get("best_interval_s") or [0, 0])[:2]
+    clo, chi = (basis.get("this_interval_s") or [0, 0])[:2]
+    pred = ((finding.get("evidence") or {}).get("model") or {}).get("predicted_step_s") or {}
+    console.print(
+        f"[bold]measured best[/]: {basis['best']}: step {fmt_s(basis['best_step_s'])} (95% CI {fmt_s(lo)}–{fmt_s(hi)}) "
+        f"against {fmt_s(basis['this_step_s'])} (95% CI {fmt_s(clo)}–{fmt_s(chi)}) with {basis['this']} "
+        f"— {basis['verdict'] or 'not compared'}"
+    )
+    if basis.get("gain"):
+        console.print(f"measured gain: {100 * basis['gain']:.0f}% of step time (significant)")
+    else:
+        console.print("measured gain: none significant — keep the current configuration")
+    if pred:
+        console.print(
+            "predicted by the model: "
+            + ", ".join(f"num_workers={k}: {fmt_s(float(v))}" for k, v in pred.items())
+        )
 
 
 # --- HTML / SVG ----------------------------------------------------------------------------------------
@@ -188,6 +247,7 @@ def to_html(doc: dict[str, Any]) -> str:
                 r["status"],
                 r["steps"],
                 fmt_s(r["step_median_s"]) if r["steps"] else "-",
+                "–".join(fmt_s(v) for v in r.get("step_ci_s") or []) if r["steps"] else "-",
                 f"{r['throughput']:.1f} {r['throughput_unit']}" if r["steps"] else "-",
                 fmt_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
                 r["error"],
@@ -203,7 +263,7 @@ text-align:left}}table{{border-collapse:collapse}}.plots{{display:flex;gap:24px;
 <body><h1>holoprof sweep</h1><p><code>{html.escape(" ".join(doc["command"]))}</code></p>
 <div class="plots">{_bars_svg(rows, best)}{_memory_svg(rows)}</div>
 <p><b>recommendation</b>: {html.escape(doc["reason"])}</p>
-<table><tr><th>configuration</th><th>status</th><th>steps</th><th>step (median)</th><th>throughput</th>
+<table><tr><th>configuration</th><th>status</th><th>steps</th><th>step (median)</th><th>95% CI</th><th>throughput</th>
 <th>peak memory</th><th>error</th></tr>{table_rows}</table>
 </body></html>
 """

@@ -12,6 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from holoprof.analyze.findings import gain_label
+
 PHASE_COLORS = {
     "data_wait": "red",
     "forward": "green",
@@ -88,6 +90,12 @@ def _header(doc: dict[str, Any]) -> Table:
     t.add_row("run", run["dir"])
     if cmd:
         t.add_row("command", cmd)
+    knobs = run.get("knobs") or {}
+    if knobs:
+        t.add_row(
+            "knobs",
+            ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in knobs.items()),
+        )
     code = run.get("exit_code")
     t.add_row(
         "status",
@@ -189,8 +197,9 @@ def _findings(doc: dict[str, Any]) -> Group:
         head = Text()
         head.append(f"[{f['severity']}] ", style=SEVERITY_COLORS.get(f["severity"], "white"))
         head.append(f["title"], style="bold")
-        if f.get("estimated_gain"):
-            head.append(f"  (up to {100 * f['estimated_gain']:.0f}% of step time)", style="dim")
+        gain = gain_label(f)
+        if gain:
+            head.append(f"  ({gain})", style="dim")
         scalars = {k: v for k, v in f["evidence"].items() if not isinstance(v, (dict, list))}
         nested = [k for k, v in f["evidence"].items() if isinstance(v, (dict, list))]
         ev = ", ".join(f"{k}={v}" for k, v in scalars.items())

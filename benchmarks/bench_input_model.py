@@ -1,0 +1,121 @@
+"""The input-pipeline model against measurements: predicted and measured step with 0/1/2 workers.
+
+Runs benchmarks/workloads/input_pipeline.py (sleep-bound, CPU-bound decode, small files, mixed) traced,
+with ``--set num_workers=N`` (applied by holoprof, the script unchanged), N = 0, 1, 2. From each run the
+model predicts the step with the other worker counts; the table gives each prediction's error against
+the measured median step of that configuration, and whether the configuration the model recommends
+from the 0-worker run is slower than the 0-worker run when measured.
+
+    python benchmarks/bench_input_model.py [--steps 60] [--repeat 2] [--kinds sleep,cpu,files,mixed]
+
+Each configuration runs ``--repeat`` times (interleaved); the measured step is the median over the
+steps of all its runs' and each prediction is the median of the predictions from its runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOAD = os.path.join(HERE, "workloads", "input_pipeline.py")
+WORKERS = (0, 1, 2)
+TARGET = 0.25
+
+
+def _traced(out: str, kind: str, workers: int, steps: int, data: str) -> None:
+    cmd = [sys.executable, "-m", "holoprof.cli", "run", "--no-report", "--out", out,
+           "--set", f"num_workers={workers}", "--", WORKLOAD, kind, "--steps", str(steps), "--data", data]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or f"num_workers={workers}" not in proc.stdout:
+        raise SystemExit(f"{kind} with {workers} workers failed:\n{proc.stdout}\n{proc.stderr[-2000:]}")
+
+
+def _analyze(run_dir: str) -> tuple[list[float], dict[int, float], int, float]:
+    """(step durations, predicted step per worker count, recommended workers, margin)."""
+    from holoprof.analyze.diff import step_durations
+    from holoprof.analyze.input_model import advise, margin, measure, predict
+    from holoprof.analyze.steps import loader_config, step_processes, step_stats
+    from holoprof.store.reader import load
+
+    run = load(run_dir)
+    try:
+        main = step_processes(run)[0]
+        st = step_stats(run, main, timeline_points=1)
+        x = measure(run, main, st, loader_config(run, main))
+        if x is None:
+            raise SystemExit(f"{run_dir}: the model has no inputs")
+        durations = step_durations(run)[2:]  # the first steps start the workers
+        return durations, {n: predict(x, n)["step_s"] for n in WORKERS}, advise(x).workers, margin(x)
+    finally:
+        run.con.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--kinds", default="sleep,cpu,files,mixed")
+    args = ap.parse_args()
+    kinds = args.kinds.split(",")
+    steps: dict[tuple[str, int], list[float]] = {}
+    preds: dict[tuple[str, int, int], list[float]] = {}
+    recs: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "files")
+        os.makedirs(data)
+        blob = __import__("zlib").compress(bytes(range(256)) * 64, 9)
+        for i in range(512):
+            with open(os.path.join(data, f"{i:05d}.bin"), "wb") as f:
+                f.write(blob)
+        for rep in range(args.repeat):
+            for kind in kinds:
+                for n in WORKERS if rep % 2 == 0 else WORKERS[::-1]:
+                    out = os.path.join(tmp, f"{kind}-{n}-{rep}")
+                    _traced(out, kind, n, args.steps, data)
+                    durations, pred, rec, _ = _analyze(out)
+                    steps.setdefault((kind, n), []).extend(durations)
+                    for m, v in pred.items():
+                        preds.setdefault((kind, n, m), []).append(v)
+                    if n == 0:
+                        recs.setdefault(kind, []).append(rec)
+    print("## Input-pipeline model: predicted against measured step time (bench_input_model.py)\n")
+    print(f"`python benchmarks/bench_input_model.py --steps {args.steps} --repeat {args.repeat}` on "
+          f"{os.cpu_count()} cores (os.sched_getaffinity: {len(os.sched_getaffinity(0))}). Measured: median "
+          "step over all runs of a configuration (first 2 steps of each run left out). Predicted: from a "
+          "run with the number of workers in the column header.\n")  # fmt: skip
+    print("| pipeline | workers | measured | from 0 workers | error | from 1 | error | from 2 | error |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    worst = 0.0
+    for kind in kinds:
+        for m in WORKERS:
+            meas = statistics.median(steps[(kind, m)])
+            cells = []
+            for n in WORKERS:
+                p = statistics.median(preds[(kind, n, m)])
+                err = (p - meas) / meas
+                if n != m:
+                    worst = max(worst, abs(err))
+                cells += [f"{1000 * p:.1f} ms", f"{100 * err:+.0f}%" if n != m else "(same run)"]
+            print(f"| {kind} | {m} | {1000 * meas:.1f} ms | " + " | ".join(cells) + " |")
+    print()
+    print("| pipeline | recommended from the 0-worker run | measured step there | vs 0 workers |")
+    print("| --- | ---: | ---: | ---: |")
+    slower = 0
+    for kind in kinds:
+        rec = statistics.mode(recs[kind])
+        base = statistics.median(steps[(kind, 0)])
+        there = statistics.median(steps[(kind, rec)])
+        if there > base * 1.02:
+            slower += 1
+        print(f"| {kind} | num_workers={rec} | {1000 * there:.1f} ms | {there / base:.2f}x |")
+    print(f"\nlargest prediction error: {100 * worst:.0f}% (target {100 * TARGET:.0f}%); "
+          f"recommendations measured slower than 0 workers: {slower}\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

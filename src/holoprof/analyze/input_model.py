@@ -1,0 +1,350 @@
+"""The input-pipeline model: the step time with N DataLoader workers on this machine.
+
+Stated with its assumptions in docs/input-pipeline.md. In short, from one run it measures (medians
+over the training loop's steps):
+
+* ``step_s`` (S0), ``wait_s`` (the data_wait per step) and ``compute_s = step_s - wait_s``;
+* ``loader_cpu_s`` / ``loader_wall_s`` / ``loader_runq_s``: CPU time, wall time, and the part of it
+  spent waiting for a CPU, of loading one batch (the dataset fetch: ``__getitem__`` and collate), in
+  the training process or in the workers;
+* ``ipc_cpu_s``: CPU the training process spends receiving one batch from a worker (measured when the
+  run has workers; :data:`IPC_DEFAULT_S` otherwise);
+* ``compute_cpu_s``: CPU of the training process per step outside the loader (all its threads);
+* ``cores`` (affinity and cgroup quota) and ``others_runnable`` (threads of other processes that
+  competed for them: from the training thread's run-queue wait, or the CPU samples), ``torch_threads``,
+  ``gpu``.
+
+and predicts the steady step with N workers as the largest of three bounds::
+
+    main      compute_base + ipc                 the training loop itself, batches ready
+    loaders   loader_wall / N                    N workers each making one batch per loader_wall
+    cores     (compute_cpu + ipc + loader_cpu) / (available * efficiency)   all CPU work shares them
+
+where ``available`` is the job's fair share of its cores beside the other processes' runnable
+threads, given its own busy threads (compute threads plus busy workers).
+
+``efficiency`` is 1 while the runnable threads (the training process's busy threads plus the busy
+workers) fit in the cores, and :data:`OVERSUBSCRIBED_EFFICIENCY` when they do not: torch's
+intra-op threads wait for each other at every parallel region, so a core taken by a worker stalls
+the whole region. With N = 0, the step is ``compute_base + loader_wall``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from holoprof.analyze.steps import ProcKey, StepStats
+from holoprof.store.reader import Run
+
+NS = 1e9
+#: CPU the training process spends per batch received from a worker when the run had none to
+#: measure it (unpickling the batch's tensors from shared memory; a chosen default, see
+#: docs/input-pipeline.md).
+IPC_DEFAULT_S = 0.0004
+#: Share of the cores' time that does useful work when more threads want to run than there are
+#: cores (a chosen constant that benchmarks/bench_input_model.py checks; docs/input-pipeline.md).
+OVERSUBSCRIBED_EFFICIENCY = 0.8
+#: Smallest predicted gain ever advised, whatever the noise (the diff's minimum effect).
+MIN_GAIN = 0.05
+
+
+@dataclass
+class PipelineInputs:
+    """What the model needs, measured on one run (seconds)."""
+
+    step_s: float
+    wait_s: float
+    compute_s: float
+    num_workers: int
+    loader_cpu_s: float
+    loader_wall_s: float
+    loader_runq_s: float  # of the wall time, waiting for a CPU (other work had the cores)
+    ipc_cpu_s: float
+    ipc_measured: bool
+    compute_cpu_s: float
+    compute_runq_s: float  # of compute_s, the training thread's wait for a CPU
+    cores: float  # the cores the job may use (affinity, cgroup quota)
+    others_runnable: float  # threads of other processes competing for those cores while it ran
+    cores_free: float  # the cores the job got at its measured configuration (from the two above)
+    torch_threads: int
+    gpu: bool
+    batches: int
+    noise: float  # relative half-width of the 95% interval of the median step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    if not s:
+        return 0.0
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
+def median_interval(xs: list[float]) -> tuple[float, float]:
+    """Distribution-free 95% confidence interval of the median (order statistics, normal
+    approximation of the binomial); the whole range for fewer than 6 values."""
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        return 0.0, 0.0
+    if n < 6:
+        return s[0], s[-1]
+    half = 1.96 * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return s[lo], s[hi]
+
+
+def _workers_of(run: Run, main: ProcKey) -> list[int]:
+    rows = run.rows(
+        "SELECT DISTINCT pid FROM processes WHERE host = ? AND ppid = ? AND role = 'dataloader_worker'",
+        [main.host, main.pid],
+    )
+    return [int(r[0]) for r in rows]
+
+
+def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> PipelineInputs | None:
+    """The model's inputs from ``run``'s training loop, or None when the run lacks them (a run
+    recorded before the loader's CPU was measured, a tf.data pipeline)."""
+    if st.count < 3 or not loader:
+        return None
+    rows = run.rows(
+        """SELECT start_ns, end_ns, json_extract(attrs, '$.cpu_ns'), json_extract(attrs, '$.proc_cpu_ns'),
+                  coalesce(json_extract(attrs, '$.thread_cpu_ns'), 0), coalesce(json_extract(attrs, '$.runq_ns'), 0),
+                  coalesce(json_extract(attrs, '$.thread_runq_ns'), 0)
+           FROM spans WHERE kind = 'phase' AND name = 'data_wait' AND host = ? AND pid = ? AND step >= 0
+           ORDER BY start_ns""",
+        [main.host, main.pid],
+    )
+    rows = [r for r in rows if r[2] is not None and r[3] is not None]
+    if len(rows) < 3:
+        return None
+    vals = [tuple(int(v) for v in r) for r in rows]
+    waits = [v[:4] for v in vals]
+    # the training thread between two waits: its CPU, and its time runnable but without a core
+    own = [
+        (b[4] - a[4] - a[2], b[6] - a[6] - a[5])
+        for a, b in itertools.pairwise(vals)
+        if b[4] and a[4] and b[4] - a[4] >= a[2] and b[6] - a[6] >= a[5]
+    ]
+    # CPU of the training process between the end of one wait and the start of the next: compute
+    compute_cpu = [(b[3] - a[3] - a[2]) / NS for a, b in itertools.pairwise(waits) if b[3] >= a[3] + a[2]]
+    main_wait_cpu = [w[2] / NS for w in waits]
+    workers = int(loader.get("num_workers") or 0)
+    if workers > 0:
+        pids = _workers_of(run, main)
+        if not pids:
+            return None
+        fetch = run.rows(
+            f"""SELECT (end_ns - start_ns), json_extract(attrs, '$.cpu_ns'),
+                       coalesce(json_extract(attrs, '$.runq_ns'), 0) FROM spans
+                WHERE kind = 'op' AND name = 'fetch' AND host = ? AND pid IN ({",".join(map(str, pids))})""",
+            [main.host],
+        )
+    else:
+        fetch = run.rows(
+            """SELECT (f.end_ns - f.start_ns), json_extract(f.attrs, '$.cpu_ns'),
+                      coalesce(json_extract(f.attrs, '$.runq_ns'), 0) FROM spans f
+               WHERE f.kind = 'op' AND f.name = 'fetch' AND f.host = ? AND f.pid = ? AND EXISTS (
+                 SELECT 1 FROM spans w WHERE w.kind = 'phase' AND w.name = 'data_wait' AND w.host = f.host
+                   AND w.pid = f.pid AND w.step >= 0 AND f.start_ns >= w.start_ns AND f.end_ns <= w.end_ns)""",
+            [main.host, main.pid],
+        )
+    fetch = [(int(w), int(c), int(q)) for w, c, q in fetch if c is not None]
+    if not fetch:
+        return None
+    wait = min(st.phases["data_wait"].median_s, st.median_s)
+    durations = _step_durations(run, main)
+    lo, hi = median_interval(durations)
+    med = _median(durations) or st.median_s
+    cores = float(loader.get("cores") or 1)
+    compute_s = max(st.median_s - wait, 0.0)
+    compute_cpu_s = _median(compute_cpu)
+    loader_cpu_s = _median([c / NS for _, c, _ in fetch])
+    busy = min(
+        max(1.0, compute_cpu_s / compute_s if compute_s > 0 else 1.0),
+        max(1.0, float(loader.get("torch_threads") or 1)),
+    )
+    if workers > 0 and st.median_s > 0:
+        busy += min(float(workers), loader_cpu_s / st.median_s)
+    others = others_runnable(run, st, cores, int(loader.get("host_cpus") or 0), own, busy)
+    return PipelineInputs(
+        step_s=st.median_s,
+        wait_s=wait,
+        compute_s=compute_s,
+        num_workers=workers,
+        loader_cpu_s=loader_cpu_s,
+        loader_wall_s=_median([w / NS for w, _, _ in fetch]),
+        loader_runq_s=_median([q / NS for _, _, q in fetch]),
+        ipc_cpu_s=_median(main_wait_cpu) if workers > 0 else IPC_DEFAULT_S,
+        ipc_measured=workers > 0,
+        compute_cpu_s=compute_cpu_s,
+        compute_runq_s=min(compute_s, _median([q / NS for _, q in own])),
+        cores=cores,
+        others_runnable=others,
+        cores_free=round(available(cores, others, busy), 3),
+        torch_threads=int(loader.get("torch_threads") or 1),
+        gpu=bool(loader.get("gpu")),
+        batches=len(fetch),
+        noise=max(med - lo, hi - med) / med if med > 0 else 1.0,
+    )
+
+
+def available(cores: float, others: float, threads: float) -> float:
+    """Cores a job with ``threads`` runnable threads gets beside ``others`` runnable threads of other
+    processes: all of ``cores`` while everything fits, else its fair share (what Linux's scheduler
+    aims at), ``cores * threads / (others + threads)``."""
+    t = max(threads, 1.0)
+    return cores if others + t <= cores else cores * t / (others + t)
+
+
+def others_runnable(
+    run: Run, st: StepStats, cores: float, host_cpus: int, own: list[tuple[int, int]], busy: float
+) -> float:
+    """Runnable threads of other processes that shared the job's cores while it ran.
+
+    From the training thread itself when the kernel reports its run-queue wait: between two fetches
+    it ran a share ``s`` of the time it was runnable; with ``busy`` runnable threads of its own and
+    fair sharing, ``s = cores / (others + busy)`` (when the threads outnumber the cores). Otherwise from
+    the CPU samples: the cores the rest of the machine used (``host.cpu_percent`` of all its CPUs less
+    ``job.cpu_percent``)."""
+    cpu, runq = sum(c for c, _ in own), sum(q for _, q in own)
+    if cpu > 0 and runq > 0:
+        share = cpu / (cpu + runq)
+        return round(max(0.0, cores / share - max(busy, 1.0)), 3) if share < 0.98 else 0.0
+    if host_cpus <= 0:
+        return 0.0
+    rows = run.rows(
+        """SELECT h.value, j.value FROM samples h JOIN samples j ON h.ts_ns = j.ts_ns
+           WHERE h.name = 'host.cpu_percent' AND j.name = 'job.cpu_percent' AND h.target_pid = -1
+             AND j.target_pid = -1 AND h.ts_ns BETWEEN ? AND ?""",
+        [st.first_start_ns, st.last_end_ns],
+    )
+    if not rows:
+        return 0.0
+    return round(_median([max(0.0, h / 100 * host_cpus - j / 100) for h, j in rows]), 3)
+
+
+def _step_durations(run: Run, main: ProcKey) -> list[float]:
+    rows = run.rows(
+        "SELECT (end_ns - start_ns) / 1e9 FROM spans WHERE kind = 'step' AND host = ? AND pid = ? AND end_ns >= start_ns",
+        [main.host, main.pid],
+    )
+    return [float(r[0]) for r in rows]
+
+
+# --- the model ---------------------------------------------------------------------------------------
+def _parallelism(x: PipelineInputs) -> float:
+    """Busy threads of the training process while it computes (1 .. torch threads)."""
+    if x.compute_s <= 0:
+        return 1.0
+    return min(max(1.0, x.compute_cpu_s / x.compute_s), max(1.0, float(x.torch_threads)))
+
+
+def _oversubscribed(busy_main: float, busy_workers: float, cores: float) -> bool:
+    return busy_main + busy_workers > cores + 0.25
+
+
+def base_compute(x: PipelineInputs) -> float:
+    """The training loop's own time per step without loading and without contention."""
+    if x.num_workers == 0:
+        return x.compute_s
+    own = max(x.compute_s - x.ipc_cpu_s, 0.0)
+    busy_workers = min(float(x.num_workers), x.loader_cpu_s / x.step_s if x.step_s > 0 else 0.0)
+    if _oversubscribed(_parallelism(x), busy_workers, x.cores_free):
+        # measured under contention: at best the CPU it used spread over its threads
+        return max(
+            own * OVERSUBSCRIBED_EFFICIENCY, x.compute_cpu_s / max(1.0, min(x.torch_threads, x.cores_free))
+        )
+    return own
+
+
+def predict(x: PipelineInputs, workers: int) -> dict[str, float]:
+    """Predicted steady step time (s) with ``workers`` DataLoader workers, and its three bounds."""
+    compute = base_compute(x)
+    if workers <= 0:
+        step = compute + x.loader_wall_s
+        return {"step_s": step, "main_s": step, "loaders_s": x.loader_wall_s, "cores_s": 0.0}
+    main = compute + x.ipc_cpu_s
+    loaders = x.loader_wall_s / workers
+    cpu = x.compute_cpu_s + x.ipc_cpu_s + x.loader_cpu_s
+    p = _parallelism(x)
+    k = available(x.cores, x.others_runnable, p + workers)
+    step = max(main, loaders, cpu / k)
+    eff = 1.0
+    for _ in range(20):  # the cores it gets and their efficiency depend on how busy the workers are
+        busy_workers = min(float(workers), x.loader_cpu_s / step)
+        k = available(x.cores, x.others_runnable, p + busy_workers)
+        eff = OVERSUBSCRIBED_EFFICIENCY if _oversubscribed(p, busy_workers, k) else 1.0
+        nxt = max(main, loaders, cpu / (k * eff))
+        if abs(nxt - step) < 1e-9:
+            break
+        step = nxt
+    return {"step_s": step, "main_s": main, "loaders_s": loaders, "cores_s": cpu / (k * eff)}
+
+
+def quiet(x: PipelineInputs) -> PipelineInputs:
+    """``x`` as it would be on the same machine with no other process competing: the waits for a CPU
+    taken out of the loading and compute times."""
+    return replace(
+        x,
+        others_runnable=0.0,
+        loader_wall_s=max(x.loader_cpu_s, x.loader_wall_s - x.loader_runq_s),
+        loader_runq_s=0.0,
+        compute_s=max(0.0, x.compute_s - x.compute_runq_s),
+        compute_runq_s=0.0,
+    )
+
+
+def margin(x: PipelineInputs) -> float:
+    """The smallest relative gain worth advising: the measurement's noise, at least :data:`MIN_GAIN`."""
+    return max(MIN_GAIN, x.noise)
+
+
+@dataclass
+class Advice:
+    workers: int  # the recommended num_workers (== current when nothing helps)
+    predicted_step_s: float
+    gain: float  # predicted fraction of the step saved (0 when nothing is advised)
+    candidates: dict[int, float]  # num_workers -> predicted step (s)
+    limit: str  # what bounds the step at the recommended configuration: main | loaders | cores
+    advised: bool
+
+
+def advise(x: PipelineInputs, max_workers: int | None = None) -> Advice:
+    """The best worker count the model sees, advised only if it beats the measured step by more than
+    the noise and is no slower than the current one on the machine without its other load (a gain
+    taken from other processes' share of the cores must not turn into a loss when they stop);
+    otherwise the current one, with ``advised`` False."""
+    top = max(x.num_workers, max_workers if max_workers is not None else max(2, round(2 * x.cores)))
+    cands = {n: predict(x, n)["step_s"] for n in range(0, top + 1)}
+    # a count that only wins by taking cores from other processes must not lose once they are gone
+    q = quiet(x)
+    now_quiet = predict(q, x.num_workers)["step_s"]
+    safe = [n for n in cands if n == x.num_workers or predict(q, n)["step_s"] <= now_quiet]
+    best = min(safe, key=lambda n: (cands[n], n))
+    # the smallest count within 2% of the best: as fast, fewer processes and cores
+    best = min(n for n in safe if cands[n] <= cands[best] * 1.02)
+    b = predict(x, best)
+    # what bounds the step: at the best count, or (when that is none) at the best count with workers
+    with_workers = min((n for n in cands if n > 0), key=lambda n: (cands[n], n), default=best)
+    lim = b if best > 0 else predict(x, with_workers)
+    limit = max(
+        ("main", lim["main_s"]), ("loaders", lim["loaders_s"]), ("cores", lim["cores_s"]), key=lambda t: t[1]
+    )[0]
+    gain = 1 - b["step_s"] / x.step_s if x.step_s > 0 else 0.0
+    ok = best != x.num_workers and gain >= margin(x)
+    return Advice(
+        workers=best if ok else x.num_workers,
+        predicted_step_s=b["step_s"] if ok else x.step_s,
+        gain=gain if ok else 0.0,
+        candidates={n: round(v, 6) for n, v in cands.items()},
+        limit=limit,
+        advised=ok,
+    )

@@ -1,0 +1,152 @@
+"""`holoprof tune -- COMMAND`: from the input_bound finding to a measured fix, with no code change.
+
+    holoprof tune [--steps N] [--out DIR] [--json] -- python train.py
+
+1. runs COMMAND traced for ``--steps`` steps (default 30) and reads its ``input_bound`` finding;
+2. sweeps the DataLoader knobs that finding names — ``num_workers``: the current value and the
+   model's best predictions (``pin_memory`` too when the job trains on a GPU) — each applied inside the
+   job by the agent (``holoprof sweep --set``), the current configuration measured again beside them;
+3. prints the sweep and the measured best: its step time with the 95% interval, against the current
+   configuration's, and whether the diff's test calls it significantly faster. The finding is printed
+   again with its gain labelled ``measured``.
+
+A run that is not input-bound, or whose loader the model cannot describe (a tf.data pipeline: use
+``holoprof sweep --set num_parallel_calls=...``), ends after step 1 with one line saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from holoprof.analyze.sweep import SweepResult, SweepRow, measurement, run_config, sweep
+from holoprof.errors import HoloprofError
+
+SCHEMA = "holoprof.tune/1"
+DEFAULT_STEPS = 30
+
+
+def candidates(finding: dict[str, Any]) -> dict[str, list[str]]:
+    """The knob values worth measuring, from the finding's model: the current worker count and the
+    (up to) two best predicted ones; pin_memory only for a job on a GPU."""
+    ev = finding.get("evidence") or {}
+    model = ev.get("model") or {}
+    pred = {int(k): float(v) for k, v in (model.get("predicted_step_s") or {}).items()}
+    if not pred:
+        return {}
+    cur = int(ev.get("num_workers") or 0)
+    best = sorted(pred, key=lambda n: (pred[n], n))[:2]
+    knobs = {"num_workers": [str(n) for n in sorted({cur, *best})]}
+    if (model.get("inputs") or {}).get("gpu") and not ev.get("pin_memory"):
+        knobs["pin_memory"] = ["false", "true"]
+    return knobs
+
+
+def measured_finding(finding: dict[str, Any], result: SweepResult, current: dict[str, str]) -> dict[str, Any]:
+    """``finding`` with its gain measured by ``result``: the best configuration against ``current``."""
+    doc = result.to_dict()
+    rows = result.rows
+    cur = next((i for i, r in enumerate(rows) if r.knobs == current), None)
+    best = result.recommended
+    out = dict(finding)
+    basis = measurement(doc, cur) if cur is not None else None
+    if basis is None or best is None:
+        return out
+    out["gain_kind"] = "measured"
+    out["gain_basis"] = basis
+    out["estimated_gain"] = basis["gain"]
+    return out
+
+
+def _input_bound(run_dir: str) -> dict[str, Any] | None:
+    from holoprof.analyze.report import build_report
+    from holoprof.store.reader import load
+
+    doc = build_report(load(run_dir))
+    return next((f for f in doc["findings"] if f["id"] == "input_bound"), None)
+
+
+def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> dict[str, Any]:
+    from holoprof.analyze.sweep import check_template
+    from holoprof.launch.run import resolve_command
+
+    check_template(command, {})
+    resolve_command(command)
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise HoloprofError(f"{out_dir} exists and is not empty; give another --out directory")
+    os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    if progress is not None:
+        progress("measuring the job as it is")
+    base: SweepRow = run_config(command, {}, out_dir, steps, None, None, {})
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "command": command,
+        "out_dir": os.path.abspath(out_dir),
+        "baseline": base.run_dir,
+    }
+    if base.steps == 0:
+        doc["message"] = f"the job made no training steps ({base.error or base.status}; log: {base.log})"
+        return doc
+    finding = _input_bound(base.run_dir)
+    doc["finding"] = finding
+    if finding is None:
+        doc["message"] = (
+            "the job is not input-bound (it waits for data less than 5% of a step): nothing to tune"
+        )
+        return doc
+    knobs = candidates(finding)
+    if not knobs:
+        doc["message"] = (
+            "the loader could not be modelled (no DataLoader measurements, e.g. a tf.data pipeline); measure "
+            "its knobs with: holoprof sweep --set num_parallel_calls=1,autotune -- COMMAND"
+        )
+        return doc
+    if progress is not None:
+        progress("sweeping " + ", ".join(k + "=" + ",".join(v) for k, v in knobs.items()))
+    result = sweep(command, {}, os.path.join(out_dir, "sweep"), steps, None, None, None, knobs)
+    current = {"num_workers": str(int(finding["evidence"].get("num_workers") or 0))}
+    if "pin_memory" in knobs:
+        current["pin_memory"] = "false"
+    doc["sweep"] = result.to_dict()
+    doc["measured"] = measured_finding(finding, result, current)
+    return doc
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--steps", type=int, default=DEFAULT_STEPS, help=f"steps per run (default {DEFAULT_STEPS})"
+    )
+    p.add_argument("--out", help="directory for the runs (default: ./holoprof-runs/<time>-tune)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (schema holoprof.tune/1)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+
+
+def main(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.steps <= 0:
+        raise HoloprofError("--steps must be a positive number of steps, e.g. --steps 30")
+    out = args.out or os.path.join("holoprof-runs", time.strftime("%Y%m%d-%H%M%S") + "-tune")
+
+    def progress(what: str) -> None:
+        sys.stderr.write(f"holoprof: tune: {what}\n")
+        sys.stderr.flush()
+
+    doc = tune(command, out, args.steps, progress)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    from holoprof.present.sweep import render, render_measured
+
+    if "message" in doc:
+        sys.stdout.write(f"{doc['message']}\n")
+        return 0
+    render(doc["sweep"])
+    render_measured(doc["measured"])
+    return 0

@@ -1,0 +1,268 @@
+"""Knobs applied inside the job with no code change: ``holoprof run --set NAME=VALUE``.
+
+The values travel in the agent options (``options["knobs"]``, also kept in the run's manifest) and
+are applied by this collector in the job's own process:
+
+========================  ========================================================================
+``num_workers``           every ``torch.utils.data.DataLoader`` built by the job (keyword
+``prefetch_factor``       arguments replaced at construction; ``prefetch_factor`` and
+``pin_memory``            ``persistent_workers`` only where the loader ends up with workers, since
+``persistent_workers``    PyTorch refuses them without)
+``batch_size``            DataLoaders built from a dataset with a ``batch_size`` (not with a
+                          ``batch_sampler``, whose batches are the job's own)
+``torch_threads``         ``torch.set_num_threads`` in the main process right after ``import torch``;
+                          the job's own later calls there are held to the knob (DataLoader workers
+                          keep their one thread)
+``num_parallel_calls``    tf.data: ``Dataset.map(..., num_parallel_calls=...)`` of the job's pipeline
+``prefetch``              tf.data: the buffer of the job's ``Dataset.prefetch(...)`` calls
+                          (``autotune`` for ``tf.data.AUTOTUNE``)
+========================  ========================================================================
+
+What was applied is recorded in the process's row (``processes.info["knobs"]``: the values asked for
+and, per knob, how many times it was applied or why not), so a run says which configuration it
+measured; each DataLoader's ``dataloader`` op span records the values it really has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+from holoprof.agent.core import Agent, Collector
+from holoprof.agent.setup import post_import_finder
+from holoprof.errors import HoloprofError
+
+LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
+TF_KNOBS = ("num_parallel_calls", "prefetch")
+KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS)
+_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def parse_value(name: str, text: str) -> Any:
+    """The typed value of knob ``name`` written as ``text``; HoloprofError naming the fix if invalid."""
+    t = text.strip().lower()
+    if name not in KNOBS:
+        raise HoloprofError(f"unknown knob {name!r}; knobs are: {', '.join(KNOBS)}")
+    if name in ("pin_memory", "persistent_workers"):
+        if t not in _BOOL:
+            raise HoloprofError(f"bad value {text!r} for {name}: write true or false")
+        return _BOOL[t]
+    if name in TF_KNOBS and t == "autotune":
+        return "autotune"
+    low = 0 if name == "num_workers" else 1
+    try:
+        v = int(t)
+    except ValueError:
+        v = low - 1
+    if v < low:
+        extra = " or autotune" if name in TF_KNOBS else ""
+        raise HoloprofError(f"bad value {text!r} for {name}: write an integer >= {low}{extra}")
+    return v
+
+
+def parse_assignments(specs: list[str], flag: str = "--set") -> dict[str, list[Any]]:
+    """``["num_workers=0,2", "pin_memory=true"]`` -> ``{"num_workers": [0, 2], "pin_memory": [True]}``."""
+    out: dict[str, list[Any]] = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip()
+        if not sep or not values.strip():
+            raise HoloprofError(
+                f"bad {flag} {spec!r}: write KNOB=VALUE[,VALUE...], e.g. {flag} num_workers=0,2"
+            )
+        if name in out:
+            raise HoloprofError(f"{flag} {name} is given twice; list all its values in one: {name}=a,b")
+        out[name] = [parse_value(name, v) for v in values.split(",")]
+    return out
+
+
+def text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# --- holoprof run --set ------------------------------------------------------------------------------
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        dest="knobs",
+        metavar="KNOB=VALUE",
+        help=f"apply a knob inside the job with no code change (repeatable): {', '.join(KNOBS)}",
+    )
+
+
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    specs = getattr(args, "knobs", None)
+    if not specs:
+        return {}
+    parsed = parse_assignments(list(specs))
+    many = [k for k, v in parsed.items() if len(v) != 1]
+    if many:
+        raise HoloprofError(
+            f"holoprof run --set takes one value per knob ({many[0]} has {len(parsed[many[0]])}); "
+            "use holoprof sweep --set to measure several"
+        )
+    return {"knobs": {k: v[0] for k, v in parsed.items()}}
+
+
+# --- in the job --------------------------------------------------------------------------------------
+class KnobCollector(Collector):
+    name = "knobs"
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(agent)
+        raw = agent.options.get("knobs") or {}
+        self.knobs: dict[str, Any] = {k: v for k, v in raw.items() if k in KNOBS}
+        self.pid = os.getpid()
+        self.applied: dict[str, Any] = {}
+
+    def install(self) -> None:
+        if not self.knobs:
+            return
+        self.agent.info["knobs"] = {"set": dict(self.knobs), "applied": self.applied}
+        if any(k in self.knobs for k in (*LOADER_KNOBS, "torch_threads")):
+            post_import_finder().add("torch", self._guard(self._on_torch))
+        if any(k in self.knobs for k in TF_KNOBS):
+            post_import_finder().add("tensorflow", self._guard(self._on_tensorflow))
+
+    def after_fork_child(self) -> None:
+        self.applied.clear()  # a DataLoader worker: what its parent applied is in the parent's row
+
+    def _guard(self, fn: Any) -> Any:
+        def hook(module: ModuleType) -> None:
+            if not self.enabled:
+                return
+            try:
+                fn(module)
+            except Exception as exc:
+                self.agent.fail(self, exc)
+
+        return hook
+
+    def _count(self, knob: str, note: str = "applied") -> None:
+        entry = self.applied.setdefault(knob, {})
+        entry[note] = entry.get(note, 0) + 1
+
+    # -- PyTorch ---------------------------------------------------------------------------------
+    def _on_torch(self, torch: ModuleType) -> None:
+        import torch.utils.data.dataloader as dl_mod
+
+        knobs = self.knobs
+        col = self
+        if "torch_threads" in knobs and os.getpid() == self.pid:
+            n = int(knobs["torch_threads"])
+            orig_set = torch.set_num_threads
+            torch.set_num_threads(n)
+            self._count("torch_threads")
+
+            def set_num_threads(k: int) -> None:
+                # DataLoader workers (forked, or spawned: their _worker_loop asks) keep their one thread
+                worker = sys._getframe(1).f_code.co_name == "_worker_loop" or os.getpid() != col.pid
+                if col.enabled and not worker:
+                    col._count("torch_threads", f"held at {n} (the job asked for {k})")
+                    return orig_set(n)
+                return orig_set(k)
+
+            set_num_threads.__wrapped__ = orig_set  # type: ignore[attr-defined]
+            self._set(torch, "set_num_threads", set_num_threads)
+        if not any(k in knobs for k in LOADER_KNOBS):
+            return
+        cls = dl_mod.DataLoader
+        orig_init = cls.__init__
+
+        def __init__(self_: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
+            if col.enabled:
+                try:
+                    kwargs = col._loader_kwargs(orig_init, dataset, args, kwargs)
+                    args = ()
+                except TypeError:
+                    pass  # arguments DataLoader itself refuses: it says so, below, as it would untraced
+                except Exception as exc:
+                    col.agent.fail(col, exc)
+            orig_init(self_, dataset, *args, **kwargs)
+
+        __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
+        self._set(cls, "__init__", __init__)
+
+    def _loader_kwargs(
+        self, orig_init: Any, dataset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        import inspect
+
+        bound = inspect.signature(orig_init).bind(None, dataset, *args, **kwargs)
+        kw = dict(bound.arguments)
+        kw.pop("self", None)
+        kw.pop("dataset", None)
+        extra = kw.pop("kwargs", None)  # a **kwargs catch-all, if this DataLoader has one
+        if isinstance(extra, dict):
+            kw.update(extra)
+        knobs = self.knobs
+        if "num_workers" in knobs:
+            kw["num_workers"] = int(knobs["num_workers"])
+            self._count("num_workers")
+        if "pin_memory" in knobs:
+            kw["pin_memory"] = bool(knobs["pin_memory"])
+            self._count("pin_memory")
+        workers = int(kw.get("num_workers") or 0)
+        for k in ("prefetch_factor", "persistent_workers"):
+            if k not in knobs:
+                continue
+            if workers > 0:
+                kw[k] = knobs[k]
+                self._count(k)
+            else:
+                self._count(k, "not applied: the loader has num_workers=0")
+        if workers == 0 and kw.get("prefetch_factor") is not None and "num_workers" in knobs:
+            kw["prefetch_factor"] = None  # the job's own value is refused by PyTorch without workers
+        if workers == 0 and kw.get("persistent_workers") and "num_workers" in knobs:
+            kw["persistent_workers"] = False
+        if "batch_size" in knobs:
+            if kw.get("batch_sampler") is not None or kw.get("batch_size", 1) is None:
+                self._count("batch_size", "not applied: the loader has its own batch_sampler")
+            else:
+                kw["batch_size"] = int(knobs["batch_size"])
+                self._count("batch_size")
+        return kw
+
+    # -- tf.data ----------------------------------------------------------------------------------
+    def _on_tensorflow(self, tf: ModuleType) -> None:
+        data: Any = getattr(tf, "data", None)
+        ds = getattr(data, "Dataset", None)
+        if ds is None:
+            return
+        knobs = self.knobs
+        col = self
+
+        def tf_value(v: Any) -> Any:
+            return data.AUTOTUNE if v == "autotune" else int(v)
+
+        if "num_parallel_calls" in knobs:
+            orig_map = ds.map
+
+            def map(self_: Any, *args: Any, **kwargs: Any) -> Any:
+                if col.enabled:
+                    import inspect
+
+                    bound = inspect.signature(orig_map).bind(self_, *args, **kwargs)
+                    bound.arguments["num_parallel_calls"] = tf_value(knobs["num_parallel_calls"])
+                    col._count("num_parallel_calls")
+                    return orig_map(*bound.args, **bound.kwargs)
+                return orig_map(self_, *args, **kwargs)
+
+            map.__wrapped__ = orig_map  # type: ignore[attr-defined]
+            self._set(ds, "map", map)
+        if "prefetch" in knobs:
+            orig_prefetch = ds.prefetch
+
+            def prefetch(self_: Any, buffer_size: Any = None, *args: Any, **kwargs: Any) -> Any:
+                if col.enabled:
+                    buffer_size = tf_value(knobs["prefetch"])
+                    col._count("prefetch")
+                return orig_prefetch(self_, buffer_size, *args, **kwargs)
+
+            prefetch.__wrapped__ = orig_prefetch  # type: ignore[attr-defined]
+            self._set(ds, "prefetch", prefetch)

@@ -1,0 +1,310 @@
+"""Knobs applied inside the job with no code change, and an input-pipeline model that never advises a
+slowdown: real traced runs of small scripts, and the model's promises checked as properties."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import error_lines, run_holoprof, traced
+from holoprof.analyze.input_model import PipelineInputs, advise, margin, predict, quiet
+
+# An ordinary script: a slow __getitem__ (a wait, or CPU work), a tiny model. It prints what its own
+# DataLoader and torch really have, so the test sees the knobs from inside the job.
+SCRIPT = """
+import argparse, os, time, zlib
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--kind", default="sleep")
+ap.add_argument("--batches", type=int, default=40)
+ap.add_argument("--one-core", action="store_true")
+args = ap.parse_args()
+if args.one_core:
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+RAW = bytes(range(256)) * 256
+
+class Samples(Dataset):
+    def __len__(self):
+        return 4 * args.batches
+    def __getitem__(self, i):
+        if args.kind == "sleep":
+            time.sleep(0.002)
+        else:
+            for _ in range(8):  # about 2 ms of CPU: a decode
+                zlib.compress(RAW, 6)
+        return torch.full((8,), float(i % 5)), i % 2
+
+def worker_init(_):
+    print(f"worker threads={torch.get_num_threads()}", flush=True)
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+loader = DataLoader(Samples(), batch_size=4, worker_init_fn=worker_init)
+print(f"loader num_workers={loader.num_workers} pin_memory={loader.pin_memory} threads={torch.get_num_threads()}", flush=True)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+steps = 0
+for x, y in loader:
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    steps += 1
+print(f"steps={steps}")
+"""
+
+
+@pytest.fixture(scope="module")
+def script_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("knobs")
+    (tmp / "train.py").write_text(SCRIPT)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def swept(script_dir: Path) -> dict[str, Any]:
+    proc = run_holoprof(
+        "sweep", "--set", "num_workers=0,2", "--set", "torch_threads=2", "--steps", "12",
+        "--out", str(script_dir / "runs"), "--json", "--", "train.py", cwd=script_dir, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_sweep_applies_num_workers_inside_the_unchanged_script(swept: dict[str, Any]) -> None:
+    rows = swept["rows"]
+    assert [r["knobs"] for r in rows] == [
+        {"num_workers": "0", "torch_threads": "2"},
+        {"num_workers": "2", "torch_threads": "2"},
+    ]
+    for r, n in zip(rows, (0, 2), strict=True):
+        log = Path(r["log"]).read_text()
+        assert f"loader num_workers={n} pin_memory=False threads=2" in log, log  # the job's own DataLoader
+        assert r["loader"]["num_workers"] == n  # the DataLoader as the trace recorded it
+        assert r["applied"]["set"] == {"num_workers": n, "torch_threads": 2}
+        assert r["applied"]["applied"]["num_workers"] == {"applied": 1}
+        # the script's own torch.set_num_threads(1) was held to the knob; its workers kept one thread
+        assert r["applied"]["applied"]["torch_threads"] == {
+            "applied": 1,
+            "held at 2 (the job asked for 1)": 1,
+        }
+        assert log.count("worker threads=1") == n
+        manifest = json.loads((Path(r["run_dir"]) / "manifest.json").read_text())
+        assert manifest["options"]["knobs"] == {"num_workers": n, "torch_threads": 2}
+        assert manifest["status"] == "finished" and manifest["exit_code"] == 0
+
+
+def test_steps_bound_each_configuration_and_the_run_is_complete(swept: dict[str, Any]) -> None:
+    for r in swept["rows"]:
+        assert r["status"] == "ok" and r["steps"] == 12  # the script would make 40
+        assert "steps=" not in Path(r["log"]).read_text()  # ended after step 12, before its loop ended
+        lo, hi = r["step_ci_s"]
+        assert lo <= r["step_median_s"] <= hi
+        tlo, thi = r["throughput_ci"]
+        assert tlo <= r["throughput"] <= thi and r["throughput_unit"] == "samples/s"
+
+
+def test_the_best_is_compared_with_the_diffs_test(swept: dict[str, Any]) -> None:
+    best = swept["recommended_index"]
+    assert best is not None
+    (comp,) = swept["comparisons"]
+    assert comp["against_index"] == 1 - best
+    assert 0 <= comp["p_value"] <= 1
+    assert isinstance(comp["significant"], bool)
+    assert ("; significantly faster than" in swept["reason"]) == comp["significant"]
+    assert ("not significantly faster than" in swept["reason"]) == (not comp["significant"])
+
+
+def test_a_report_of_a_swept_run_shows_its_knobs_and_a_measured_gain(swept: dict[str, Any]) -> None:
+    slow = swept["rows"][0]
+    proc = run_holoprof("report", slow["run_dir"], "--json", cwd=Path(slow["run_dir"]).parent)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["run"]["knobs"] == {"num_workers": 0, "torch_threads": 2}
+    (f,) = [f for f in doc["findings"] if f["id"] == "input_bound"]
+    assert f["gain_kind"] == "measured"
+    basis = f["gain_basis"]
+    assert (
+        basis["this"] == slow["label"] and basis["best"] == swept["rows"][swept["recommended_index"]]["label"]
+    )
+    assert basis["this_interval_s"] == slow["step_ci_s"]
+    text = run_holoprof("report", slow["run_dir"], cwd=Path(slow["run_dir"]).parent).stdout
+    assert "measured:" in text and "knobs" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sweep", "--set", "num_wrkers=0,2"], "unknown knob 'num_wrkers'; knobs are: num_workers"),
+        (["sweep", "--set", "num_workers=-1"], "bad value '-1' for num_workers: write an integer >= 0"),
+        (["sweep", "--set", "pin_memory=maybe"], "bad value 'maybe' for pin_memory: write true or false"),
+        (["sweep", "--set", "prefetch=0"], "write an integer >= 1 or autotune"),
+        (["sweep", "--set", "num_workers"], "bad --set 'num_workers': write KNOB=VALUE"),
+        (["run", "--set", "num_workers=1,2"], "use holoprof sweep --set to measure several"),
+    ],
+)
+def test_bad_knobs_are_one_line_and_exit_2(script_dir: Path, args: list[str], message: str) -> None:
+    proc = run_holoprof(*args, "--", "train.py", cwd=script_dir)
+    assert proc.returncode == 2, proc.stderr
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("holoprof: error:"), proc.stderr
+    assert message in lines[0]
+
+
+def test_cpu_bound_loader_on_one_core_is_told_no_worker_helps(tmp_path: Path) -> None:
+    # All of a step's work is CPU on one core: no worker count can make it faster, so the finding
+    # says what would help instead, with no gain and no pin_memory (there is no GPU).
+    (tmp_path / "train.py").write_text(SCRIPT)
+    run = traced(tmp_path, "train.py", "--kind", "cpu", "--batches", "30", "--one-core")
+    assert run.proc.returncode == 0, run.proc.stderr
+    (f,) = [f for f in run.report["findings"] if f["id"] == "input_bound"]
+    model = f["evidence"]["model"]
+    assert model["inputs"]["cores"] == 1 and model["inputs"]["gpu"] is False
+    assert model["inputs"]["loader_cpu_s"] > 0 and model["inputs"]["compute_cpu_s"] > 0
+    assert model["recommended_workers"] == 0 and f["estimated_gain"] == 0
+    assert "already as good as this machine allows" in f["recommendation"]
+    assert "cheaper decode" in f["recommendation"] and "caching decoded samples" in f["recommendation"]
+    assert "pin_memory" not in f["recommendation"]
+    assert f["gain_kind"] == "predicted" and f["gain_basis"]["model"] == "input_pipeline"
+
+
+def test_wait_bound_loader_on_this_machine_is_advised_workers_without_pin_memory(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    run = traced(tmp_path, "train.py", "--kind", "sleep", "--batches", "30")
+    assert run.proc.returncode == 0, run.proc.stderr
+    (f,) = [f for f in run.report["findings"] if f["id"] == "input_bound"]
+    model = f["evidence"]["model"]
+    # 8 ms of sleeping per batch against well under a millisecond of CPU: workers overlap the waits
+    assert model["inputs"]["loader_wall_s"] > 5 * model["inputs"]["loader_cpu_s"]
+    pred = {int(k): v for k, v in model["predicted_step_s"].items()}
+    assert pred[2] < pred[0]
+    if model["recommended_workers"] > 0:  # advised only when it beats the measured step's noise
+        assert f"num_workers={model['recommended_workers']}" in f["recommendation"]
+        assert 0 < f["estimated_gain"] < 1
+    assert "pin_memory" not in f["recommendation"]
+
+
+# --- the model's promises, as properties ------------------------------------------------------------
+ms = st.floats(min_value=1e-4, max_value=0.2)
+
+
+@st.composite
+def measured(draw: Any) -> PipelineInputs:
+    workers = draw(st.integers(0, 4))
+    compute = draw(ms)
+    loader_cpu = draw(ms)
+    loader_wall = loader_cpu + draw(st.floats(0, 0.2))
+    threads = draw(st.integers(1, 4))
+    cores = float(draw(st.integers(1, 8)))
+    wait = draw(st.floats(0, 0.2))
+    return PipelineInputs(
+        step_s=compute + wait, wait_s=wait, compute_s=compute, num_workers=workers,
+        loader_cpu_s=loader_cpu, loader_wall_s=loader_wall, loader_runq_s=draw(st.floats(0, 0.05)), ipc_cpu_s=draw(st.floats(0, 0.002)),
+        ipc_measured=workers > 0, compute_cpu_s=compute * draw(st.floats(0.5, float(threads))),
+        compute_runq_s=compute * draw(st.floats(0, 0.5)),
+        cores=cores, others_runnable=draw(st.floats(0, 16)), cores_free=cores, torch_threads=threads, gpu=draw(st.booleans()),
+        batches=50, noise=draw(st.floats(0, 0.3)),
+    )  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(measured())
+def test_advice_is_never_a_predicted_slowdown(x: PipelineInputs) -> None:
+    a = advise(x)
+    if a.advised:
+        assert a.workers != x.num_workers
+        assert a.predicted_step_s <= x.step_s * (1 - margin(x)) + 1e-12
+        assert a.gain >= margin(x) - 1e-12
+        q = quiet(x)  # and no slower once the other processes competing for the cores are gone
+        assert predict(q, a.workers)["step_s"] <= predict(q, x.num_workers)["step_s"] + 1e-12
+    else:
+        assert a.workers == x.num_workers and a.gain == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(measured(), st.integers(1, 16))
+def test_no_prediction_beats_the_cores_or_the_training_loop(x: PipelineInputs, n: int) -> None:
+    p = predict(x, n)
+    cpu = x.compute_cpu_s + x.loader_cpu_s + x.ipc_cpu_s
+    assert p["step_s"] >= cpu / x.cores - 1e-12  # all CPU work of a step shares the job's cores
+    # other processes competing for the cores never make it faster
+    assert p["step_s"] >= predict(dataclasses.replace(x, others_runnable=0.0), n)["step_s"] - 1e-12
+    assert p["step_s"] >= x.loader_wall_s / n - 1e-12  # n workers make at most n batches per batch time
+    assert p["step_s"] >= p["main_s"]
+
+
+def test_pin_memory_is_advised_only_on_a_gpu(tmp_path: Path) -> None:
+    from holoprof.analyze.findings import _model_fix
+
+    base = dict(
+        step_s=0.02, wait_s=0.018, compute_s=0.002, num_workers=0, loader_cpu_s=0.001, loader_wall_s=0.018,
+        loader_runq_s=0.0, ipc_cpu_s=0.0004, ipc_measured=False, compute_cpu_s=0.002, compute_runq_s=0.0, cores=8.0, others_runnable=0.0, cores_free=8.0, torch_threads=1,
+        batches=50, noise=0.02,
+    )  # fmt: skip
+    for gpu in (False, True):
+        x = PipelineInputs(gpu=gpu, **base)  # type: ignore[arg-type]
+        a = advise(x)
+        assert a.advised and a.workers > 0
+        assert ("pin_memory=True" in _model_fix(x, {"pin_memory": False}, a)) == gpu
+
+
+def test_tune_sweeps_what_the_finding_names_and_measures_the_best(script_dir: Path) -> None:
+    proc = run_holoprof(
+        "tune", "--steps", "8", "--out", str(script_dir / "tuned"), "--json", "--", "train.py",
+        cwd=script_dir, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == "holoprof.tune/1"
+    predicted = doc["finding"]["evidence"]["model"]["predicted_step_s"]
+    best_two = sorted(predicted, key=lambda n: (predicted[n], int(n)))[:2]
+    swept = doc["sweep"]["knobs"]["num_workers"]
+    assert swept == sorted({"0", *best_two}, key=int)  # the current value and the model's best two
+    assert "pin_memory" not in doc["sweep"]["knobs"]  # no GPU here
+    for r in doc["sweep"]["rows"]:
+        assert r["loader"]["num_workers"] == int(r["knobs"]["num_workers"]) and r["steps"] == 8
+    m = doc["measured"]
+    assert m["gain_kind"] == "measured" and m["gain_basis"]["this"] == "num_workers=0"
+    best = doc["sweep"]["rows"][doc["sweep"]["recommended_index"]]
+    assert m["gain_basis"]["best"] == best["label"]
+    assert m["gain_basis"]["best_interval_s"] == best["step_ci_s"]
+    assert (m["estimated_gain"] > 0) == (m["gain_basis"]["significant"] and best["label"] != "num_workers=0")
+
+
+TF_SCRIPT = """
+import tensorflow as tf
+ds = tf.data.Dataset.range(64).map(lambda x: x * 2).prefetch(1)
+print("map dataset:", type(ds._input_dataset).__name__, flush=True)
+print("sum:", int(sum(int(v) for v in ds)))
+"""
+
+
+def test_tf_data_knobs_reach_the_pipeline(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    (tmp_path / "tfjob.py").write_text(TF_SCRIPT)
+    run = traced(
+        tmp_path, "tfjob.py", options=("--set", "num_parallel_calls=autotune", "--set", "prefetch=autotune"),
+        timeout=240,
+    )  # fmt: skip
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert (
+        "map dataset: _ParallelMapDataset" in run.proc.stdout
+    )  # the script's map (_MapDataset) is now parallel
+    assert "sum: 4032" in run.proc.stdout  # and computes the same
+    assert run.report["run"]["knobs"] == {"num_parallel_calls": "autotune", "prefetch": "autotune"}
+    import holoprof
+
+    r = holoprof.load(run.run_dir)
+    (info,) = r.rows("SELECT info FROM processes WHERE role = 'main' ORDER BY updated_ns DESC LIMIT 1")[0]
+    applied = json.loads(info)["knobs"]["applied"]
+    assert applied == {"num_parallel_calls": {"applied": 1}, "prefetch": {"applied": 1}}
