@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
+from holoprof.present.progress import Bar
 from holoprof.store.reader import Bound, Run, _sql_str, bounds_sql, is_out_of_memory
 
 BATCH = 20_000
@@ -315,6 +316,7 @@ def write_chrome_trace(
     start_s: float | None = None,
     end_s: float | None = None,
     engine: Any = None,
+    bar: Bar | None = None,
 ) -> TraceStats:
     """Write ``run`` (optionally the window [start_s, end_s] seconds from its start) to ``out``.
 
@@ -322,8 +324,9 @@ def write_chrome_trace(
     and I/O operations to sort and write (``sorted_source``): the run's views by default, or with a
     :class:`~holoprof.analyze.engine_dask.DaskEngine` a file of the rows its cluster read. The small
     process table is read with DuckDB. ``out`` must take any Unicode text (the names are written
-    as they are, not escaped to ASCII).
+    as they are, not escaped to ASCII). ``bar`` (a progress bar) counts the events as they are written.
     """
+    bar = bar or Bar()
     src = engine if engine is not None else DuckDBRows(run)
     t0 = run_start_ns(run)
     lo, hi = _window_ns(run, t0, start_s, end_s)
@@ -427,6 +430,8 @@ def write_chrome_trace(
                 f"SELECT DISTINCT coalesce(host, 'None') AS h, pid FROM {source} WHERE {cond} ORDER BY h, pid",
                 params,
             )
+            if bar.active:
+                bar.add_total(run.rows(f"SELECT count(*) FROM {source} WHERE {cond}", params)[0][0])
             for host, pid in tracks:
                 p = pid_of(host, int(pid))  # the hosts first seen here are numbered in name order
                 if table == "io_ops":
@@ -446,5 +451,6 @@ def write_chrome_trace(
                 first = False
                 stats.events += n
                 setattr(stats, counted, getattr(stats, counted) + n)
+                bar.advance(n)
     out.write("\n]}\n")
     return stats

@@ -9,6 +9,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from holoprof.present.terminal import keep_whole
+
 
 def _s(v: float) -> str:
     return f"{v * 1e3:.2f} ms" if v < 1 else f"{v:.2f} s"
@@ -41,7 +43,7 @@ def comm_group(doc: dict[str, Any]) -> Group | None:
     if ranks:
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for col in ("rank", "steps", "step median", "p90", "comm/step", "exposed/step", "waits for others"):
-            t.add_column(col, justify="right")
+            t.add_column(col, justify="right", no_wrap=True)
         for r in ranks:
             t.add_row(
                 str(r["rank"]),
@@ -52,13 +54,16 @@ def comm_group(doc: dict[str, Any]) -> Group | None:
                 _s(r["exposed_s"]),
                 _s(r["wait_s"]),
             )
-        parts.append(t)
+        parts.append(keep_whole(t))
     colls = c.get("collectives") or []
     if colls:
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for col in ("collective", "count", "bytes", "time"):
-            t.add_column(col, justify="right" if col != "collective" else "left")
+            if col == "collective":
+                t.add_column(col, overflow="fold")
+            else:
+                t.add_column(col, justify="right", no_wrap=True)
         for x in colls[:8]:
-            t.add_row(str(x["op"]), str(x["count"]), _bytes(x["bytes"]), _s(x["total_s"]))
-        parts.append(t)
+            t.add_row(Text(str(x["op"])), str(x["count"]), _bytes(x["bytes"]), _s(x["total_s"]))
+        parts.append(keep_whole(t))
     return Group(*parts) if parts else None

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from holoprof.present.terminal import fmt_bytes, fmt_s
+from holoprof.present.terminal import NamedRows, fmt_bytes, fmt_s, middle_ellipsis
 
 BAR_WIDTH = 30
 TOP_FILES = 10
@@ -20,10 +19,6 @@ TOP_FILES = 10
 
 def _rate(b: float) -> str:
     return f"{fmt_bytes(b)}/s" if b > 0 else "-"
-
-
-def _short_path(p: str, width: int = 60) -> str:
-    return p if len(p) <= width else "…" + p[-(width - 1) :]
 
 
 def io_group(doc: dict[str, Any]) -> Group | None:
@@ -58,7 +53,7 @@ def io_group(doc: dict[str, Any]) -> Group | None:
         h = Table(box=None, show_header=False, pad_edge=False)
         h.add_column("size", style="grey62")
         h.add_column("bar")
-        h.add_column("reads", justify="right")
+        h.add_column("reads", justify="right", no_wrap=True)
         for name, n in hist.items():
             share = n / total
             h.add_row(name, Text("█" * round(share * BAR_WIDTH), style="blue"), f"{n} ({100 * share:.0f}%)")
@@ -66,27 +61,24 @@ def io_group(doc: dict[str, Any]) -> Group | None:
 
     files = io.get("files_detail") or []
     if files:
-        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-        for col, just in (
-            ("file", "left"),
-            ("read", "right"),
-            ("written", "right"),
-            ("reads", "right"),
-            ("opens", "right"),
-            ("seq", "right"),
-            ("read time", "right"),
-        ):
-            t.add_column(col, justify=just)  # type: ignore[arg-type]
-        for f in files[:TOP_FILES]:
-            t.add_row(
-                _short_path(f["path"]),
-                fmt_bytes(f["bytes_read"]),
-                fmt_bytes(f["bytes_written"]),
-                str(f["reads"]),
-                str(f["opens"]),
-                f"{100 * f['seq_read_fraction']:.0f}%",
-                fmt_s(f["read_time_s"]),
-            )
+        t = NamedRows(
+            "file",
+            ["read", "written", "reads", "opens", "seq", "read time"],
+            [
+                (
+                    Text(str(f["path"])),
+                    [
+                        fmt_bytes(f["bytes_read"]),
+                        fmt_bytes(f["bytes_written"]),
+                        str(f["reads"]),
+                        str(f["opens"]),
+                        f"{100 * f['seq_read_fraction']:.0f}%",
+                        fmt_s(f["read_time_s"]),
+                    ],
+                )
+                for f in files[:TOP_FILES]
+            ],
+        )
         more = len(files) - TOP_FILES
         parts += [Text(""), Text("top files", style="bold"), t]
         if more > 0:
@@ -100,7 +92,7 @@ def io_group(doc: dict[str, Any]) -> Group | None:
         for s in staging[:3]:
             parts.append(
                 Text(
-                    f"{_short_path(s['directory'])}: {s['files']} files, {fmt_bytes(s['bytes_read'])}, "
+                    f"{middle_ellipsis(str(s['directory']), 60)}: {s['files']} files, {fmt_bytes(s['bytes_read'])}, "
                     f"saves about {fmt_s(s['expected_saving_s'])}"
                 )
             )
