@@ -16,10 +16,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import HOLOPROF, job_env, run_holoprof, script
+from holoprof.bench.synth import generate_run
+from holoprof.present.summary import MAX_ROWS
 
 #: Arguments of the job that Rich or a browser would take for markup.
 ARGS = ["[link=http://e]x[/link]", "[bold]", "<script>alert(2)</script>&"]
@@ -191,6 +194,20 @@ def test_pack_shows_progress_on_a_terminal_only(markup_run: tuple[str, str], tmp
     assert proc.returncode == 0 and proc.stderr.count("\n") == 1 and "\x1b[" not in proc.stderr
 
 
+def test_torch_trace_import_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    trace = tmp_path / "rank0.json"
+    loop = Path(__file__).resolve().parent / "trace_scripts" / "profile_loop.py"
+    made = subprocess.run(
+        [sys.executable, str(loop), str(trace)], capture_output=True, text=True, timeout=180
+    )
+    assert made.returncode == 0, made.stderr
+    rc, tty = _on_a_terminal(["import", "torch-trace", str(trace), "--out", str(tmp_path / "a")], tmp_path)
+    assert rc == 0 and "reading the trace" in tty and "\x1b[" in tty, tty
+    proc = run_holoprof("import", "torch-trace", str(trace), "--out", str(tmp_path / "b"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "reading the trace" not in proc.stderr and "\x1b[" not in proc.stderr
+
+
 BLOCK_TORCH = """
 import sys
 
@@ -220,3 +237,60 @@ def test_demo_without_torch_says_how_to_install_it_and_writes_nothing(tmp_path: 
     assert proc.stderr.count("\n") == 1 and "pip install 'holoprof[torch]'" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert list(work.iterdir()) == []
+
+
+# --- many ranks ---------------------------------------------------------------------------------------
+
+RANKS = 80
+
+
+@pytest.fixture(scope="module")
+def many_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    """A generated run of RANKS ranks (a process and a stage each) with DDP communication and files."""
+    out = str(tmp_path_factory.mktemp("many") / "run")
+    generate_run(out, 2, ranks=RANKS, comm=True, io_files=1)
+    proc = run_holoprof("report", out, "--json", cwd=out)
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout)
+
+
+def test_terminal_summarizes_many_ranks_and_json_keeps_them_all(
+    many_ranks: tuple[str, dict[str, Any]],
+) -> None:
+    run_dir, doc = many_ranks
+    per_rank = doc["communication"]["per_rank"]
+    assert len(per_rank) == len(doc["stages"]) == RANKS and len(doc["io"]["files_detail"]) > 10
+    proc = run_holoprof("report", run_dir, cwd=run_dir, env={"COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) < 220, len(lines)
+    # the communication table: the slowest ranks by step median, in numeric order, then the rest
+    start = next(i for i, line in enumerate(lines) if re.match(r"^│\s+rank\s+steps", line))
+    rows = []
+    for line in lines[start + 2 :]:
+        m = re.match(r"^│\s+(\d+)\s+\d+\s", line)
+        if not m:
+            break
+        rows.append(int(m.group(1)))
+    assert rows == sorted(rows) and len(rows) == MAX_ROWS - 1, rows
+    slowest = sorted(per_rank, key=lambda r: -r["step_median_s"])[: MAX_ROWS - 1]
+    assert set(rows) == {r["rank"] for r in slowest}
+    assert f"… {RANKS - len(rows)} more" in lines[start + 2 + len(rows)]
+    steps_rest = sum(r["steps"] for r in per_rank if r["rank"] not in rows)
+    assert re.search(rf"… {RANKS - len(rows)} more\s+{steps_rest}\s", lines[start + 2 + len(rows)])
+    more_stages = len(doc["stages"]) - sum(1 for line in lines if "synthetic.py [rank" in line)
+    assert f"… and {more_stages} more stages" in proc.stdout
+    assert f"… and {len(doc['io']['files_detail']) - 10} more files" in proc.stdout
+
+
+def test_html_summarizes_many_ranks(many_ranks: tuple[str, dict[str, Any]]) -> None:
+    run_dir, doc = many_ranks
+    proc = run_holoprof("report", run_dir, "--html", "-", cwd=run_dir)
+    assert proc.returncode == 0, proc.stderr
+    page = proc.stdout
+    assert len(page) < 150_000, len(page)
+    shown = re.findall(r"synthetic\.py \[rank (\d+)\]</td>", page)
+    assert 0 < len(shown) <= MAX_ROWS
+    assert f"… and {len(doc['stages']) - len(shown)} more stages" in page
+    in_chart = re.findall(r">pid \d+ synthetic\.py<", page)
+    assert len(in_chart) <= MAX_ROWS

@@ -11,6 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from holoprof.present import summary
 from holoprof.present.terminal import NamedRows, fmt_bytes, fmt_s, middle_ellipsis
 
 BAR_WIDTH = 30
@@ -79,11 +80,17 @@ def io_group(doc: dict[str, Any]) -> Group | None:
                 for f in files[:TOP_FILES]
             ],
         )
-        more = len(files) - TOP_FILES
+        rest = files[TOP_FILES:]
         parts += [Text(""), Text("top files", style="bold"), t]
-        if more > 0:
+        if rest:
             parts.append(
-                Text(f"... {more} more in the JSON report (holoprof report RUN --json)", style="grey62")
+                Text(
+                    f"{summary.more_label(rest, 'files')}: {fmt_bytes(summary.total(rest, 'bytes_read'))} read in "
+                    f"{int(summary.total(rest, 'reads'))} reads, {fmt_bytes(summary.total(rest, 'bytes_written'))} "
+                    "written "
+                    "(every file is in holoprof report RUN --json)",
+                    style="grey62",
+                )
             )
 
     staging = [s for s in io.get("staging") or [] if s.get("expected_saving_s", 0) > 0]

@@ -12,6 +12,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from holoprof.present.summary import at_most, more_label, top_rows, total, tree_parent
 from holoprof.present.terminal import fmt_bytes, fmt_s, keep_whole
 
 KIND_COLORS = {
@@ -88,7 +89,12 @@ def stages_table(doc: dict[str, Any]) -> Table | None:
     t.add_column("share", no_wrap=True, overflow="crop", min_width=6)
     for col in ("steps", "CPU", "max RSS", "I/O"):
         t.add_column(col, justify="right", no_wrap=True)
-    for prefix, st in zip(_prefixes(stages), stages, strict=True):
+    shown, rest = top_rows(
+        stages,
+        lambda st: float(st.get("wall_s") or 0),
+        parent=tree_parent([int(st.get("depth", 0)) for st in stages]),
+    )
+    for prefix, st in zip(_prefixes(shown), shown, strict=True):
         crit = bool(st.get("critical"))
         name = Text(prefix, style="dim")
         name.append(f"{CRITICAL_MARK} " if crit else "  ", style="bold red")
@@ -104,6 +110,20 @@ def stages_table(doc: dict[str, Any]) -> Table | None:
             _secs(float(st["cpu_s"])) if st.get("cpu_s") else "",
             fmt_bytes(float(st["max_rss_bytes"])) if st.get("max_rss_bytes") else "",
             _io(st),
+        )
+    if rest:
+        cpu, rss = total(rest, "cpu_s"), max(float(st.get("max_rss_bytes") or 0) for st in rest)
+        t.add_row(
+            Text(more_label(rest, "stages"), style="dim"),
+            "",
+            "",
+            at_most(rest, "wall_s", _secs),
+            "",
+            str(int(total(rest, "steps")) or ""),
+            _secs(cpu) if cpu else "",
+            fmt_bytes(rss) if rss else "",
+            _io({"read_bytes": total(rest, "read_bytes"), "write_bytes": total(rest, "write_bytes")}),
+            style="dim",
         )
     return keep_whole(t)
 
