@@ -286,7 +286,7 @@ EPOCH_TID = 2**31 - 3
 #: gradient buckets, collectives with ``async_op=True``): such spans overlap one another on the
 #: thread that started them, so they are written as async events (``"b"``/``"e"``, one id each),
 #: which viewers lay out on tracks of their own.
-_ASYNC = "(kind = 'comm' AND (name = 'ddp_bucket' OR regexp_matches(coalesce(attrs, ''), '\"async\"\\s*:\\s*true')))"
+_ASYNC = "(kind = 'comm' AND (name = 'ddp_bucket' OR contains(coalesce(attrs, ''), '\"async\": true')))"
 
 
 def _int_json(x: str) -> str:
@@ -298,7 +298,8 @@ def span_event(t0: int) -> str:
     """SQL: a span's event. Its kind is its category; its attributes (a JSON object written by the
     agent) are spliced into its args, followed by its span id, step and parent span; integers beyond
     2**53 in them are strings. A complete event (``"X"``) on its thread (epochs on the process's epoch
-    track), or a pair of async events for a span of asynchronous work (see :data:`_ASYNC`)."""
+    track), or a pair of async events for a span of asynchronous work (see :data:`_ASYNC`): the
+    begin with the args, then its end. The args are written once, whichever the kind of event."""
     head = "',\n{\"name\":' || " + _text("name") + " || ',\"cat\":' || " + _text("kind")
     where = (
         " || ',\"pid\":' || "
@@ -308,8 +309,7 @@ def span_event(t0: int) -> str:
     )
     args = (
         " || ',\"args\":{' || CASE WHEN attrs IS NULL OR attrs = '' THEN ''"
-        + f" WHEN {_ATTRS_TRIMMED} LIKE '{{%}}' AND length({_ATTRS_TRIMMED}) > 2"
-        + f" THEN substr({_ATTRS}, 2, length({_ATTRS}) - 2) || ','"
+        + f" WHEN {_ATTRS_TRIMMED} LIKE '{{%}}' AND length({_ATTRS_TRIMMED}) > 2 THEN {_ATTRS}[2:-2] || ','"
         + f" WHEN {_ATTRS_TRIMMED} = '{{}}' THEN '' ELSE '\"attrs\":' || to_json({_ATTRS_TRIMMED}) || ',' END"
         + " || '\"span_id\":' || "
         + _int_json("coalesce(span_id, 0)")
@@ -320,27 +320,27 @@ def span_event(t0: int) -> str:
         + _int_json("parent_id")
         + " ELSE '' END || '}}'"
     )
-    async_id = ' || \',"id2":{"local":"\' || coalesce(span_id, 0)::VARCHAR || \'"}\''
-    complete = (
-        head
-        + ' || \',"ph":"X","ts":\' || '
+    async_id = '\',"id2":{"local":"\' || coalesce(span_id, 0)::VARCHAR || \'"}\''
+    timing = (
+        f' || CASE WHEN {_ASYNC} THEN \',"ph":"b","ts":\' || '
+        + _since("start_ns", t0)
+        + ' ELSE \',"ph":"X","ts":\' || '
         + _since("start_ns", t0)
         + " || ',\"dur\":' || "
         + _DUR
-        + where
-        + args
+        + " END"
     )
-    begin = head + ' || \',"ph":"b","ts":\' || ' + _since("start_ns", t0) + where + async_id + args
     end = (
-        " || "
+        f" || CASE WHEN {_ASYNC} THEN "
         + head
         + ' || \',"ph":"e","ts":\' || '
         + _since("greatest(end_ns, start_ns)", t0)
         + where
+        + " || "
         + async_id
-        + " || '}'"
+        + " || '}' ELSE '' END"
     )
-    return f"(CASE WHEN {_ASYNC} THEN {begin}{end} ELSE {complete} END)"
+    return head + timing + where + f" || CASE WHEN {_ASYNC} THEN {async_id} ELSE '' END" + args + end
 
 
 def sample_event(t0: int, launcher_pid: int | None) -> str:
