@@ -66,7 +66,9 @@ def export_run(
     engine: str = "duckdb",
     scheduler: Any = None,
 ) -> str:
-    """Export ``run`` (a loaded run) as ``fmt`` into ``out``; returns a one-line summary.
+    """Export ``run`` (a loaded run) as ``fmt`` into ``out``; returns a one-line summary. ``out``
+    ``"-"`` writes a Chrome trace to stdout (UTF-8); TensorBoard needs a directory. A progress bar is
+    drawn on stderr when it is a terminal (:mod:`holoprof.present.progress`).
 
     ``engine="dask"`` reads it on a Dask cluster (``scheduler``: an address or a
     ``distributed.Client``; default: a local cluster); the output is the same as DuckDB's.
