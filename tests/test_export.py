@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import pytest
 
 import holoprof
 from conftest import TracedRun, error_lines, run_holoprof
+from test_comm import torchrun
 from workflows.runs import PIPELINE_STEPS, pipeline
 
 
@@ -38,6 +41,8 @@ def test_chrome_trace_events_are_well_formed(trace: dict[str, Any]) -> None:
             assert isinstance(ev["ts"], (int, float)) and ev["dur"] >= 0 and "cat" in ev, ev
         elif ev["ph"] == "C":
             assert isinstance(ev["ts"], (int, float)) and isinstance(ev["args"]["value"], (int, float)), ev
+        elif ev["ph"] in ("b", "e"):
+            assert isinstance(ev["ts"], (int, float)) and ev["cat"] == "comm" and ev["id2"]["local"], ev
         else:
             assert ev["ph"] == "M", ev
 
@@ -49,7 +54,7 @@ def test_chrome_trace_has_every_step_span_and_process(run: TracedRun, trace: dic
     steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
     assert len(steps) == n_steps == PIPELINE_STEPS
     n_spans = loaded.rows("SELECT count(*) FROM spans")[0][0]
-    assert sum(1 for e in events if e["ph"] == "X" and e["cat"] != "io") == n_spans
+    assert sum(1 for e in events if e["ph"] in ("X", "b") and e["cat"] != "io") == n_spans
     named = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     labels = {
         e["pid"]: e["args"]["labels"] for e in events if e["ph"] == "M" and e["name"] == "process_labels"
@@ -81,6 +86,103 @@ def test_chrome_trace_has_the_io_operations_on_their_own_track(run: TracedRun, t
     assert {(e["pid"], e["tid"]) for e in ops} <= io_tracks
     keys = [e for e in ops if e["args"]["path"].endswith("keys.txt") and e["args"]["op"] == "write"]
     assert keys and all(e["args"]["size_bytes"] > 0 for e in keys), "prepare.py wrote the keys"
+
+
+def _ns(us: Decimal) -> int:
+    """A trace time (decimal microseconds, as written) in whole nanoseconds, exactly."""
+    return int(us * 1000)
+
+
+def assert_valid_trace(doc: dict[str, Any]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """The slices of every track (pid, tid) nest (each one inside or after the one before it,
+    compared in exact nanoseconds); every async begin has its end, no earlier, with the same
+    category and name; no number in args is an integer JavaScript would round (beyond 2**53).
+    Returns the complete events by track."""
+    tracks: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    begins: dict[tuple[int, str, str], dict[str, Any]] = {}
+    for ev in doc["traceEvents"]:
+        for v in (ev.get("args") or {}).values():
+            assert not (isinstance(v, int) and abs(v) > 2**53), ev
+        if ev["ph"] == "X":
+            tracks[(ev["pid"], ev["tid"])].append(ev)
+        elif ev["ph"] == "b":
+            key = (ev["pid"], ev["cat"], ev["id2"]["local"])
+            assert key not in begins, ev
+            begins[key] = ev
+        elif ev["ph"] == "e":
+            b = begins.pop((ev["pid"], ev["cat"], ev["id2"]["local"]))
+            assert b["name"] == ev["name"] and _ns(ev["ts"]) >= _ns(b["ts"]), (b, ev)
+    assert not begins, "async begins without an end"
+    for track, evs in tracks.items():
+        evs.sort(key=lambda e: (_ns(e["ts"]), -_ns(e["dur"])))
+        open_ends: list[tuple[int, dict[str, Any]]] = []
+        for e in evs:
+            start, end = _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])
+            while open_ends and open_ends[-1][0] <= start:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1][0], (track, open_ends[-1][1], e)
+            open_ends.append((end, e))
+    return tracks
+
+
+def _export_chrome(run_dir: str, out: Path) -> dict[str, Any]:
+    proc = run_holoprof("export", run_dir, "--format", "chrome", "-o", str(out), cwd=out.parent)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(out.read_text(), parse_float=Decimal)
+    return doc
+
+
+def test_chrome_trace_of_a_workflow_nests_on_every_track(run: TracedRun, tmp_path: Path) -> None:
+    doc = _export_chrome(run.run_dir, tmp_path / "t.json")
+    tracks = assert_valid_trace(doc)
+    assert sum(1 for evs in tracks.values() for e in evs if e["cat"] == "step") == PIPELINE_STEPS
+
+
+def test_chrome_trace_of_epochs_nests_on_every_track(standard_run: TracedRun, tmp_path: Path) -> None:
+    """Two epochs with an evaluation and a checkpoint between them: the first step of the second
+    epoch starts at the fetch that ended the first, inside it, so epochs have their own track."""
+    run = standard_run
+    doc = _export_chrome(run.run_dir, tmp_path / "t.json")
+    tracks = assert_valid_trace(doc)
+    epochs = [e for evs in tracks.values() for e in evs if e["cat"] == "epoch"]
+    n_epochs = holoprof.load(run.run_dir).rows("SELECT count(*) FROM spans WHERE kind = 'epoch'")[0][0]
+    assert len(epochs) == n_epochs > 0
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"
+    }
+    assert {names[(e["pid"], e["tid"])] for e in epochs} == {"epochs"}
+
+
+def test_chrome_trace_of_a_ddp_run_nests_on_every_track(tmp_path: Path) -> None:
+    """DDP with small buckets: several buckets (and their all_reduce) in flight at once per rank."""
+    ddp = torchrun(tmp_path, {"DDP_BUCKET_CAP_MB": "0.0001", "DDP_STEPS": "4", "DDP_COLLECTIVES": "1"})
+    assert ddp.proc.returncode == 0, ddp.proc.stderr
+    loaded = holoprof.load(ddp.run_dir)
+    in_flight = loaded.rows(
+        """SELECT count(*) FROM spans a JOIN spans b ON a.pid = b.pid AND a.tid = b.tid
+           AND a.span_id < b.span_id AND a.start_ns < b.start_ns AND b.start_ns < a.end_ns AND a.end_ns < b.end_ns
+           WHERE a.name = 'ddp_bucket' AND b.name = 'ddp_bucket'"""
+    )[0][0]
+    assert in_flight > 0, "buckets overlap on one thread: the case to export"
+    doc = _export_chrome(ddp.run_dir, tmp_path / "ddp.json")
+    assert_valid_trace(doc)
+    buckets = [e for e in doc["traceEvents"] if e["name"] == "ddp_bucket" and e["ph"] == "b"]
+    n = loaded.rows("SELECT count(*) FROM spans WHERE name = 'ddp_bucket'")[0][0]
+    assert len(buckets) == n > 0
+    ready = {int(b["args"]["ready_ns"]) for b in buckets}  # exact, as a string
+    assert ready == {
+        r
+        for (r,) in loaded.rows(
+            "SELECT (attrs::JSON->>'ready_ns')::BIGINT FROM spans WHERE name = 'ddp_bucket'"
+        )
+    }
+    assert all(isinstance(b["args"]["ready_ns"], str) for b in buckets)
+    dask = tmp_path / "dask.json"
+    proc = run_holoprof(
+        "export", ddp.run_dir, "-f", "chrome", "-o", str(dask), "--engine", "dask", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert dask.read_bytes() == (tmp_path / "ddp.json").read_bytes(), "both engines write the same bytes"
 
 
 def test_chrome_trace_window(run: TracedRun, trace: dict[str, Any], tmp_path: Path) -> None:

@@ -307,11 +307,13 @@ def test_metrics_parse_as_prometheus_text(env: Env) -> None:
     ((_, step_s),) = m["holoprof_step_time_seconds"]
     assert 0 < step_s < 10
     assert m["holoprof_run_running"] == [({"run": "live"}, 1.0)]
-    phases = {lab["phase"]: v for lab, v in m["holoprof_phase_fraction"]}
+    phases = {lab["phase"]: v for lab, v in m["holoprof_phase_ratio"]}
     assert set(phases) >= {"forward", "backward", "optimizer", "other"}
     assert sum(phases.values()) == pytest.approx(1.0, abs=1e-3)
-    assert m["holoprof_steps_per_second"][0][1] > 0
-    assert any(lab["name"] == "job.rss_bytes" for lab, _ in m["holoprof_resource"])
+    ((lab, per_s),) = m["holoprof_steps_per_second"]
+    assert per_s > 0 and lab["rank"] == m["holoprof_steps_total"][0][0]["rank"]
+    ((_, rss),) = m["holoprof_job_rss_bytes"]
+    assert rss > 0
 
 
 def test_serve_prints_a_tokened_loopback_url_and_warns_off_loopback(tmp_path: Path) -> None:

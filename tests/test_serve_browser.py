@@ -237,3 +237,74 @@ def test_dashboard_of_a_running_job(live_server: tuple[LiveJob, Server], browser
     assert browser.eval("document.querySelectorAll('#requests-table .badge.done').length") >= 1
 
     assert browser.errors() == [], "console errors on the dashboard"
+
+
+# --- text from the job, many ranks ----------------------------------------------------------------------
+
+#: A file path and arguments of a traced job that a browser would take for markup.
+MARKUP_FILE = os.path.join("in[bold]", "a[/x]<script>alert(1)</script>&amp;.bin")
+MARKUP_ARGS = ["[link=http://e]x[/link]", "[bold]", "<script>alert(2)</script>&"]
+RANKS = 80
+
+
+@pytest.fixture(scope="module")
+def served_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    """A runs folder served: ``markup`` (a traced job with markup and HTML in its file path and
+    arguments) and ``ranks`` (a generated run of RANKS ranks). Yields the server and the data folder."""
+    from conftest import run_holoprof, script
+    from holoprof.bench.synth import generate_run
+
+    root = tmp_path_factory.mktemp("served")
+    data = str(root.parent / (root.name + "-data"))
+    proc = run_holoprof(
+        "run", "--out", str(root / "markup"), "--no-report", "--", script("markup_names.py"), data, *MARKUP_ARGS,
+        cwd=root.parent,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    generate_run(str(root / "ranks"), 2, ranks=RANKS, comm=True)
+    server = make_server(str(root), port=0)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+    try:
+        yield server, data
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_dashboard_shows_text_from_the_job_as_text(
+    served_runs: tuple[Server, str], browser: DevTools
+) -> None:
+    server, data = served_runs
+    browser.events.clear()
+    browser.send("Page.navigate", url=f"http://127.0.0.1:{server.port}/?token={server.token}#/run/markup")
+    browser.wait_for("document.querySelector('#io-card') !== null", 60, "the I/O card")
+    text = browser.eval("document.body.innerText")
+    assert os.path.join(data, MARKUP_FILE) in text  # the path, every tag and entity as written
+    assert " ".join(MARKUP_ARGS) in browser.eval("document.getElementById('run-sub').textContent")
+    assert " ".join(MARKUP_ARGS) in text  # the processes table
+    injected = browser.eval(
+        "[...document.querySelectorAll('#app script, #app b, #app a[href^=\"http://e\"]')].length"
+    )
+    assert injected == 0, "an element made of the job's text"
+    assert browser.errors() == [], "console errors on the dashboard"
+
+
+def test_dashboard_summarizes_many_ranks(served_runs: tuple[Server, str], browser: DevTools) -> None:
+    server = served_runs[0]
+    browser.events.clear()
+    browser.send("Page.navigate", url=f"http://127.0.0.1:{server.port}/?token={server.token}#/run/ranks")
+    browser.wait_for("document.querySelector('#comm-card') !== null", 60, "the ranks table")
+    report = browser.eval("fetch('/api/runs/ranks/report').then(r => r.json())")
+    assert len(report["communication"]["per_rank"]) == RANKS, "the API keeps every rank"
+    rows = browser.eval("[...document.querySelectorAll('#comm-card tbody tr')].map(tr => tr.innerText)")
+    assert len(rows) == 30 and rows[-1].startswith(f"… and {RANKS - 29} more ranks"), rows[-1]
+    ranks = [int(r.split()[0]) for r in rows[:-1]]
+    assert ranks == sorted(ranks), "ranks in numeric order"
+    slowest = sorted(report["communication"]["per_rank"], key=lambda r: -r["step_median_s"])[:29]
+    assert set(ranks) == {r["rank"] for r in slowest}
+    procs = browser.eval(
+        "[...document.querySelectorAll('#processes-table tbody tr')].map(tr => tr.innerText)"
+    )
+    assert len(procs) == 30 and procs[-1].startswith("… and "), procs[-1]
+    assert browser.errors() == [], "console errors on the dashboard"

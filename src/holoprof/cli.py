@@ -59,6 +59,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     check_engine_arguments(args)
     doc = build_report(load(args.run), engine=args.engine, scheduler=args.scheduler)
+    if args.html == "-":
+        if args.json:
+            raise HoloprofError("--html - and --json both write to stdout; choose one")
+        from holoprof.present.html import render_html
+
+        sys.stdout.buffer.write(render_html(doc).encode("utf-8"))
+        return 0
     if args.html:
         from holoprof.present.html import write_html
 
@@ -130,7 +137,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="report on a run: holoprof report RUN [--json] [--html FILE]")
     rp.add_argument("run", help="a run directory")
     rp.add_argument("--json", action="store_true", help="print the report as JSON (schema holoprof.report/1)")
-    rp.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    rp.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (- for stdout)")
     add_engine_arguments(rp)
     rp.set_defaults(func=_cmd_report)
 

@@ -6,7 +6,8 @@ before each step: a straggler), ``DDP_DIE_RANK`` / ``DDP_DIE_STEP`` (that rank l
 seconds into the next; the process group has a short timeout so the others fail too),
 ``DDP_USER_HOOK=1`` (register a comm hook of the job's own), ``DDP_SYNC_ALLREDUCE=1`` (an extra
 synchronous all_reduce of the loss per step, outside any phase: exposed communication),
-``DDP_COLLECTIVES=1`` (after training: broadcast, all_gather, async all_reduce, isend/irecv, barrier),
+``DDP_BUCKET_CAP_MB`` (DDP's bucket size: a small one gives several buckets per step, in flight
+together), ``DDP_COLLECTIVES=1`` (after training: broadcast, all_gather, async all_reduce, isend/irecv, barrier),
 ``DDP_HARD_EXIT=1`` (leave with ``os._exit(0)`` once the group is destroyed: an untraced gloo process
 aborts in about one run in eight at interpreter exit, "terminate called without an active exception",
 after its work is done; untraced reference runs use it so that only the training is compared).
@@ -37,7 +38,8 @@ def train(rank: int, world: int) -> None:
     die = int(os.environ.get("DDP_DIE_RANK", "-1"))
     die_step = int(os.environ.get("DDP_DIE_STEP", "3"))
     torch.manual_seed(0)
-    model = DistributedDataParallel(build())
+    cap = os.environ.get("DDP_BUCKET_CAP_MB")  # small: several buckets in flight at once
+    model = DistributedDataParallel(build(), **({"bucket_cap_mb": float(cap)} if cap else {}))
     calls = []
     if os.environ.get("DDP_USER_HOOK") == "1":
 

@@ -269,6 +269,7 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
                     "count": s.count,
                     "median_s": round(s.median_s, 6),
                     "p90_s": round(s.p90_s, 6),
+                    "per_s": round(s.per_s, 4),
                     "phases": {k: round(v.fraction, 4) for k, v in s.phases.items()},
                 }
             )

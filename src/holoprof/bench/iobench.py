@@ -802,12 +802,19 @@ def to_json(result: IoBenchResult) -> dict[str, Any]:
 
 def render_terminal(result: IoBenchResult, console: Console) -> None:
     """A rich table of the rows, the recommendation and the warnings."""
+    from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(
-        title=f"iobench {result.path}: {result.files} file(s), {_fmt_bytes(result.total_bytes)}",
-        title_justify="left",
+    from holoprof.present.terminal import keep_whole
+
+    console.print(
+        Text(
+            f"iobench {result.path}: {result.files} file(s), {_fmt_bytes(result.total_bytes)}",
+            overflow="fold",
+        )
     )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("threads", "procs", "block", "prefetch", "read", "s", "MB/s", "IOPS", "cache"):
         table.add_column(col, justify="left" if col == "cache" else "right", no_wrap=True)
     best = max((r.bandwidth_bytes_per_s for r in result.rows), default=0.0)
@@ -825,17 +832,20 @@ def render_terminal(result: IoBenchResult, console: Console) -> None:
             r.cache,
             style=style,
         )
-    console.print(table)
+    console.print(keep_whole(table))
     rec = result.recommendation
     if rec is not None:
         console.print(
-            f"[bold]Recommendation:[/bold] DataLoader(num_workers={rec.dataloader_num_workers}, "
-            f"prefetch_factor={rec.dataloader_prefetch_factor}); "
-            f"tf.data num_parallel_calls={rec.tf_num_parallel_calls}; read blocks of {_fmt_bytes(rec.block_size)}."
+            Text("Recommendation:", style="bold"),
+            Text(
+                f"DataLoader(num_workers={rec.dataloader_num_workers}, "
+                f"prefetch_factor={rec.dataloader_prefetch_factor}); "
+                f"tf.data num_parallel_calls={rec.tf_num_parallel_calls}; read blocks of {_fmt_bytes(rec.block_size)}."
+            ),
         )
-        console.print(f"  why: {rec.reason}")
+        console.print(Text(f"  why: {rec.reason}"))
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(Text("warning:", style="yellow"), Text(w))
 
 
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -1046,11 +1056,9 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(to_json(result), indent=2) + "\n")
     else:
-        from rich.console import Console
+        from holoprof.present.terminal import make_console
 
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=120)
+        console = make_console()
         render_terminal(result, console)
         if args.plot:
             console.print(f"plot written to {args.plot}")

@@ -5,13 +5,27 @@ from __future__ import annotations
 import os
 import sys
 
+from holoprof.errors import MissingExtraError
 from holoprof.store.rundir import DEFAULT_RUNS_DIR
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "demo_train.py")
 
 
+def _require_torch() -> None:
+    """The demo trains with PyTorch: without it, say how to install it before anything is written."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise MissingExtraError("holoprof demo", "torch")
+
+
 def run_demo(out: str | None = None, quick: bool = False) -> int:
+    _require_torch()
     from holoprof.analyze.report import build_report
     from holoprof.launch.run import run
     from holoprof.present.terminal import render

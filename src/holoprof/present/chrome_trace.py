@@ -2,10 +2,15 @@
 
 Tracks: one process per traced or sampled process (``process_name`` and ``process_labels`` metadata:
 command, role, rank), one thread per thread that recorded spans (``thread_name``). Spans become
-complete events (``"ph": "X"``, category = span kind), resource samples counter events (``"C"``: the
-job-wide ones on the launcher's track, ``proc.*`` ones on the process they measure), and per-operation
-I/O records (``io_ops``, when traced) complete events on an ``I/O`` thread of their process.
-Timestamps are microseconds since the run start.
+complete events (``"ph": "X"``, category = span kind) on their thread, epochs on an ``epochs`` track
+of their process; spans of asynchronous work (DDP's gradient buckets, collectives with
+``async_op=True``), which overlap one another on the thread that started them, become async events
+(``"b"``/``"e"`` with the span id as ``id2.local``). So the slices of every track nest. Resource
+samples become counter events (``"C"``: the job-wide ones on the launcher's track, ``proc.*`` ones on
+the process they measure), and per-operation I/O records (``io_ops``, when traced) complete events on
+an ``I/O`` thread of their process. Timestamps are microseconds since the run start; integers beyond
+2**53 in args (ids, nanosecond times such as ``ready_ns``) are strings, which JavaScript viewers
+would otherwise round.
 
 DuckDB writes the events of the spans, samples and I/O operations (:func:`span_event`,
 :func:`sample_event`, :func:`io_op_event`) as it reads them ordered by time, and their text goes to
@@ -26,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
+from holoprof.present.progress import Bar
 from holoprof.store.reader import Bound, Run, _sql_str, bounds_sql, is_out_of_memory
 
 BATCH = 20_000
@@ -258,24 +264,83 @@ def _text(x: str) -> str:
 
 
 #: the attributes without the white space around them (Python's str.strip for ASCII and NBSP)
-_ATTRS = "trim(attrs, ' ' || chr(9) || chr(10) || chr(11) || chr(12) || chr(13) || chr(160))"
+_ATTRS_TRIMMED = "trim(attrs, ' ' || chr(9) || chr(10) || chr(11) || chr(12) || chr(13) || chr(160))"
+#: RE2: a JSON string or a number that is not an integer (kept as they are), or an integer of 16
+#: digits or more (group 2: written as a string). Strings come first, so digits inside them are kept.
+_BIG_INT_RE = r'("(?:[^"\\]|\\.)*"|-?[0-9]+[.eE][-+0-9.eE]*)|(-?[0-9]{16,})'
+#: the trimmed attributes with every integer of 16 digits or more (all those beyond 2**53, which
+#: JavaScript viewers would round) as a JSON string: the first pass marks each such integer with
+#: chr(1)..chr(2) (and leaves an empty mark after the rest), the next passes drop the empty marks and
+#: quote the marked integers. A JSON document holds no raw control characters, so no mark is mistaken.
+_ATTRS = (
+    f"(CASE WHEN NOT regexp_matches({_ATTRS_TRIMMED}, '[0-9]{{16}}') THEN {_ATTRS_TRIMMED} ELSE "
+    f"regexp_replace(regexp_replace(regexp_replace({_ATTRS_TRIMMED}, '{_BIG_INT_RE}', '\\1' || chr(1) || '\\2' || chr(2), 'g'),"
+    f" chr(1) || chr(2), '', 'g'), chr(1) || '(-?[0-9]+)' || chr(2), '\"\\1\"', 'g') END)"
+)
+#: The thread id of the synthetic track of each process's epochs: an epoch runs from the first batch
+#: of a training loader to the fetch that finds it empty, while a step runs from one fetch to the
+#: next, so the first step of every later epoch starts at that last fetch, inside the previous epoch
+#: (and holds whatever ran between the epochs); on one thread the two would not nest.
+EPOCH_TID = 2**31 - 3
+#: SQL: a span the agent records from its start to the completion of asynchronous work (DDP's
+#: gradient buckets, collectives with ``async_op=True``): such spans overlap one another on the
+#: thread that started them, so they are written as async events (``"b"``/``"e"``, one id each),
+#: which viewers lay out on tracks of their own.
+_ASYNC = "(kind = 'comm' AND (name = 'ddp_bucket' OR contains(coalesce(attrs, ''), '\"async\": true')))"
+
+
+def _int_json(x: str) -> str:
+    """SQL: the integer ``x`` as JSON: a number, or a string beyond 2**53 (JavaScript's exact range)."""
+    return f"(CASE WHEN abs({x}::HUGEINT) > {2**53} THEN '\"' || {x}::VARCHAR || '\"' ELSE {x}::VARCHAR END)"
 
 
 def span_event(t0: int) -> str:
-    """SQL: a span's complete event. Its kind is its category; its attributes (a JSON object written
-    by the agent) are spliced into its args, followed by its span id, step and parent span."""
-    return (
-        "',\n{\"name\":' || " + _text("name") + " || ',\"cat\":' || " + _text("kind")
-        + " || ',\"ph\":\"X\",\"ts\":' || " + _since("start_ns", t0) + " || ',\"dur\":' || " + _DUR
-        + " || ',\"pid\":' || " + _pid("pid") + "::VARCHAR || ',\"tid\":' || coalesce(tid, 0)::VARCHAR"
-        + " || ',\"args\":{' || CASE WHEN attrs IS NULL OR attrs = '' THEN ''"
-        + f" WHEN {_ATTRS} LIKE '{{%}}' AND length({_ATTRS}) > 2"
-        + f" THEN substr({_ATTRS}, 2, length({_ATTRS}) - 2) || ','"
-        + f" WHEN {_ATTRS} = '{{}}' THEN '' ELSE '\"attrs\":' || to_json({_ATTRS}) || ',' END"
-        + " || '\"span_id\":' || coalesce(span_id, 0)::VARCHAR"
-        + " || CASE WHEN step >= 0 THEN ',\"step\":' || step::VARCHAR ELSE '' END"
-        + " || CASE WHEN parent_id <> 0 THEN ',\"parent_id\":' || parent_id::VARCHAR ELSE '' END || '}}'"
-    )  # fmt: skip
+    """SQL: a span's event. Its kind is its category; its attributes (a JSON object written by the
+    agent) are spliced into its args, followed by its span id, step and parent span; integers beyond
+    2**53 in them are strings. A complete event (``"X"``) on its thread (epochs on the process's epoch
+    track), or a pair of async events for a span of asynchronous work (see :data:`_ASYNC`): the
+    begin with the args, then its end. The args are written once, whichever the kind of event."""
+    head = "',\n{\"name\":' || " + _text("name") + " || ',\"cat\":' || " + _text("kind")
+    where = (
+        " || ',\"pid\":' || "
+        + _pid("pid")
+        + "::VARCHAR || ',\"tid\":' || "
+        + f"(CASE WHEN kind = 'epoch' THEN {EPOCH_TID} ELSE coalesce(tid, 0) END)::VARCHAR"
+    )
+    args = (
+        " || ',\"args\":{' || CASE WHEN attrs IS NULL OR attrs = '' THEN ''"
+        + f" WHEN {_ATTRS_TRIMMED} LIKE '{{%}}' AND length({_ATTRS_TRIMMED}) > 2 THEN {_ATTRS}[2:-2] || ','"
+        + f" WHEN {_ATTRS_TRIMMED} = '{{}}' THEN '' ELSE '\"attrs\":' || to_json({_ATTRS_TRIMMED}) || ',' END"
+        + " || '\"span_id\":' || "
+        + _int_json("coalesce(span_id, 0)")
+        + " || CASE WHEN step >= 0 THEN ',\"step\":' || "
+        + _int_json("step")
+        + " ELSE '' END"
+        + " || CASE WHEN parent_id <> 0 THEN ',\"parent_id\":' || "
+        + _int_json("parent_id")
+        + " ELSE '' END || '}}'"
+    )
+    async_id = '\',"id2":{"local":"\' || coalesce(span_id, 0)::VARCHAR || \'"}\''
+    timing = (
+        f' || CASE WHEN {_ASYNC} THEN \',"ph":"b","ts":\' || '
+        + _since("start_ns", t0)
+        + ' ELSE \',"ph":"X","ts":\' || '
+        + _since("start_ns", t0)
+        + " || ',\"dur\":' || "
+        + _DUR
+        + " END"
+    )
+    end = (
+        f" || CASE WHEN {_ASYNC} THEN "
+        + head
+        + ' || \',"ph":"e","ts":\' || '
+        + _since("greatest(end_ns, start_ns)", t0)
+        + where
+        + " || "
+        + async_id
+        + " || '}' ELSE '' END"
+    )
+    return head + timing + where + f" || CASE WHEN {_ASYNC} THEN {async_id} ELSE '' END" + args + end
 
 
 def sample_event(t0: int, launcher_pid: int | None) -> str:
@@ -315,6 +380,7 @@ def write_chrome_trace(
     start_s: float | None = None,
     end_s: float | None = None,
     engine: Any = None,
+    bar: Bar | None = None,
 ) -> TraceStats:
     """Write ``run`` (optionally the window [start_s, end_s] seconds from its start) to ``out``.
 
@@ -322,8 +388,9 @@ def write_chrome_trace(
     and I/O operations to sort and write (``sorted_source``): the run's views by default, or with a
     :class:`~holoprof.analyze.engine_dask.DaskEngine` a file of the rows its cluster read. The small
     process table is read with DuckDB. ``out`` must take any Unicode text (the names are written
-    as they are, not escaped to ASCII).
+    as they are, not escaped to ASCII). ``bar`` (a progress bar) counts the events as they are written.
     """
+    bar = bar or Bar()
     src = engine if engine is not None else DuckDBRows(run)
     t0 = run_start_ns(run)
     lo, hi = _window_ns(run, t0, start_s, end_s)
@@ -427,6 +494,8 @@ def write_chrome_trace(
                 f"SELECT DISTINCT coalesce(host, 'None') AS h, pid FROM {source} WHERE {cond} ORDER BY h, pid",
                 params,
             )
+            if bar.active:
+                bar.add_total(run.rows(f"SELECT count(*) FROM {source} WHERE {cond}", params)[0][0])
             for host, pid in tracks:
                 p = pid_of(host, int(pid))  # the hosts first seen here are numbered in name order
                 if table == "io_ops":
@@ -441,10 +510,37 @@ def write_chrome_trace(
                         }
                     )
                     stats.threads += 1
+            if table == "spans":  # the epoch track of each process with epochs
+                for host, pid in run.rows(
+                    f"SELECT DISTINCT coalesce(host, 'None') AS h, pid FROM {source} WHERE {cond} AND kind = 'epoch'"
+                    " ORDER BY h, pid",
+                    params,
+                ):
+                    p = pid_of(host, int(pid))
+                    emit(
+                        {
+                            "name": "thread_name",
+                            "ph": "M",
+                            "pid": p,
+                            "tid": EPOCH_TID,
+                            "args": {"name": "epochs"},
+                        }
+                    )
+                    emit(
+                        {
+                            "name": "thread_sort_index",
+                            "ph": "M",
+                            "pid": p,
+                            "tid": EPOCH_TID,
+                            "args": {"sort_index": -1},
+                        }
+                    )
+                    stats.threads += 1
             for text, n in sorted_events(run, source, columns, where, order, event, list(pid_of.hosts)):
                 out.write(text[2:] if first else text)  # each event follows ",\n"
                 first = False
-                stats.events += n
+                stats.events += n + (text.count(',"ph":"e",') if table == "spans" else 0)  # async ends
                 setattr(stats, counted, getattr(stats, counted) + n)
+                bar.advance(n)
     out.write("\n]}\n")
     return stats

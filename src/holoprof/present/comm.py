@@ -9,6 +9,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from holoprof.present.summary import at_most, natural_key, top_rows, total
+from holoprof.present.terminal import keep_whole
+
 
 def _s(v: float) -> str:
     return f"{v * 1e3:.2f} ms" if v < 1 else f"{v:.2f} s"
@@ -41,8 +44,11 @@ def comm_group(doc: dict[str, Any]) -> Group | None:
     if ranks:
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for col in ("rank", "steps", "step median", "p90", "comm/step", "exposed/step", "waits for others"):
-            t.add_column(col, justify="right")
-        for r in ranks:
+            t.add_column(col, justify="right", no_wrap=True)
+        shown, rest = top_rows(
+            sorted(ranks, key=lambda r: natural_key(r["rank"])), lambda r: r["step_median_s"]
+        )
+        for r in shown:
             t.add_row(
                 str(r["rank"]),
                 str(r["steps"]),
@@ -52,13 +58,28 @@ def comm_group(doc: dict[str, Any]) -> Group | None:
                 _s(r["exposed_s"]),
                 _s(r["wait_s"]),
             )
-        parts.append(t)
+        if rest:  # the slowest ranks are shown; the rest in one row, each column's range
+            t.add_row(
+                Text(f"… {len(rest)} more", style="dim"),
+                str(int(total(rest, "steps"))),
+                *(
+                    at_most(rest, k, _s)
+                    for k in ("step_median_s", "step_p90_s", "comm_s", "exposed_s", "wait_s")
+                ),
+                style="dim",
+            )
+        parts.append(keep_whole(t))
+        if rest:
+            parts.append(Text("(the slowest ranks by step median; every rank is in --json)", style="dim"))
     colls = c.get("collectives") or []
     if colls:
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for col in ("collective", "count", "bytes", "time"):
-            t.add_column(col, justify="right" if col != "collective" else "left")
+            if col == "collective":
+                t.add_column(col, overflow="fold")
+            else:
+                t.add_column(col, justify="right", no_wrap=True)
         for x in colls[:8]:
-            t.add_row(str(x["op"]), str(x["count"]), _bytes(x["bytes"]), _s(x["total_s"]))
-        parts.append(t)
+            t.add_row(Text(str(x["op"])), str(x["count"]), _bytes(x["bytes"]), _s(x["total_s"]))
+        parts.append(keep_whole(t))
     return Group(*parts) if parts else None

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from typing import IO, Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from holoprof.present.terminal import PHASE_COLORS, SEVERITY_COLORS, fmt_bytes, fmt_s
+from holoprof.present.terminal import PHASE_COLORS, SEVERITY_COLORS, fmt_bytes, fmt_s, make_console
 
 
 def _change(c: float | None, higher_is_worse: bool = True) -> Text:
@@ -26,7 +25,7 @@ def _table(*cols: str) -> Table:
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column(cols[0])
     for c in cols[1:]:
-        t.add_column(c, justify="right")
+        t.add_column(c, justify="right", no_wrap=True)
     return t
 
 
@@ -106,12 +105,13 @@ def _findings(d: dict[str, Any]) -> Table | Text:
 
 
 def render_diff(d: dict[str, Any], file: IO[str] | None = None, width: int | None = None) -> None:
-    console = Console(file=file or sys.stdout, width=width or 110, highlight=False, soft_wrap=False)
+    console = make_console(file, width)
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("A", f"{d['a']['dir']}  ({' '.join(d['a']['command'])})")
-    head.add_row("B", f"{d['b']['dir']}  ({' '.join(d['b']['command'])})")
+    for side in ("a", "b"):
+        run = d[side]
+        head.add_row(side.upper(), Text(f"{run['dir']}  ({' '.join(run['command'])})", overflow="fold"))
     parts: list[Any] = [head, Text("")]
     parts += [Text("Steps", style="bold underline"), _steps(d), Text("")]
     parts += [Text("Phase shares", style="bold underline"), _phases(d), Text("")]
@@ -124,7 +124,7 @@ def render_diff(d: dict[str, Any], file: IO[str] | None = None, width: int | Non
         t = _table("stage", "wall A", "wall B", "change")
         for s in stages:
             t.add_row(
-                s["name"],
+                Text(str(s["name"])),
                 "" if s["wall_s_a"] is None else fmt_s(s["wall_s_a"]),
                 "" if s["wall_s_b"] is None else fmt_s(s["wall_s_b"]),
                 _change(s["change"]),

@@ -1,7 +1,8 @@
 """`holoprof export RUN --format chrome|tensorboard -o PATH`: a run in another tool's format.
 
 * ``chrome``: one JSON file in the Chrome trace event format (Perfetto, chrome://tracing);
-  ``--from S --to S`` keeps the window from S to S seconds after the run start.
+  ``--from S --to S`` keeps the window from S to S seconds after the run start; ``-o -`` writes it
+  to stdout.
 * ``tensorboard``: a log directory with an event file of per-step scalars
   (``tensorboard --logdir PATH``).
 
@@ -13,6 +14,7 @@ file as the default DuckDB engine (``pip install 'holoprof[dask]'``).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Iterator
@@ -34,7 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="a run directory or a .holoprof pack")
     parser.add_argument("--format", "-f", required=True, choices=FORMATS, help="chrome or tensorboard")
     parser.add_argument(
-        "-o", "--out", required=True, help="the file (chrome) or log directory (tensorboard) to write"
+        "-o",
+        "--out",
+        required=True,
+        help="the file (chrome; - for stdout) or log directory (tensorboard) to write",
     )
     parser.add_argument(
         "--from", dest="start_s", type=finite_float, help="chrome: start of the window, seconds"
@@ -69,7 +74,9 @@ def export_run(
     engine: str = "duckdb",
     scheduler: Any = None,
 ) -> str:
-    """Export ``run`` (a loaded run) as ``fmt`` into ``out``; returns a one-line summary.
+    """Export ``run`` (a loaded run) as ``fmt`` into ``out``; returns a one-line summary. ``out``
+    ``"-"`` writes a Chrome trace to stdout (UTF-8); TensorBoard needs a directory. A progress bar is
+    drawn on stderr when it is a terminal (:mod:`holoprof.present.progress`).
 
     ``engine="dask"`` reads it on a Dask cluster (``scheduler``: an address or a
     ``distributed.Client``; default: a local cluster); the output is the same as DuckDB's.
@@ -84,6 +91,25 @@ def export_run(
         raise HoloprofError(f"--to ({end_s}) must be after --from ({start_s})")
     if fmt != "chrome" and (start_s is not None or end_s is not None):
         raise HoloprofError("--from/--to apply to --format chrome only; leave them out for tensorboard")
+    from holoprof.present.progress import progress
+
+    if out == "-" and fmt != "chrome":
+        raise HoloprofError("TensorBoard writes a log directory, not a stream; give one with -o, e.g. -o tb/")
+    if fmt == "chrome" and out == "-":
+        from holoprof.present.chrome_trace import write_chrome_trace
+
+        sys.stdout.flush()
+        stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")  # JSON is UTF-8
+        try:
+            with _engine(run, engine, scheduler) as eng, progress("Chrome trace") as bar:
+                stats = write_chrome_trace(run, stdout, start_s, end_s, engine=eng, bar=bar)
+            stdout.flush()
+        finally:
+            stdout.detach()
+        return (
+            f"wrote the trace to stdout: {stats.spans} spans, {stats.counters} samples, {stats.io_ops} I/O ops, "
+            f"{stats.processes} processes"
+        )
     out = os.path.abspath(out)
     if fmt == "chrome":
         from holoprof.present.chrome_trace import write_chrome_trace
@@ -92,8 +118,12 @@ def export_run(
             raise HoloprofError(f"{out} is a directory; give the trace file to write, e.g. -o trace.json")
         tmp = out + ".tmp"
         try:
-            with _engine(run, engine, scheduler) as eng, open(tmp, "w", encoding="utf-8") as f:
-                stats = write_chrome_trace(run, f, start_s, end_s, engine=eng)
+            with (
+                _engine(run, engine, scheduler) as eng,
+                open(tmp, "w", encoding="utf-8") as f,
+                progress("Chrome trace") as bar,
+            ):
+                stats = write_chrome_trace(run, f, start_s, end_s, engine=eng, bar=bar)
             os.replace(tmp, out)
         except OSError as exc:
             try:
@@ -115,8 +145,8 @@ def export_run(
 
     if os.path.isfile(out):
         raise HoloprofError(f"{out} is a file; give a log directory for TensorBoard, e.g. -o tb/")
-    with _engine(run, engine, scheduler) as eng:
-        tb = write_tensorboard(run, out, engine=eng)
+    with _engine(run, engine, scheduler) as eng, progress("TensorBoard steps") as bar:
+        tb = write_tensorboard(run, out, engine=eng, bar=bar)
     return f"wrote {tb.path}: {tb.steps} steps, {len(tb.tags)} scalars each; view with: tensorboard --logdir {out}"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
+from holoprof.present.summary import at_most, more_label, top_rows, total, tree_parent
 from holoprof.present.terminal import fmt_phase_per_step
 
 PHASE_COLORS = {
@@ -445,7 +446,12 @@ def _resources(doc: dict[str, Any]) -> str:
 
 
 def _gantt(doc: dict[str, Any]) -> str:
-    stages = doc.get("stages") or []
+    all_stages = doc.get("stages") or []
+    stages, rest = top_rows(
+        all_stages,
+        lambda st: float(st.get("wall_s") or 0),
+        parent=tree_parent([int(st.get("depth", 0)) for st in all_stages]),
+    )
     run = doc.get("run", {})
     t0 = run.get("start_ns") or 0
     duration = float(run.get("duration_s", 0) or 0)
@@ -482,6 +488,16 @@ def _gantt(doc: dict[str, Any]) -> str:
             f"<td class='num'>{esc('—' if st.get('gpu_s') is None else fmt_s(st['gpu_s']))}</td></tr>"
             for st in stages
         )
+        if rest:
+            rss = max(float(st.get("max_rss_bytes") or 0) for st in rest)
+            trs += (
+                f"<tr class='more'><td>{esc(more_label(rest, 'stages'))}</td><td></td>"
+                f"<td class='num'>{esc(at_most(rest, 'wall_s', fmt_s))}</td><td></td>"
+                f"<td class='num'>{esc(int(total(rest, 'steps')))}</td>"
+                f"<td class='num'>{esc(fmt_s(total(rest, 'cpu_s')))}</td><td class='num'>{esc(fmt_bytes(rss))}</td>"
+                f"<td class='num'>{esc(fmt_bytes(total(rest, 'read_bytes')))}</td>"
+                f"<td class='num'>{esc(fmt_bytes(total(rest, 'write_bytes')))}</td><td></td></tr>"
+            )
         stage_table = (
             "<table><tr><th>stage</th><th>kind</th><th class='num'>wall</th><th class='num'>share</th>"
             "<th class='num'>steps</th><th class='num'>CPU</th><th class='num'>max RSS</th>"
@@ -490,14 +506,17 @@ def _gantt(doc: dict[str, Any]) -> str:
             + "</table><p class='muted'><span class='crit'>◆</span> on the critical path: the stages the "
             "end-to-end time waited on</p>"
         )
-    procs = doc.get("processes") or []
-    end_by_pid = {(st.get("host"), st.get("pid")): float(st.get("end_s", 0)) for st in stages}
-    for p in procs:
+    end_by_pid = {(st.get("host"), st.get("pid")): float(st.get("end_s", 0)) for st in all_stages}
+    spans: list[tuple[dict[str, Any], float, float]] = []
+    for p in doc.get("processes") or []:
         if p.get("role") == "launcher" or not p.get("start_ns"):
             continue
         s = (int(p["start_ns"]) - int(t0)) / 1e9 if t0 else 0.0
         e_ns = int(p.get("end_ns") or 0)
         e = (e_ns - int(t0)) / 1e9 if e_ns and t0 else end_by_pid.get((p.get("host"), p.get("pid")), duration)
+        spans.append((p, s, e))
+    spans, hidden = top_rows(spans, lambda x: x[2] - x[1])  # the longest processes
+    for p, s, e in spans:
         argv = " ".join(str(a) for a in (p.get("argv") or []))
         name = os.path.basename(str((p.get("argv") or ["?"])[0]))
         rows.append(
@@ -513,6 +532,11 @@ def _gantt(doc: dict[str, Any]) -> str:
     if not rows:
         return ""
     chart = gantt(rows, duration, title="stages and processes over time")
+    if rest or hidden:
+        chart += (
+            f"<p class='muted'>The chart shows the {len(stages)} longest stages and {len(spans)} longest "
+            f"processes; {len(rest)} more stages and {len(hidden)} more processes are in the JSON report.</p>"
+        )
     return (
         "<section><h2>Workflow: stages and processes</h2>"
         + legend([*((k, c) for k, c in KIND_COLORS.items()), ("process (traced)", "#c5cbe0")])

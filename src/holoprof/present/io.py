@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from holoprof.present.terminal import fmt_bytes, fmt_s
+from holoprof.present import summary
+from holoprof.present.terminal import NamedRows, fmt_bytes, fmt_s, middle_ellipsis
 
 BAR_WIDTH = 30
 TOP_FILES = 10
@@ -20,10 +20,6 @@ TOP_FILES = 10
 
 def _rate(b: float) -> str:
     return f"{fmt_bytes(b)}/s" if b > 0 else "-"
-
-
-def _short_path(p: str, width: int = 60) -> str:
-    return p if len(p) <= width else "…" + p[-(width - 1) :]
 
 
 def _mapped_line(m: dict[str, Any]) -> str:
@@ -90,7 +86,7 @@ def io_group(doc: dict[str, Any]) -> Group | None:
         h = Table(box=None, show_header=False, pad_edge=False)
         h.add_column("size", style="grey62")
         h.add_column("bar")
-        h.add_column("reads", justify="right")
+        h.add_column("reads", justify="right", no_wrap=True)
         for name, n in hist.items():
             share = n / total
             h.add_row(name, Text("█" * round(share * BAR_WIDTH), style="blue"), f"{n} ({100 * share:.0f}%)")
@@ -98,27 +94,37 @@ def io_group(doc: dict[str, Any]) -> Group | None:
 
     files = io.get("files_detail") or []
     if files:
-        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         any_mapped = any(f.get("mmaps") for f in files[:TOP_FILES])
-        cols = ["file", "read", "written", *(["mapped"] if any_mapped else []), "reads", "opens", "seq"]
-        for col in [*cols, "read time"]:
-            t.add_column(col, justify="left" if col == "file" else "right")
-        for f in files[:TOP_FILES]:
-            t.add_row(
-                _short_path(f["path"]),
-                fmt_bytes(f["bytes_read"]),
-                fmt_bytes(f["bytes_written"]),
-                *([_mapped_cell(f)] if any_mapped else []),
-                str(f["reads"]),
-                str(f["opens"]),
-                f"{100 * f['seq_read_fraction']:.0f}%",
-                fmt_s(f["read_time_s"]),
-            )
-        more = len(files) - TOP_FILES
+        t = NamedRows(
+            "file",
+            ["read", "written", *(["mapped"] if any_mapped else []), "reads", "opens", "seq", "read time"],
+            [
+                (
+                    Text(str(f["path"])),
+                    [
+                        fmt_bytes(f["bytes_read"]),
+                        fmt_bytes(f["bytes_written"]),
+                        *([_mapped_cell(f)] if any_mapped else []),
+                        str(f["reads"]),
+                        str(f["opens"]),
+                        f"{100 * f['seq_read_fraction']:.0f}%",
+                        fmt_s(f["read_time_s"]),
+                    ],
+                )
+                for f in files[:TOP_FILES]
+            ],
+        )
+        rest = files[TOP_FILES:]
         parts += [Text(""), Text("top files", style="bold"), t]
-        if more > 0:
+        if rest:
             parts.append(
-                Text(f"... {more} more in the JSON report (holoprof report RUN --json)", style="grey62")
+                Text(
+                    f"{summary.more_label(rest, 'files')}: {fmt_bytes(summary.total(rest, 'bytes_read'))} read in "
+                    f"{int(summary.total(rest, 'reads'))} reads, {fmt_bytes(summary.total(rest, 'bytes_written'))} "
+                    "written "
+                    "(every file is in holoprof report RUN --json)",
+                    style="grey62",
+                )
             )
 
     staging = [s for s in io.get("staging") or [] if s.get("expected_saving_s", 0) > 0]
@@ -127,7 +133,7 @@ def io_group(doc: dict[str, Any]) -> Group | None:
         for s in staging[:3]:
             parts.append(
                 Text(
-                    f"{_short_path(s['directory'])}: {s['files']} files, {fmt_bytes(s['bytes_read'])}, "
+                    f"{middle_ellipsis(str(s['directory']), 60)}: {s['files']} files, {fmt_bytes(s['bytes_read'])}, "
                     f"saves about {fmt_s(s['expected_saving_s'])}"
                 )
             )

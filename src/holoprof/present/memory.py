@@ -9,6 +9,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from holoprof.present.terminal import keep_whole
+
 CATEGORY_COLORS = {
     "weights": "blue",
     "gradients": "magenta",
@@ -39,10 +41,10 @@ def memory_group(doc: dict[str, Any]) -> Group | None:
         head += f"; limit {_bytes(m['limit_bytes'])} ({m.get('limit_source', '')})"
     parts: list[Any] = [Text(head)]
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    t.add_column("category")
-    t.add_column("bytes", justify="right")
-    t.add_column("share", justify="right")
-    t.add_column("")
+    t.add_column("category", no_wrap=True)
+    t.add_column("bytes", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
+    t.add_column("", no_wrap=True, overflow="crop")
     for name, b in cats.items():
         color = CATEGORY_COLORS.get(name, "white")
         t.add_row(
@@ -51,16 +53,18 @@ def memory_group(doc: dict[str, Any]) -> Group | None:
             f"{100 * b / total:.1f}%",
             Text("█" * round(30 * b / total), style=color),
         )
-    parts.append(t)
+    parts.append(keep_whole(t))
     if m.get("other_note"):
         parts.append(Text(m["other_note"], style="dim"))
     layers = m.get("per_layer") or []
     if layers:
         lt = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        lt.add_column("layer (largest first)")
-        lt.add_column("activations", justify="right")
-        lt.add_column("parameters", justify="right")
+        lt.add_column("layer (largest first)", overflow="fold")
+        lt.add_column("activations", justify="right", no_wrap=True)
+        lt.add_column("parameters", justify="right", no_wrap=True)
         for row in layers[:8]:
-            lt.add_row(str(row["name"]), _bytes(row["activation_bytes"]), _bytes(row["parameter_bytes"]))
-        parts.append(lt)
+            lt.add_row(
+                Text(str(row["name"])), _bytes(row["activation_bytes"]), _bytes(row["parameter_bytes"])
+            )
+        parts.append(keep_whole(lt))
     return Group(*parts)

@@ -12,7 +12,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from holoprof.present.terminal import fmt_bytes, fmt_s
+from holoprof.present.summary import at_most, more_label, top_rows, total, tree_parent
+from holoprof.present.terminal import fmt_bytes, fmt_s, keep_whole
 
 KIND_COLORS = {
     "train": "green",
@@ -26,12 +27,12 @@ BAR_WIDTH = 10
 
 
 def _bar(share: float, critical: bool) -> Text:
+    """The share in figures, then as a bar (cut first on a narrow terminal)."""
     n = share * BAR_WIDTH
     full = int(n)
     half = n - full >= 0.5
-    t = Text("█" * full + ("▌" if half else ""), style="red" if critical else "blue")
-    t.append(" " * max(0, BAR_WIDTH - full - (1 if half else 0)))
-    t.append(f" {100 * share:5.1f}%", style="bold" if critical else "")
+    t = Text(f"{100 * share:5.1f}% ", style="bold" if critical else "")
+    t.append("█" * full + ("▌" if half else ""), style="red" if critical else "blue")
     return t
 
 
@@ -85,10 +86,15 @@ def stages_table(doc: dict[str, Any]) -> Table | None:
     t.add_column("kind", no_wrap=True)
     for col in ("start", "wall"):
         t.add_column(col, justify="right", no_wrap=True)
-    t.add_column("share", no_wrap=True, min_width=BAR_WIDTH + 7)
+    t.add_column("share", no_wrap=True, overflow="crop", min_width=6)
     for col in ("steps", "CPU", "max RSS", "I/O"):
         t.add_column(col, justify="right", no_wrap=True)
-    for prefix, st in zip(_prefixes(stages), stages, strict=True):
+    shown, rest = top_rows(
+        stages,
+        lambda st: float(st.get("wall_s") or 0),
+        parent=tree_parent([int(st.get("depth", 0)) for st in stages]),
+    )
+    for prefix, st in zip(_prefixes(shown), shown, strict=True):
         crit = bool(st.get("critical"))
         name = Text(prefix, style="dim")
         name.append(f"{CRITICAL_MARK} " if crit else "  ", style="bold red")
@@ -105,7 +111,21 @@ def stages_table(doc: dict[str, Any]) -> Table | None:
             fmt_bytes(float(st["max_rss_bytes"])) if st.get("max_rss_bytes") else "",
             _io(st),
         )
-    return t
+    if rest:
+        cpu, rss = total(rest, "cpu_s"), max(float(st.get("max_rss_bytes") or 0) for st in rest)
+        t.add_row(
+            Text(more_label(rest, "stages"), style="dim"),
+            "",
+            "",
+            at_most(rest, "wall_s", _secs),
+            "",
+            str(int(total(rest, "steps")) or ""),
+            _secs(cpu) if cpu else "",
+            fmt_bytes(rss) if rss else "",
+            _io({"read_bytes": total(rest, "read_bytes"), "write_bytes": total(rest, "write_bytes")}),
+            style="dim",
+        )
+    return keep_whole(t)
 
 
 def stages_group(doc: dict[str, Any]) -> Group | None:

@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from holoprof import model
 from holoprof.errors import HoloprofError
+from holoprof.present.progress import Bar
 from holoprof.store.reader import Run, row_batches, windows
 
 BATCH = 20_000
@@ -203,12 +204,14 @@ def _per_step_rows(run: Run, select: str, params: dict[str, Any]) -> Iterator[li
         yield from row_batches(run.con.cursor(), _per_step_sql(cond) + select, params, BATCH)
 
 
-def write_tensorboard(run: Run, logdir: str, engine: Any = None) -> TensorBoardStats:
+def write_tensorboard(run: Run, logdir: str, engine: Any = None, bar: Bar | None = None) -> TensorBoardStats:
     """Write the per-step scalars of ``run``'s main training loop into ``logdir``.
 
     ``engine``: DuckDB by default, or a :class:`~holoprof.analyze.engine_dask.DaskEngine` (which
-    computes the per-step table on the cluster); both write the same records.
+    computes the per-step table on the cluster); both write the same records. ``bar`` (a progress
+    bar) counts the steps as they are written.
     """
+    bar = bar or Bar()
     from holoprof.analyze.steps import step_processes
 
     procs = engine.step_processes() if engine is not None else step_processes(run)
@@ -252,9 +255,17 @@ def write_tensorboard(run: Run, logdir: str, engine: Any = None) -> TensorBoardS
         batches = engine.tensorboard_rows(main, [name for name, _ in series])
     else:
         batches = _per_step_rows(run, select, params)
+    if bar.active:
+        bar.add_total(
+            run.rows(
+                "SELECT count(*) FROM spans WHERE kind = 'step' AND host = ? AND pid = ? AND end_ns >= start_ns",
+                [main.host, main.pid],
+            )[0][0]
+        )
     n = 0
     with EventWriter(logdir) as w:
         for rows in batches:
+            bar.advance(len(rows))
             for r in rows:
                 step, end_ns, dur = int(r[0]), int(r[1]), float(r[2] or 0)
                 dur_s = dur / 1e9

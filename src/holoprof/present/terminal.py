@@ -1,12 +1,20 @@
-"""The terminal report (rich). Renders a ``holoprof.report/1`` document; computes nothing."""
+"""The terminal report (rich). Renders a ``holoprof.report/1`` document; computes nothing.
+
+Text from the job (paths, commands, names, finding texts) is data: it goes to rich as ``Text`` or
+through a console made by :func:`make_console`, which reads no markup, so ``[/x]`` in a path is
+printed as it is. The report follows the terminal's width (``COLUMNS`` included); numbers are never
+cut, paths are folded or shortened in the middle.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import IO, Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -27,6 +35,99 @@ PHASE_COLORS = {
 }
 SEVERITY_COLORS = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 _SPARK = "▁▂▃▄▅▆▇█"
+
+
+#: The width of a report written to a file or a pipe when COLUMNS does not say.
+DEFAULT_WIDTH = 110
+
+
+def make_console(file: IO[str] | None = None, width: int | None = None) -> Console:
+    """A console for reports on ``file`` (stdout by default): markup and highlighting off (the text
+    it prints is data), ``width`` columns, or else the terminal's width (``COLUMNS`` wins), or
+    :data:`DEFAULT_WIDTH` on a file or pipe."""
+    out = file or sys.stdout
+    if width is None and not os.environ.get("COLUMNS", "").strip().isdigit():
+        isatty = getattr(out, "isatty", None)
+        try:
+            tty = bool(isatty and isatty())
+        except (OSError, ValueError):
+            tty = False
+        if not tty:
+            width = DEFAULT_WIDTH
+    return Console(file=out, width=width, markup=False, highlight=False, emoji=False, soft_wrap=False)
+
+
+def middle_ellipsis(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, its middle replaced by "…" when too long (both ends
+    of a path say the most: the mount point and the file name)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def keep_whole(table: Table) -> Table:
+    """``table`` with every column that is not to be wrapped (``no_wrap``: numbers, short labels) as
+    wide as its widest cell, so that a narrow terminal folds the other columns (paths, names) rather
+    than cutting a number to "43…". Columns that may be shortened say so: a ``max_width``, or
+    ``overflow="crop"`` (bars and sparklines)."""
+    for column in table.columns:
+        if column.no_wrap and column.max_width is None and column.overflow != "crop":
+            cells = [column.header, *column.cells]
+            column.min_width = max(
+                (
+                    c.cell_len if isinstance(c, Text) else cell_len(c)
+                    for c in cells
+                    if isinstance(c, (str, Text))
+                ),
+                default=0,
+            )
+    return table
+
+
+class NamedRows:
+    """A table of rows that each start with a long name (a path, a command) followed by numbers.
+
+    Where the terminal is wide enough, one table with the name first (folded over lines when long);
+    where it is not, the numbers keep their columns and the names move under the table, numbered.
+    Numbers are never cut."""
+
+    def __init__(self, name: str, columns: list[str], rows: list[tuple[Text | str, list[str]]]) -> None:
+        self.name, self.columns, self.rows = name, columns, rows
+
+    def _table(self, first: str | None) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        if first is not None:
+            t.add_column(first, overflow="fold", ratio=1)
+        for c in self.columns:
+            t.add_column(c, justify="right", no_wrap=True)
+        return t
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        numbers = self._table(None)
+        for _, cells in self.rows:
+            numbers.add_row(*cells)
+        keep_whole(numbers)
+        need = sum(c.min_width or 0 for c in numbers.columns) + 2 * len(self.columns)
+        if options.max_width - need >= 24:
+            t = self._table(self.name)
+            for name, cells in self.rows:
+                t.add_row(name if isinstance(name, Text) else Text(name, overflow="fold"), *cells)
+            yield keep_whole(t)
+            return
+        t = self._table("#")
+        t.padding, t.collapse_padding = (0, 1), True
+        for i, (_, cells) in enumerate(self.rows, 1):
+            t.add_row(str(i), *cells)
+        yield keep_whole(t)
+        names = Table.grid(padding=(0, 1))
+        names.add_column(justify="right", no_wrap=True, style="dim")
+        names.add_column(overflow="fold")
+        for i, (name, _) in enumerate(self.rows, 1):
+            names.add_row(str(i), name if isinstance(name, Text) else Text(name))
+        yield names
 
 
 def fmt_s(s: float) -> str:
@@ -87,14 +188,14 @@ def _header(doc: dict[str, Any]) -> Table:
     status = run["status"]
     style = {"finished": "green", "crashed": "bold red", "running": "yellow"}.get(status, "white")
     cmd = " ".join(run.get("command") or [])
-    t.add_row("run", run["dir"])
+    t.add_row("run", Text(str(run["dir"]), overflow="fold"))
     if cmd:
-        t.add_row("command", cmd)
+        t.add_row("command", Text(cmd, overflow="fold"))
     knobs = run.get("knobs") or {}
     if knobs:
         t.add_row(
             "knobs",
-            ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in knobs.items()),
+            Text(", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in knobs.items())),
         )
     code = run.get("exit_code")
     t.add_row(
@@ -103,8 +204,10 @@ def _header(doc: dict[str, Any]) -> Table:
     )
     t.add_row(
         "duration",
-        f"{fmt_s(run['duration_s'])}  ·  {run['processes']} process{'' if run['processes'] == 1 else 'es'} ({run['traced_processes']} traced)"
-        + (f"  ·  {run['ranks']} ranks" if run["ranks"] else ""),
+        Text(
+            f"{fmt_s(run['duration_s'])}  ·  {run['processes']} process{'' if run['processes'] == 1 else 'es'} ({run['traced_processes']} traced)"
+            + (f"  ·  {run['ranks']} ranks" if run["ranks"] else "")
+        ),
     )
     return t
 
@@ -119,7 +222,7 @@ def _steps(doc: dict[str, Any]) -> Table | Text:
         )
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for c in ("steps", "median", "p90", "steps/s", "epochs"):
-        t.add_column(c, justify="right")
+        t.add_column(c, justify="right", no_wrap=True)
     t.add_row(
         str(st["count"]),
         fmt_s(st["median_s"]),
@@ -127,21 +230,20 @@ def _steps(doc: dict[str, Any]) -> Table | Text:
         f"{st['per_s']:.2f}",
         "unknown" if st.get("epochs") is None else str(st["epochs"]),
     )
-    return t
+    return keep_whole(t)
 
 
-def _phases(doc: dict[str, Any]) -> Group:
+def _phases(doc: dict[str, Any], width: int = 60) -> Group:
     phases = doc["phases"]
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    t.add_column("phase")
-    t.add_column("share", justify="right")
-    t.add_column("median/step", justify="right")
-    t.add_column("total", justify="right")
-    t.add_column("")
+    t.add_column("phase", no_wrap=True)
+    for c in ("share", "median/step", "total"):
+        t.add_column(c, justify="right", no_wrap=True)
+    t.add_column("", overflow="crop", no_wrap=True)
     for p, v in phases.items():
         if v["fraction"] <= 0 and v["total_s"] <= 0:
             continue
-        n = round(v["fraction"] * 30)
+        n = round(v["fraction"] * min(30, width // 2))
         t.add_row(
             Text(p, style=PHASE_COLORS.get(p, "white")),
             f"{100 * v['fraction']:.1f}%",
@@ -149,10 +251,12 @@ def _phases(doc: dict[str, Any]) -> Group:
             fmt_s(v["total_s"]),
             Text("█" * n, style=PHASE_COLORS.get(p, "white")),
         )
-    parts: list[Any] = [_phase_bar(phases), t]
+    keep_whole(t)
+    parts: list[Any] = [_phase_bar(phases, width), t]
     tl = doc["steps"].get("timeline") or []
     if len(tl) > 1:
-        parts.append(Text(f"step time over the run  {sparkline([r['step_s'] for r in tl])}", style="dim"))
+        spark = sparkline([r["step_s"] for r in tl], max(10, width - 24))
+        parts.append(Text(f"step time over the run  {spark}", style="dim"))
     out = doc.get("outside_steps") or {}
     if out.get("total_s", 0) > 0:
         items = ", ".join(f"{k} {fmt_s(v)}" for k, v in out["phases"].items() if v > 0)
@@ -167,9 +271,9 @@ def _resources(doc: dict[str, Any]) -> Table | None:
         return None
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column("resource")
-    t.add_column("mean", justify="right")
-    t.add_column("max", justify="right")
-    t.add_column("over time")
+    t.add_column("mean", justify="right", no_wrap=True)
+    t.add_column("max", justify="right", no_wrap=True)
+    t.add_column("over time", no_wrap=True, overflow="crop")
 
     def row(label: str, key: str, fmt: Any) -> None:
         if key in s:
@@ -186,7 +290,7 @@ def _resources(doc: dict[str, Any]) -> Table | None:
         row(f"GPU {g} utilization", f"gpu.{g}.util_percent", lambda v: f"{v:.0f}%")
         row(f"GPU {g} memory", f"gpu.{g}.mem_used_bytes", fmt_bytes)
         row(f"GPU {g} power", f"gpu.{g}.power_w", lambda v: f"{v:.0f} W")
-    return t
+    return keep_whole(t)
 
 
 def _findings(doc: dict[str, Any]) -> Group:
@@ -272,11 +376,16 @@ def _section_group(target: str, doc: dict[str, Any]) -> Any:
 def render(
     doc: dict[str, Any], short: bool = False, file: IO[str] | None = None, width: int | None = None
 ) -> None:
-    console = Console(file=file or sys.stdout, width=width or 110, highlight=False, soft_wrap=False)
+    console = make_console(file, width)
+    inner = max(20, console.width - 4)  # inside the panel's borders and padding
     parts: list[Any] = [_header(doc), Text("")]
     parts += [Text("Steps", style="bold underline"), _steps(doc)]
     if doc["steps"]["count"]:
-        parts += [Text(""), Text("Where each step's time goes", style="bold underline"), _phases(doc)]
+        parts += [
+            Text(""),
+            Text("Where each step's time goes", style="bold underline"),
+            _phases(doc, min(60, inner)),
+        ]
     res = _resources(doc)
     if res is not None and not short:
         parts += [Text(""), Text("Resources", style="bold underline"), res]

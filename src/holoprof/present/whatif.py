@@ -69,13 +69,15 @@ def _fmt_bytes(b: float) -> str:
 
 def render(r: wi.WhatIf, file: IO[str] | None = None) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    con = Console(file=file or sys.stdout, highlight=False, width=120 if file is None else None)
+    from holoprof.present.terminal import make_console
+
+    con = make_console(file)
     bs = f", batch {r.batch_size} per worker" if r.batch_size else ""
+    con.print(Text("what-if: data parallelism", style="bold"), Text(f"from {r.run}"))
     con.print(
-        f"[bold]what-if: data parallelism[/bold] from {r.run}\n"
         f"measured: step {_fmt_s(r.step_s)}, backward {_fmt_s(r.backward_s)}, gradients "
         f"{_fmt_bytes(r.grad_bytes)} in {r.params} tensors{bs}; {len(r.buckets)} bucket(s) of at most "
         f"{r.bucket_mb:g} MB; latency {r.latency_s * 1e6:.0f} µs"

@@ -234,112 +234,6 @@ class Runs:
             return doc
 
 
-# --- /metrics ------------------------------------------------------------------------------------------
-
-
-def _label(v: Any) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def prometheus_text(reports: list[tuple[str, dict[str, Any]]]) -> str:
-    """The reports as the Prometheus text exposition format (version 0.0.4)."""
-    metrics: dict[str, tuple[str, str, list[str]]] = {}
-
-    def add(name: str, kind: str, help_text: str, labels: dict[str, Any], value: float) -> None:
-        entry = metrics.setdefault(name, (kind, help_text, []))
-        lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-        entry[2].append(f"{name}{{{lab}}} {float(value)!r}")
-
-    for run_id, doc in reports:
-        run = {"run": run_id}
-        add(
-            "holoprof_run_running",
-            "gauge",
-            "1 while the run is running",
-            run,
-            doc["run"]["status"] == "running",
-        )
-        st = doc["steps"]
-        main_rank = st.get("process", {}).get("rank", -1)
-        per_rank = st.get("per_rank") or [
-            {"rank": main_rank, "count": st["count"], "median_s": st["median_s"], "p90_s": st["p90_s"]}
-        ]
-        for r in per_rank:
-            lab = {**run, "rank": r.get("rank", -1)}
-            add("holoprof_steps_total", "counter", "training steps completed", lab, r.get("count", 0))
-            add("holoprof_step_time_seconds", "gauge", "median step time", lab, r.get("median_s", 0))
-            add(
-                "holoprof_step_time_p90_seconds", "gauge", "90th percentile step time", lab, r.get("p90_s", 0)
-            )
-            phases = r.get("phases")
-            if phases is None and r.get("rank", -1) == main_rank:
-                phases = {k: v["fraction"] for k, v in doc["phases"].items()}
-            for phase, frac in (phases or {}).items():
-                add(
-                    "holoprof_phase_fraction",
-                    "gauge",
-                    "fraction of step time in each phase",
-                    {**lab, "phase": phase},
-                    frac,
-                )
-        add("holoprof_steps_per_second", "gauge", "training throughput (steps per second)", run, st["per_s"])
-        io = doc.get("io") or {}
-        if io:
-            add(
-                "holoprof_io_read_bytes_total",
-                "counter",
-                "bytes read by the job",
-                run,
-                io.get("bytes_read", 0),
-            )
-            add(
-                "holoprof_io_written_bytes_total",
-                "counter",
-                "bytes written by the job",
-                run,
-                io.get("bytes_written", 0),
-            )
-            add(
-                "holoprof_io_read_bandwidth_bytes_per_second",
-                "gauge",
-                "read bandwidth of the job",
-                run,
-                io.get("bandwidth_read_bytes_per_s", 0),
-            )
-        mem = doc.get("memory") or {}
-        if mem.get("peak_bytes") is not None:
-            add(
-                "holoprof_memory_peak_bytes",
-                "gauge",
-                "peak memory of the training process",
-                run,
-                mem["peak_bytes"],
-            )
-        for cat, v in (mem.get("categories") or {}).items():
-            if isinstance(v, (int, float)):
-                add(
-                    "holoprof_memory_category_bytes",
-                    "gauge",
-                    "memory by category at the peak",
-                    {**run, "category": cat},
-                    v,
-                )
-        for name, s in (doc.get("resources", {}).get("summary") or {}).items():
-            add(
-                "holoprof_resource",
-                "gauge",
-                "latest sample of a job resource",
-                {**run, "name": name},
-                s["last"],
-            )
-    lines = []
-    for name, (kind, help_text, samples) in metrics.items():
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(samples)
-    return "\n".join(lines) + "\n"
-
-
 # --- static files ---------------------------------------------------------------------------------------
 
 
@@ -543,8 +437,9 @@ class Handler(BaseHTTPRequestHandler):
                     reports.append((run_id, runs.report(run_id)))
                 except HttpError:
                     continue
-            body = prometheus_text(reports).encode()
-            return self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+            from holoprof.present.prometheus import CONTENT_TYPE, prometheus_text
+
+            return self._send(200, prometheus_text(reports).encode(), CONTENT_TYPE)
         if path == "/api/runs":
             self._only(method, "GET")
             return self._json(200, {"root": runs.root, "single": runs.single, "runs": runs.summary()})

@@ -46,11 +46,14 @@ import sys
 import time
 import zlib
 from array import array
-from collections.abc import Iterator
-from typing import IO, Any, cast
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from holoprof.errors import HoloprofError, MissingExtraError
 from holoprof.store import limits
+
+if TYPE_CHECKING:
+    from holoprof.present.progress import Bar
 
 #: traces smaller than this in all are imported in one process, when workers must be spawned (a spawned
 #: worker starts in ~0.5 s) or can be forked (a worker loads its own pyarrow and DuckDB: ~100 MiB)
@@ -71,11 +74,14 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    from holoprof.present.progress import progress
     from holoprof.store.chunks import without_pandas
     from holoprof.store.import_darshan import imported
 
     with without_pandas():  # this command's own process (and its workers): nothing here needs pandas
-        run_dir = import_torch_trace(args.path, args.out, jobs=None)
+        # no drawing thread: the import forks its workers when this process has a single thread
+        with progress("reading the trace", refresh_thread=False) as bar:
+            run_dir = import_torch_trace(args.path, args.out, jobs=None, bar=bar)
         notes = [
             f"rank {b['rank']} device time {b['kernel_time_s'] * 1e3:.1f} ms: "
             f"idle {b['idle_fraction']:.1%}, compute {b['compute_fraction']:.1%}, "
@@ -135,19 +141,32 @@ def _unreadable(path: str, exc: BaseException) -> HoloprofError:
     )
 
 
+#: Called with the bytes of the file read so far, every few thousand events, while a file is imported
+#: in this process (the progress bar of ``holoprof import torch-trace``); None otherwise.
+_on_read: Callable[[int], None] | None = None
+
+
 def _events(path: str) -> Iterator[dict[str, Any]]:
     """The objects of ``traceEvents``; anything else there refuses the file."""
     import ijson
 
     with _open(path) as f:
+        raw = getattr(f, "fileobj", None) or f  # a gzip file's position in the compressed file
         try:
+            on_read, done = _on_read, 0
             for i, ev in enumerate(ijson.items(f, "traceEvents.item", use_float=True)):
+                if on_read is not None and i % 4096 == 0:
+                    at = raw.tell()
+                    on_read(at - done)
+                    done = at
                 if not isinstance(ev, dict):
                     raise HoloprofError(
                         f"{path} is not a PyTorch profiler trace (traceEvents[{i}] is "
                         f"{type(ev).__name__ if ev is not None else 'null'}, not an event object); {NOT_A_TRACE}"
                     )
                 yield ev
+            if on_read is not None:
+                on_read(os.path.getsize(path) - done)
         except (ijson.JSONError, *_READ_ERRORS) as exc:
             raise _unreadable(path, exc)
 
@@ -449,7 +468,9 @@ class _Writer:
         self.rows = []
 
 
-def import_torch_trace(path: str, out: str | None = None, jobs: int | None = 1) -> str:
+def import_torch_trace(
+    path: str, out: str | None = None, jobs: int | None = 1, bar: Bar | None = None
+) -> str:
     """Import one trace file or a folder of per-rank traces into a new run directory.
 
     ``jobs`` files are imported at a time, in worker processes when more than one. ``None`` (the command
@@ -457,8 +478,10 @@ def import_torch_trace(path: str, out: str | None = None, jobs: int | None = 1) 
     when the workers can be forked (this process has a single thread, on Linux), or of
     ``PARALLEL_MIN_BYTES`` when they must be spawned; else one. The default is 1: unless forking is
     safe the workers are spawned, which re-imports the caller's main module (a script without
-    ``if __name__ == "__main__"`` would rerun).
+    ``if __name__ == "__main__"`` would rerun). ``bar`` (a progress bar that starts no thread)
+    counts the bytes of the files read when they are imported here, one at a time.
     """
+    global _on_read
     try:
         import ijson  # noqa: F401
     except ImportError:
@@ -485,7 +508,13 @@ def import_torch_trace(path: str, out: str | None = None, jobs: int | None = 1) 
             jobs = (os.cpu_count() or 1) if big else 1
         jobs = max(1, min(jobs, len(files)))
         if jobs == 1:
-            results = [_import_file(*t) for t in tasks]
+            if bar is not None and bar.active:
+                bar.add_total(sum(os.path.getsize(f) for f in files))
+                _on_read = bar.advance
+            try:
+                results = [_import_file(*t) for t in tasks]
+            finally:
+                _on_read = None
         elif fork:
             results = _in_forks(tasks, jobs)
         else:

@@ -24,10 +24,14 @@ import sys
 import tarfile
 import tempfile
 import zlib
+from typing import TYPE_CHECKING
 
 from holoprof import model
 from holoprof.errors import HoloprofError
 from holoprof.store import limits
+
+if TYPE_CHECKING:
+    from holoprof.present.progress import Bar
 
 PACK_SUFFIX = ".holoprof"
 MAX_MANIFEST_BYTES = 16 * 2**20
@@ -43,8 +47,9 @@ atexit.register(_cleanup)
 
 
 # --- packing -------------------------------------------------------------------------------------------
-def pack_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> str:
-    """Write ``run_dir`` as one pack file ``out``; returns the path written."""
+def pack_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], bar: Bar | None = None) -> str:
+    """Write ``run_dir`` as one pack file ``out``; returns the path written. ``bar`` (a progress bar)
+    counts the bytes packed."""
     from holoprof.store import rundir
     from holoprof.store.compact import compact_run
     from holoprof.store.layout import find_chunks
@@ -64,6 +69,8 @@ def pack_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> st
         raise HoloprofError(f"{dest} is inside the run directory; write the pack somewhere else (-o FILE)")
     arcroot = os.path.basename(src.rstrip(os.sep)) or "run"
     tmp = dest + ".tmp"
+    if bar is not None and bar.active:
+        bar.add_total(sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs))
     try:
         with tarfile.open(tmp, "w") as tar:
             for dirpath, dirnames, filenames in os.walk(src):
@@ -76,6 +83,8 @@ def pack_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> st
                     if os.path.islink(path) or not os.path.isfile(path) or ".tmp" in name:
                         continue
                     tar.add(path, arcname=os.path.join(arcdir, name), recursive=False)
+                    if bar is not None:
+                        bar.advance(os.path.getsize(path))
         os.replace(tmp, dest)
     except OSError as exc:
         try:
@@ -229,7 +238,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     src = os.path.abspath(args.run)
     out = args.out or (os.path.basename(src.rstrip(os.sep)) + PACK_SUFFIX)
-    path = pack_run(src, out)
+    from holoprof.present.progress import progress
+
+    with progress("packing") as bar:
+        path = pack_run(src, out, bar)
     size = os.path.getsize(path)
     sys.stderr.write(f"holoprof: packed {src} into {path} ({size / 1e6:.1f} MB)\n")
     return 0

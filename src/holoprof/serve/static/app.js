@@ -48,6 +48,16 @@
   function fmtPct(f) { return f == null ? "–" : (f * 100).toFixed(f < 0.1 ? 1 : 0) + "%"; }
   function fmtNum(n) { return n == null ? "–" : Number(n).toLocaleString("en-US"); }
   function fmtTime(ns) { return ns ? new Date(ns / 1e6).toLocaleString() : "–"; }
+  // Long tables (thousands of ranks or processes) show the MAX_ROWS costliest rows in their own
+  // order, then one row for the rest; the API keeps every row (as holoprof.present.summary does).
+  const MAX_ROWS = 30;
+  function topRows(rows, cost) {
+    if (rows.length <= MAX_ROWS) return [rows, []];
+    const order = rows.map((r, i) => i).sort((a, b) => (cost(rows[b]) || 0) - (cost(rows[a]) || 0) || a - b);
+    const keep = new Set(order.slice(0, MAX_ROWS - 1));
+    return [rows.filter((r, i) => keep.has(i)), rows.filter((r, i) => !keep.has(i))];
+  }
+  const byRank = (a, b) => (a.rank == null ? -1 : a.rank) - (b.rank == null ? -1 : b.rank); // 2 before 10
   function fmtParams(p) { return Object.entries(p || {}).map(([k, v]) => k + "=" + v).join(" "); }
 
   // --- API -------------------------------------------------------------------------------------------
@@ -360,12 +370,14 @@
     const perRank = comm.per_rank || [];
     const stepRanks = (r.steps && r.steps.per_rank) || [];
     if (perRank.length || stepRanks.length) {
-      const rows = perRank.length ? perRank : stepRanks;
+      const all = (perRank.length ? perRank : stepRanks).slice().sort(byRank);
+      const [rows, rest] = topRows(all, (x) => x.step_median_s != null ? x.step_median_s : x.median_s);
       const keys = Array.from(new Set(rows.flatMap((x) => Object.keys(x)))).filter((k) => k !== "phases" && typeof rows[0][k] !== "object");
       out.push(`<div class="card span-12 scroll" id="comm-card"><h2>Communication and ranks</h2>
         ${comm.bytes_per_step != null ? `<div class="kpis"><div class="kpi"><div class="l">bytes per step</div><div class="v">${fmtBytes(comm.bytes_per_step)}</div></div><div class="kpi"><div class="l">exposed communication</div><div class="v">${fmtPct(comm.exposed_fraction)}</div></div></div>` : ""}
         <table><thead><tr>${keys.map((k) => `<th class="num">${esc(k.replace(/_/g, " "))}</th>`).join("")}</tr></thead><tbody>
         ${rows.map((x) => `<tr>${keys.map((k) => `<td class="num">${esc(fmtCell(k, x[k]))}</td>`).join("")}</tr>`).join("")}
+        ${rest.length ? `<tr class="more"><td colspan="${keys.length}">… and ${rest.length} more ranks (the slowest are shown; every rank is in the API's report)</td></tr>` : ""}
         </tbody></table></div>`);
     }
     document.getElementById("extra").innerHTML = out.join("");
@@ -392,10 +404,13 @@
   function renderProcesses(ps) {
     const el = document.getElementById("processes");
     if (!ps.length) { el.innerHTML = '<div class="empty">No process has reported yet.</div>'; return; }
+    const now = Date.now() * 1e6;
+    const [shown, rest] = topRows(ps.slice().sort(byRank), (p) => (p.end_ns || now) - (p.start_ns || now));
     el.innerHTML = `<table id="processes-table"><thead><tr><th>process</th><th>role</th><th class="num">rank</th><th class="num">steps</th><th>state</th><th>command</th></tr></thead><tbody>
-      ${ps.map((p) => `<tr><td class="mono">${esc(p.host)}-${esc(p.pid)}</td><td>${esc(p.role)}</td><td class="num">${p.rank >= 0 ? p.rank : "–"}</td><td class="num">${fmtNum(p.steps)}</td>
+      ${shown.map((p) => `<tr><td class="mono">${esc(p.host)}-${esc(p.pid)}</td><td>${esc(p.role)}</td><td class="num">${p.rank >= 0 ? p.rank : "–"}</td><td class="num">${fmtNum(p.steps)}</td>
         <td>${p.end_ns ? `<span class="badge">exited${p.exit_code >= 0 ? " " + p.exit_code : ""}</span>` : '<span class="badge running">running</span>'}${p.errors && p.errors.length ? ' <span class="badge failed" title="' + esc(p.errors.join("\n")) + '">errors</span>' : ""}</td>
         <td class="mono">${esc((p.argv || []).join(" ").slice(0, 140))}</td></tr>`).join("")}
+      ${rest.length ? `<tr class="more"><td colspan="6">… and ${rest.length} more processes (the longest are shown): ${fmtNum(rest.reduce((a, p) => a + (p.steps || 0), 0))} steps</td></tr>` : ""}
       </tbody></table>`;
   }
 
