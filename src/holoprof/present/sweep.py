@@ -7,14 +7,13 @@ peak memory of each configuration stacked by category. Inline SVG, no script, no
 from __future__ import annotations
 
 import html
-import sys
 from typing import IO, Any
 
-from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
-from holoprof.present.terminal import fmt_bytes, fmt_s
+from holoprof.present.terminal import fmt_bytes, fmt_s, keep_whole, make_console
 
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "other")
 COLORS = {
@@ -57,25 +56,20 @@ def _applied(r: dict[str, Any]) -> str:
 
 
 def render(doc: dict[str, Any], file: IO[str] | None = None) -> None:
-    console = Console(file=file or sys.stdout, highlight=False)
-    if not console.is_terminal:  # a file or a pipe: no terminal to fit, keep the table on one line per row
-        console = Console(file=file or sys.stdout, highlight=False, width=160)
+    console = make_console(file)  # the command, labels and errors come from the job: never markup
     rows = doc["rows"]
     names = list(doc["params"])
     knobs_only = bool(doc.get("knobs")) and set(names) == set(doc.get("knobs") or {})
     unit = next((r["throughput_unit"] for r in rows if r["throughput"] > 0), "samples/s")
-    t = Table(title=f"holoprof sweep: {' '.join(doc['command'])}", title_justify="left")
+    t = Table(title=Text(f"holoprof sweep: {' '.join(doc['command'])}"), title_justify="left")
     for n in names:
         t.add_column(n)
-    t.add_column("status")
-    t.add_column("steps", justify="right")
-    t.add_column("step", justify="right")
-    t.add_column("95% CI", justify="right")
-    t.add_column(unit, justify="right")
-    t.add_column("peak", justify="right")
+    t.add_column("status", no_wrap=True)
+    for c in ("steps", "step", "95% CI", unit, "peak"):
+        t.add_column(c, justify="right", no_wrap=True)
     cats_shown = () if knobs_only else CATEGORIES  # loader knobs do not move the tensors' memory
     for c in cats_shown:
-        t.add_column(SHORT[c], justify="right")
+        t.add_column(SHORT[c], justify="right", no_wrap=True)
     best = doc.get("recommended_index")
     for i, r in enumerate(rows):
         ok = r["steps"] > 0
@@ -85,8 +79,8 @@ def render(doc: dict[str, Any], file: IO[str] | None = None) -> None:
             values[0] += " ★"
         ci = r.get("step_ci_s") or []
         t.add_row(
-            *values,
-            f"[{STATUS_STYLE.get(r['status'], 'white')}]{r['status']}[/]",
+            *[Text(v) for v in values],
+            Text(r["status"], style=STATUS_STYLE.get(r["status"], "white")),
             str(r["steps"]),
             fmt_s(r["step_median_s"]) if ok else "-",
             f"{fmt_s(ci[0])}–{fmt_s(ci[1])}" if ok and len(ci) == 2 else "-",
@@ -94,24 +88,28 @@ def render(doc: dict[str, Any], file: IO[str] | None = None) -> None:
             fmt_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
             *[fmt_bytes(cats[c]) if c in cats else "-" for c in cats_shown],
         )
-    # never cut a number: a table wider than the terminal is printed at its own width
+    # never cut a number: the number columns keep their width, and a table wider than the terminal
+    # even so is printed at its own width
+    keep_whole(t)
     need = Measurement.get(console, console.options, t).maximum
     if need > console.width:
-        console = Console(file=console.file, highlight=False, width=need, force_terminal=console.is_terminal)
+        console = make_console(console.file, width=need)
     console.print(t)
     for r in rows:
         if r.get("knobs") and r["steps"] > 0:
-            console.print(f"{r['label']}: the job had {_applied(r)}")
+            console.print(Text(f"{r['label']}: the job had {_applied(r)}"))
     for r in rows:
         if r["status"] in ("oom", "failed") and r["error"]:
-            console.print(f"[red]{r['label']}: {r['status']}[/]: {r['error']}  (log: {r['log']})")
-    console.print(f"[bold]recommendation[/]: {doc['reason']}")
-    console.print(f"runs in {doc['out_dir']}")
+            console.print(
+                Text.assemble((f"{r['label']}: {r['status']}", "red"), f": {r['error']}  (log: {r['log']})")
+            )
+    console.print(Text.assemble(("recommendation", "bold"), f": {doc['reason']}"))
+    console.print(Text(f"runs in {doc['out_dir']}"))
 
 
 def render_measured(finding: dict[str, Any], file: IO[str] | None = None) -> None:
     """The input_bound finding after a sweep: what the model predicted, what was measured."""
-    console = Console(file=file or sys.stdout, highlight=False)
+    console = make_console(file)
     basis = finding.get("gain_basis") or {}
     if finding.get("gain_kind") != "measured":
         console.print("measured: the sweep has no run of the current configuration to compare with")
@@ -120,9 +118,12 @@ def render_measured(finding: dict[str, Any], file: IO[str] | None = None) -> Non
     clo, chi = (basis.get("this_interval_s") or [0, 0])[:2]
     pred = ((finding.get("evidence") or {}).get("model") or {}).get("predicted_step_s") or {}
     console.print(
-        f"[bold]measured best[/]: {basis['best']}: step {fmt_s(basis['best_step_s'])} (95% CI {fmt_s(lo)}–{fmt_s(hi)}) "
-        f"against {fmt_s(basis['this_step_s'])} (95% CI {fmt_s(clo)}–{fmt_s(chi)}) with {basis['this']} "
-        f"— {basis['verdict'] or 'not compared'}"
+        Text.assemble(("measured best", "bold"), ": ")
+        + Text(
+            f"{basis['best']}: step {fmt_s(basis['best_step_s'])} (95% CI {fmt_s(lo)}–{fmt_s(hi)}) "
+            f"against {fmt_s(basis['this_step_s'])} (95% CI {fmt_s(clo)}–{fmt_s(chi)}) with {basis['this']} "
+            f"— {basis['verdict'] or 'not compared'}"
+        )
     )
     if basis.get("gain"):
         console.print(f"measured gain: {100 * basis['gain']:.0f}% of step time (significant)")
