@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 
 import holoprof
 from conftest import TracedRun, copy_run, main_process, report_json
@@ -231,3 +232,14 @@ def test_a_run_of_the_earlier_layout_still_loads(tmp_path: Path) -> None:
     totals = run.io_file_totals.df()  # typed columns from the JSON counters of the old files
     assert totals["POSIX_BYTES_READ"].tolist() == [12 * 200_000]
     assert totals["POSIX_READS"].tolist() == [expected["files_detail"][0]["reads"]]
+
+
+def test_the_typed_counters_are_darshans_own_names_and_types() -> None:
+    backend = pytest.importorskip("darshan.backend.cffi_backend")
+    typed = dict(model.IO_COUNTERS)
+    for module in ("POSIX", "STDIO", "MPI-IO"):
+        for name in backend.counter_names(module):
+            assert typed.pop(name) == "int64", name
+        for name in backend.fcounter_names(module):
+            assert typed.pop(name) == "double", name
+    assert typed == {}, "every typed counter is one of Darshan's"
