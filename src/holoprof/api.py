@@ -76,13 +76,15 @@ def stop(status: str = "finished") -> str | None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    _STATE.pop("converter").stop()  # first: its compaction must be over before the native dumps arrive
     try:
         from holoprof.launch.run import import_native_dumps
+        from holoprof.store.raw import remove_empty_staging
 
         import_native_dumps(_STATE["run_dir"], _STATE.get("options"))
+        remove_empty_staging(_STATE["run_dir"])
     except Exception:
         pass
-    _STATE.pop("converter").stop()
     run_dir: str = _STATE.pop("run_dir")
     manifest = _STATE.pop("manifest")
     try:

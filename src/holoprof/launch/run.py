@@ -267,7 +267,7 @@ def _from_terminal() -> bool:
 def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
     from holoprof.agent.core import Agent
     from holoprof.collect.system import SystemSampler
-    from holoprof.store.raw import Converter
+    from holoprof.store.raw import Converter, remove_empty_staging
 
     env = job_environment(run_dir, options)
     _warm_up_converter()
@@ -322,14 +322,15 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> int:
         if sampler is not None:
             sampler.stop()
         agent.shutdown()
-        try:
-            import_native_dumps(run_dir, options)
-        except Exception as exc:
-            sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
-        try:
+        try:  # first: its compaction must be over before parts numbered out of order arrive
             converter.stop()
         except Exception as exc:
             sys.stderr.write(
                 f"holoprof: could not convert all chunks ({exc}); `holoprof report` will retry\n"
             )
+        try:
+            import_native_dumps(run_dir, options)
+        except Exception as exc:
+            sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
+        remove_empty_staging(run_dir)
     return rc if rc >= 0 else 128 - rc

@@ -77,7 +77,8 @@ def convert_folder(folder: str) -> tuple[int, list[str]]:
     """Convert the raw chunks of one staging folder into the run's table folders: the raw chunks of a
     table that are there become one Parquet file, named after the range of their numbers
     (``part-c<first>-<last>.parquet``), written before they are removed (a raw chunk inside the range
-    of a file already there was converted by an interrupted pass: it is removed). Returns
+    of a file already there, and older than it, was converted by an interrupted pass: it is removed).
+    Returns
     (converted, bad paths)."""
     from holoprof.store.layout import partition_dir, scan_dir
 
@@ -99,7 +100,8 @@ def convert_folder(folder: str) -> tuple[int, list[str]]:
     converted = 0
     for table, raws in pending.items():
         found = scan_dir(partition_dir(run_dir, table, *writer), table).get(table)
-        done = [(a, b) for a, b, _ in found.compacted] + [(q, q) for q, _ in found.parts] if found else []
+        files = [*found.compacted, *((q, q, p) for q, p in found.parts)] if found else []
+        done = [(a, b, _mtime(p)) for a, b, p in files]
         batch: list[tuple[int, str, dict[str, list[Any]]]] = []
         rows = 0
         for seq, path in sorted(raws):
@@ -108,8 +110,8 @@ def convert_folder(folder: str) -> tuple[int, list[str]]:
             except (ValueError, OSError):
                 bad.append(path)
                 continue
-            if any(a <= seq <= b for a, b in done):
-                _remove(path)  # its rows are in Parquet already
+            if any(a <= seq <= b and _mtime(path) <= t for a, b, t in done):
+                _remove(path)  # converted by a pass that was interrupted: its rows are in Parquet already
                 continue
             batch.append((seq, path, cols))
             rows += max((len(v) for v in cols.values()), default=0)
@@ -163,6 +165,13 @@ def convert_run(run_dir: str) -> tuple[int, list[str]]:
     return total, bad
 
 
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
+
+
 def _remove(path: str) -> None:
     try:
         os.remove(path)
@@ -199,13 +208,18 @@ class Converter:
 
     def stop(self) -> None:
         """Stop, convert everything that is left and remove the staging folders left empty."""
-        from holoprof.store.layout import process_folders
-
         self._stop.set()
         self._thread.join(30)
         convert_run(self.run_dir)
-        for folder in process_folders(self.run_dir):
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass  # not empty: a process still writes there, or a chunk that could not be converted
+        remove_empty_staging(self.run_dir)
+
+
+def remove_empty_staging(run_dir: str) -> None:
+    """Remove the staging folders left empty once their raw chunks are converted."""
+    from holoprof.store.layout import process_folders
+
+    for folder in process_folders(run_dir):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # not empty: a process still writes there, or a chunk that could not be converted

@@ -1,8 +1,11 @@
 """Loading a run: DuckDB relations over the run's Parquet chunks.
 
 ``holoprof.load(RUN)`` returns a :class:`Run`. Its tables (``spans``, ``samples``, ``io_files``,
-``io_ops``, ``processes``) are DuckDB relations (``.df()`` gives pandas, ``.arrow()`` Arrow). Chunks
-that cannot be read (the last chunk of a killed job) are skipped and listed in ``Run.warnings``.
+``io_ops``, ``processes``) are DuckDB relations (``.df()`` gives pandas, ``.arrow()`` Arrow), each with
+exactly the columns of :data:`holoprof.model.COLUMNS` (the typed I/O counters of a run of the earlier
+layout read from its JSON), and the views of :data:`VIEWS` (``io_file_totals``). Chunks that cannot be
+read (the last chunk of a killed job, a footer that does not parse, a column of the wrong type) are
+skipped and listed in ``Run.warnings``.
 """
 
 from __future__ import annotations
