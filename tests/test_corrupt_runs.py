@@ -119,3 +119,33 @@ def test_query_is_read_only_and_stays_inside_the_run(small_run: TracedRun, tmp_p
         proc = run_holoprof("query", small_run.run_dir, sql, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (sql, proc.stderr)
     assert not (tmp_path / "out.csv").exists() and not (tmp_path / "x.db").exists()
+
+
+def test_the_dashboard_shows_a_run_with_undecodable_pages_as_broken_and_serves_the_others(
+    small_run: TracedRun, tmp_path: Path
+) -> None:
+    import threading
+
+    from holoprof.serve.app import make_server
+    from test_serve_api import Client
+
+    root = tmp_path / "runs"
+    broken = Path(copy_run(small_run.run_dir, root / "broken"))
+    copy_run(small_run.run_dir, root / "good")
+    _break_pages(_spans_part(broken, main_process(small_run.report)))
+    server = make_server(str(root), port=0)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+    try:
+        client = Client(server)
+        metrics = client.get("/metrics")
+        assert metrics.status == 200
+        text = metrics.body.decode()
+        assert 'holoprof_steps_total{run="good"' in text and 'run="broken"' not in text
+        listed = {r["id"]: r for r in client.get("/api/runs").json()["runs"]}
+        assert listed["good"]["status"] == "finished" and listed["good"]["steps"] == 20
+        assert listed["broken"]["status"] == "broken" and "corrupt" in listed["broken"]["error"]
+        assert client.get("/api/runs/broken/report").status == 409
+    finally:
+        server.shutdown()
+        server.server_close()

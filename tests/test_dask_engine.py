@@ -130,7 +130,7 @@ def test_each_process_is_read_from_its_own_chunk_files_only(synth: str, client: 
     assert len(procs) == 3
     every = run.chunks.files["spans"]
     for proc in procs:
-        own = [f for f in every if os.path.basename(os.path.dirname(f)) == f"{proc.host}-{proc.pid}"]
+        own = [f for f in every if Path(f).parent.parts[-2:] == (f"hostname={proc.host}", f"proc={proc.pid}")]
         assert 1 < len(own) < len(every)
         assert eng._spans_of(proc).npartitions == len(own)
         dask, duck = eng.step_stats(proc), step_stats(run, proc)

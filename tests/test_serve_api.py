@@ -183,9 +183,14 @@ def test_runs_and_a_live_report(env: Env) -> None:
     first = env.client.get("/api/runs/live/report").json()
     assert first["schema"] == "holoprof.report/1"
     assert first["run"]["status"] == "running"
-    time.sleep(2.5)
-    second = env.client.get("/api/runs/live/report").json()
-    assert second["steps"]["count"] > first["steps"]["count"] > 0, "the report follows the running job"
+    assert first["steps"]["count"] > 0
+    deadline = time.monotonic() + 30
+    while (second := env.client.get("/api/runs/live/report").json())["steps"]["count"] == first["steps"][
+        "count"
+    ]:
+        assert time.monotonic() < deadline, "the report follows the running job"
+        time.sleep(0.25)
+    assert second["steps"]["count"] > first["steps"]["count"]
     assert env.client.get("/api/runs/nope/report").status == 404
 
 
@@ -371,8 +376,12 @@ def test_a_live_reports_rebuilds_are_spaced_by_their_cost(
         })  # fmt: skip
 
     one_more_step(0)
-    monkeypatch.setattr(app, "REPORT_DUTY", 3600 / took)  # the next build is an hour away
+    monkeypatch.setattr(app, "REPORT_DUTY", 3600 / took)  # the next build is an hour away ...
+    monkeypatch.setattr(app, "REPORT_MAX_INTERVAL_S", 7200.0)  # ... unless the cap says sooner
     assert runs.report("big") is first, "the data changed, but the last build is too recent"
+    monkeypatch.setattr(app, "REPORT_MAX_INTERVAL_S", 0.0)
+    assert runs.report("big") is not first, "never older than REPORT_MAX_INTERVAL_S, whatever the cost"
+    one_more_step(1)
     monkeypatch.setattr(app, "REPORT_DUTY", 0.0)
     again = runs.report("big")
-    assert again is not first and again["steps"]["count"] == 20_001
+    assert again is not first and again["steps"]["count"] == 20_002

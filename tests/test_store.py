@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 
 import holoprof
 from conftest import TracedRun, copy_run, main_process, report_json
@@ -231,3 +232,37 @@ def test_a_run_of_the_earlier_layout_still_loads(tmp_path: Path) -> None:
     totals = run.io_file_totals.df()  # typed columns from the JSON counters of the old files
     assert totals["POSIX_BYTES_READ"].tolist() == [12 * 200_000]
     assert totals["POSIX_READS"].tolist() == [expected["files_detail"][0]["reads"]]
+
+
+def test_the_typed_counters_are_darshans_own_names_and_types() -> None:
+    backend = pytest.importorskip("darshan.backend.cffi_backend")
+    typed = dict(model.IO_COUNTERS)
+    for module in ("POSIX", "STDIO", "MPI-IO"):
+        for name in backend.counter_names(module):
+            assert typed.pop(name) == "int64", name
+        for name in backend.fcounter_names(module):
+            assert typed.pop(name) == "double", name
+    for name in model.MAPPED_COUNTERS.split():  # holoprof's own, for memory-mapped files
+        assert typed.pop(f"POSIX_{name}") == "int64", name
+    assert typed == {}, "every other typed counter is one of Darshan's"
+
+
+def test_a_conversion_interrupted_before_removing_its_raw_chunks_counts_each_row_once(tmp_path: Path) -> None:
+    from holoprof.store.raw import convert_folder, write_raw
+
+    run_dir = tmp_path / "run"
+    staging = run_dir / "node-7"
+    staging.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text('{"schema_version": 1, "status": "finished"}')
+    rows = {"host": ["node"], "pid": [7], "span_id": [1], "kind": ["user"], "name": ["x"], "start_ns": [1]}
+    raws = [Path(str(write_raw(str(staging), "spans", rows, seq=s))) for s in (1, 2)]
+    kept = [r.read_bytes() for r in raws]
+    assert convert_folder(str(staging)) == (2, [])
+    (converted,) = (run_dir / "spans" / "hostname=node" / "proc=7").iterdir()
+    assert converted.name == "part-c00000001-00000002.parquet"
+    for r, data in zip(raws, kept, strict=True):  # the pass was stopped before it removed them
+        r.write_bytes(data)
+        os.utime(r, ns=(converted.stat().st_mtime_ns - 10**9,) * 2)
+    assert convert_folder(str(staging)) == (0, [])
+    assert not any(staging.iterdir())
+    assert holoprof.load(run_dir).rows("SELECT count(*) FROM spans")[0][0] == 2

@@ -81,16 +81,18 @@ def stop(status: str = "finished") -> str | None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    try:
-        from holoprof.launch.run import import_native_dumps
-
-        import_native_dumps(_STATE["run_dir"], _STATE.get("options"))
-    except Exception:
-        pass
-    try:
+    try:  # first: its compaction must be over before the native dumps arrive
         _STATE.pop("converter").stop()
     except OSError:
         pass  # the raw chunks stay; loading the run converts them
+    try:
+        from holoprof.launch.run import import_native_dumps
+        from holoprof.store.raw import remove_empty_staging
+
+        import_native_dumps(_STATE["run_dir"], _STATE.get("options"))
+        remove_empty_staging(_STATE["run_dir"])
+    except Exception:
+        pass
     run_dir: str = _STATE.pop("run_dir")
     manifest = _STATE.pop("manifest")
     try:

@@ -156,8 +156,8 @@ COLUMNS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
 }
 
 
-# Darshan's counters, one typed column each in ``io_files`` (named as Darshan names them; null where a
-# module has no such counter). ``counters`` keeps every counter as JSON, including any not listed here;
+# Darshan's counters of the POSIX, STDIO and MPI-IO modules (as PyDarshan names them), one typed column
+# each in ``io_files`` (null where a module has no such counter). ``counters`` keeps every counter as JSON, including any not listed here;
 # a counter added here later reads as null in the files written before. Floats are the ``*_F_*``.
 _POSIX_COUNTERS: Final = (
     "OPENS FILENOS DUPS READS WRITES SEEKS STATS MMAPS FSYNCS FDSYNCS RENAME_SOURCES RENAME_TARGETS "
@@ -179,16 +179,33 @@ _STDIO_COUNTERS: Final = (
     "F_FASTEST_RANK_TIME F_SLOWEST_RANK_TIME F_VARIANCE_RANK_TIME F_VARIANCE_RANK_BYTES"
 )
 
+_MPIIO_COUNTERS: Final = (
+    "INDEP_OPENS COLL_OPENS INDEP_READS INDEP_WRITES COLL_READS COLL_WRITES SPLIT_READS SPLIT_WRITES "
+    "NB_READS NB_WRITES SYNCS HINTS VIEWS MODE BYTES_READ BYTES_WRITTEN RW_SWITCHES MAX_READ_TIME_SIZE "
+    "MAX_WRITE_TIME_SIZE SIZE_READ_AGG_0_100 SIZE_READ_AGG_100_1K SIZE_READ_AGG_1K_10K "
+    "SIZE_READ_AGG_10K_100K SIZE_READ_AGG_100K_1M SIZE_READ_AGG_1M_4M SIZE_READ_AGG_4M_10M "
+    "SIZE_READ_AGG_10M_100M SIZE_READ_AGG_100M_1G SIZE_READ_AGG_1G_PLUS SIZE_WRITE_AGG_0_100 "
+    "SIZE_WRITE_AGG_100_1K SIZE_WRITE_AGG_1K_10K SIZE_WRITE_AGG_10K_100K SIZE_WRITE_AGG_100K_1M "
+    "SIZE_WRITE_AGG_1M_4M SIZE_WRITE_AGG_4M_10M SIZE_WRITE_AGG_10M_100M SIZE_WRITE_AGG_100M_1G "
+    "SIZE_WRITE_AGG_1G_PLUS ACCESS1_ACCESS ACCESS2_ACCESS ACCESS3_ACCESS ACCESS4_ACCESS ACCESS1_COUNT "
+    "ACCESS2_COUNT ACCESS3_COUNT ACCESS4_COUNT FASTEST_RANK FASTEST_RANK_BYTES SLOWEST_RANK "
+    "SLOWEST_RANK_BYTES F_OPEN_START_TIMESTAMP F_READ_START_TIMESTAMP F_WRITE_START_TIMESTAMP "
+    "F_CLOSE_START_TIMESTAMP F_OPEN_END_TIMESTAMP F_READ_END_TIMESTAMP F_WRITE_END_TIMESTAMP "
+    "F_CLOSE_END_TIMESTAMP F_READ_TIME F_WRITE_TIME F_META_TIME F_MAX_READ_TIME F_MAX_WRITE_TIME "
+    "F_FASTEST_RANK_TIME F_SLOWEST_RANK_TIME F_VARIANCE_RANK_TIME F_VARIANCE_RANK_BYTES"
+)
+
 #: holoprof's own counters of memory-mapped files (Darshan counts only POSIX_MMAPS): bytes mapped, the
 #: largest offset mapped, and the pages brought in, measured when a mapping goes (see docs/io.md).
-_MAPPED_COUNTERS: Final = "BYTES_MAPPED MAX_BYTE_MAPPED MMAPS_MEASURED BYTES_MAPPED_RESIDENT"
+MAPPED_COUNTERS: Final = "BYTES_MAPPED MAX_BYTE_MAPPED MMAPS_MEASURED BYTES_MAPPED_RESIDENT"
 
 
 def _darshan_counters() -> tuple[tuple[str, str], ...]:
     sizes = " ".join(f"SIZE_{rw}_{b}" for rw in ("READ", "WRITE") for b, _, _ in DARSHAN_SIZE_BUCKETS)
     names = [f"POSIX_{n}" for n in _POSIX_COUNTERS.format(sizes=sizes).split()]
     names += [f"STDIO_{n}" for n in _STDIO_COUNTERS.split()]
-    names += [f"POSIX_{n}" for n in _MAPPED_COUNTERS.split()]
+    names += [f"MPIIO_{n}" for n in _MPIIO_COUNTERS.split()]
+    names += [f"POSIX_{n}" for n in MAPPED_COUNTERS.split()]
     return tuple((n, "double" if "_F_" in n else "int64") for n in names)
 
 

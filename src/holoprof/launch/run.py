@@ -306,7 +306,7 @@ def _from_terminal() -> bool:
 def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[int, Storage]:
     from holoprof.agent.core import Agent
     from holoprof.collect.system import SystemSampler
-    from holoprof.store.raw import Converter
+    from holoprof.store.raw import Converter, remove_empty_staging
 
     env = job_environment(run_dir, options)
     _warm_up_converter()
@@ -363,13 +363,7 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[
             sampler.stop()
         agent.shutdown()
         storage = Storage(agent.storage_error, agent.dropped, agent.dropped - agent.dropped_recorded)
-        try:
-            import_native_dumps(run_dir, options)
-        except OSError as exc:
-            storage.error = storage.error or f"{exc.strerror or exc}"
-        except Exception as exc:
-            sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
-        try:
+        try:  # first: its compaction must be over before parts numbered out of order arrive
             converter.stop()
         except OSError as exc:  # the raw chunks stay; loading the run converts them
             storage.error = storage.error or f"{exc.strerror or exc}"
@@ -377,4 +371,11 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[
             sys.stderr.write(
                 f"holoprof: could not convert all chunks ({exc}); `holoprof report` will retry\n"
             )
+        try:
+            import_native_dumps(run_dir, options)
+        except OSError as exc:
+            storage.error = storage.error or f"{exc.strerror or exc}"
+        except Exception as exc:
+            sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
+        remove_empty_staging(run_dir)
     return (rc if rc >= 0 else 128 - rc), storage

@@ -53,7 +53,7 @@ REPORT_MIN_INTERVAL_S = 1.0
 REPORT_DUTY = 10.0
 #: ... but never less often than once per REPORT_MAX_INTERVAL_S: the dashboard and /metrics stay within
 #: a few seconds of the job (a build of a compacted running job takes well under a second).
-REPORT_MAX_INTERVAL_S = 3.0
+REPORT_MAX_INTERVAL_S = 2.0
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 _ARTIFACT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,250}$")
 CSP = (
@@ -226,9 +226,10 @@ class Runs:
                         run.con.close()
                     except Exception:
                         pass
-            except HoloprofError as exc:
-                cached.error, cached.doc, cached.built_at = str(exc), None, time.monotonic()
-                raise HttpError(409, str(exc))
+            except Exception as exc:  # a broken run must not take the other runs' pages down
+                message = str(exc) if isinstance(exc, HoloprofError) else _unreadable(exc)
+                cached.error, cached.doc, cached.built_at = message, None, time.monotonic()
+                raise HttpError(409, message)
             cached.key, cached.built_at, cached.doc, cached.error = key, time.monotonic(), doc, None
             cached.build_s = cached.built_at - started
             return doc
@@ -565,6 +566,11 @@ class Handler(BaseHTTPRequestHandler):
         except HoloprofError as exc:
             raise HttpError(409, str(exc))
         self._json(201, {**req, "processes": [p.key for p in procs]})
+
+
+def _unreadable(exc: BaseException) -> str:
+    first = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return f"cannot read this run ({type(exc).__name__}: {first}); a chunk of it is probably corrupt"
 
 
 def _int_or_none(v: Any) -> int | None:

@@ -67,6 +67,7 @@ def write_chunk(
     seq: int | None = None,
     exact: bool = False,
     writer: tuple[str, int] | None = None,
+    last: int | None = None,
 ) -> list[str]:
     """Write the rows of ``table`` (column name -> values) into the table's partition folders of
     ``run_dir``; return the paths written.
@@ -75,6 +76,7 @@ def write_chunk(
     (host, pid) puts every row into that process's partition (rows a process records about others,
     such as the launcher's snapshots of the job's processes, stay in its own); without it, each
     process of the rows (``host``, ``pid``) gets a part of its own (imports, which write once).
+    ``last`` names the file as holding the parts ``seq`` to ``last`` (``part-c<seq>-<last>``).
 
     Missing columns are filled with nulls (the typed I/O counters from ``counters``); columns not in
     the schema are an error. Each part is written under a hidden temporary name and renamed, so a
@@ -117,10 +119,12 @@ def write_chunk(
         folder = layout.partition_dir(run_dir, table, str(host), int(pid))
         os.makedirs(folder, mode=0o700, exist_ok=True)
         s = seq
-        path = os.path.join(folder, layout.part_name(s))
+        path = os.path.join(folder, layout.part_name(s) if last is None else layout.compacted_name(s, last))
         while not exact and os.path.exists(path):  # another writer used the same sequence number
             s += 1_000_000
-            path = os.path.join(folder, layout.part_name(s))
+            path = os.path.join(
+                folder, layout.part_name(s) if last is None else layout.compacted_name(s, last)
+            )
         tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}-{threading.get_ident()}")
         try:
             pq.write_table(part, tmp, compression="zstd", use_dictionary=True, write_statistics=True)

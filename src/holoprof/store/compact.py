@@ -1,9 +1,9 @@
 """Compaction: a few large Parquet files per table per process instead of one per flush.
 
-After a run, :func:`compact_run` merges each process's parts; while a job runs, the converter calls
-:func:`compact_live` every second, which merges the parts of a process and table once there are
-:data:`LIVE_PARTS` of them, and merges its compacted files once there are :data:`LIVE_COMPACTED`, so
-the number of files stays bounded (and reading a running job costs about what a finished one does).
+After a run, :func:`compact_run` merges each process's files; while a job runs, the converter calls
+:func:`compact_live` after each pass, which merges a process's files of one table once there are
+:data:`LIVE_FILES` of them below :data:`MAX_ROWS` rows, so the number of files stays bounded (and
+reading a running job costs about what a finished one does).
 
 Safe against interruption and against concurrent readers: a compacted file is named after the range
 of chunk numbers it holds (``part-c<first>-<last>.parquet``), written under a hidden temporary name
@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import os
 
-from holoprof.store.layout import ChunkDir, chunk_dirs, is_complete_parquet, scan_dir
+from holoprof.store.layout import ChunkDir, chunk_dirs, is_complete_parquet
 from holoprof.store.raw import discard
 
 #: Rows of chunk data merged into one compacted file (and held in memory at once).
 MAX_ROWS = 1_000_000
-#: While a job runs: parts of one process and table merged once there are this many ...
-LIVE_PARTS = 32
-#: ... and its compacted files (each below MAX_ROWS rows) merged once there are this many.
-LIVE_COMPACTED = 8
+#: While a job runs, the files of one process and table below MAX_ROWS rows are merged once there are
+#: this many (the converter writes one a second at most).
+LIVE_FILES = 8
+#: While a job runs, files merged into a compacted file are removed only this many seconds after it was
+#: written: a reader that listed them just before (the dashboard building a report) can still read them.
+LIVE_GRACE_S = 10.0
 
 
 def _rows(path: str) -> int:
@@ -57,8 +59,9 @@ def _groups(files: list[tuple[int, int, str]], max_rows: int) -> list[list[tuple
     return groups
 
 
-def _merge(cd: ChunkDir, group: list[tuple[int, int, str]]) -> int:
-    """Write the files of ``group`` as one compacted file, then remove them; the files merged."""
+def _merge(cd: ChunkDir, group: list[tuple[int, int, str]], grace_s: float = 0.0) -> int:
+    """Write the files of ``group`` as one compacted file, then remove them (at once, or by a later
+    pass once it is ``grace_s`` seconds old); the files merged."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -83,70 +86,88 @@ def _merge(cd: ChunkDir, group: list[tuple[int, int, str]]) -> int:
         discard(tmp)  # a full disk leaves no partial temporary file behind
         raise
     del combined
-    for _, _, p in group:
-        if p != dest:
-            os.remove(p)
+    if not grace_s:
+        for _, _, p in group:
+            if p != dest:
+                os.remove(p)
     return len(group)
 
 
-def _tidy(cd: ChunkDir) -> tuple[list[tuple[int, int, str]], list[tuple[int, int, str]]]:
-    """Remove what an interrupted compaction left inside a compacted range; the complete compacted
-    files and parts that remain, as (first, last, path), in order."""
+def _tidy(
+    cd: ChunkDir, grace_s: float = 0.0
+) -> tuple[list[tuple[int, int, str]], list[tuple[int, int, str]]]:
+    """Remove the files inside a compacted range (merged, or left by an interrupted compaction) once
+    the compacted file is ``grace_s`` seconds old; the complete compacted files and parts that are
+    not inside one, as (first, last, path), in order."""
+    import time
+
     done = sorted(c for c in cd.compacted if is_complete_parquet(c[2]))
-    keep = []
-    for c in done:
-        if any(o is not c and o[0] <= c[0] and c[1] <= o[1] for o in done):
-            os.remove(c[2])
-        else:
-            keep.append(c)
+    now = time.time()
+
+    def covering(first: int, last: int, path: str) -> bool:
+        """Inside another compacted file: removed when that one is old enough."""
+        for o in done:
+            if o[2] != path and o[0] <= first and last <= o[1] and (o[0], o[1]) != (first, last):
+                try:
+                    if now - os.path.getmtime(o[2]) >= grace_s:
+                        os.remove(path)
+                except FileNotFoundError:
+                    pass
+                return True
+        return False
+
+    keep = [c for c in done if not covering(*c)]
     parts = []
     for seq, p in sorted(cd.parts):
-        if any(f <= seq <= la for f, la, _ in keep):
-            os.remove(p)
-        elif is_complete_parquet(p):
+        if not covering(seq, seq, p) and is_complete_parquet(p):
             parts.append((seq, seq, p))
     return keep, parts
 
 
+def _small_runs(files: list[tuple[int, int, str]], max_rows: int) -> list[list[tuple[int, int, str]]]:
+    """Runs of consecutive files below ``max_rows`` rows: merging never crosses a full file, whose
+    range would then be inside the merged one."""
+    runs: list[list[tuple[int, int, str]]] = [[]]
+    for f in sorted(files):
+        if _rows_or_max(f[2]) < max_rows:
+            runs[-1].append(f)
+        elif runs[-1]:
+            runs.append([])
+    return [r for r in runs if r]
+
+
 def compact_run(run_dir: str, min_parts: int = 2, max_rows: int = MAX_ROWS) -> int:
-    """Compact every process and table of ``run_dir``; returns the number of parts merged."""
+    """Compact every process and table of ``run_dir`` (after the run): consecutive files below
+    ``max_rows`` rows are merged into files of at most ``max_rows``; returns the files merged."""
     merged = 0
     for cd in chunk_dirs(run_dir):
         compacted, parts = _tidy(cd)
-        if len(parts) < min_parts and not (parts and compacted):
+        if len(parts) + len(compacted) < min_parts:
             continue
-        for group in _groups(parts, max_rows):
-            merged += _merge(cd, group)
+        for run in _small_runs(compacted + parts, max_rows):
+            for group in _groups(run, max_rows):
+                if len(group) > 1 or group[0] in parts:  # (a part alone is renamed as compacted)
+                    merged += _merge(cd, group)
     return merged
 
 
-def compact_live(
-    run_dir: str, parts_at: int = LIVE_PARTS, compacted_at: int = LIVE_COMPACTED, max_rows: int = MAX_ROWS
-) -> int:
-    """Compact the tables of a running job where files pile up; returns the files merged. A process
-    numbers its parts in the order it writes them, and the converter writes them in that order, so
-    the parts there are hold every number below the last one: merging them skips none to come."""
+def compact_live(run_dir: str, files_at: int = LIVE_FILES, max_rows: int = MAX_ROWS) -> int:
+    """Compact the tables of a running job where files pile up: once a process has ``files_at`` files
+    of one table below ``max_rows`` rows, consecutive ones are merged. Returns the files merged. A
+    process numbers its chunks in the order it writes them and the converter converts them in that
+    order, so the files there hold every number below the last one: a merge skips none to come."""
     merged = 0
     for cd in chunk_dirs(run_dir):
-        if cd.old or len(cd.parts) + len(cd.compacted) < min(parts_at, compacted_at):
+        if cd.old or len(cd.parts) + len(cd.compacted) < files_at:
             continue
-        compacted, parts = _tidy(cd)
-        if len(parts) >= parts_at:
-            for group in _groups(parts, max_rows):
-                merged += _merge(cd, group)
-            compacted, parts = _tidy(scan_dir(cd.path, cd.table).get(cd.table) or ChunkDir(cd.table, cd.path))
-        # runs of consecutive small compacted files (never across a full one: its range would be covered)
-        runs: list[list[tuple[int, int, str]]] = [[]]
-        for c in compacted:
-            if _rows_or_max(c[2]) < max_rows:
-                runs[-1].append(c)
-            elif runs[-1]:
-                runs.append([])
-        if sum(len(r) for r in runs) >= compacted_at:
-            for run in runs:
-                for group in _groups(run, max_rows):
-                    if len(group) > 1:
-                        merged += _merge(cd, group)
+        compacted, parts = _tidy(cd, LIVE_GRACE_S)
+        runs = _small_runs(compacted + parts, max_rows)
+        if sum(len(r) for r in runs) < files_at:
+            continue
+        for run in runs:
+            for group in _groups(run, max_rows):
+                if len(group) > 1:
+                    merged += _merge(cd, group, LIVE_GRACE_S)
     return merged
 
 

@@ -60,12 +60,17 @@ class ChunkDir:
     old: bool = False
 
     def compacted_path(self, first: int, last: int) -> str:
-        prefix = self.table if self.old else "part"
-        return os.path.join(self.path, f"{prefix}-c{first:08d}-{last:08d}{model.CHUNK_SUFFIX}")
+        if self.old:
+            return os.path.join(self.path, f"{self.table}-c{first:08d}-{last:08d}{model.CHUNK_SUFFIX}")
+        return os.path.join(self.path, compacted_name(first, last))
 
 
 def part_name(seq: int) -> str:
     return f"part-{seq:08d}{model.CHUNK_SUFFIX}"
+
+
+def compacted_name(first: int, last: int) -> str:
+    return f"part-c{first:08d}-{last:08d}{model.CHUNK_SUFFIX}"
 
 
 def partition_dir(run_dir: str, table: str, host: str, pid: int) -> str:
@@ -169,12 +174,13 @@ def chunk_dirs(run_dir: str) -> Iterator[ChunkDir]:
         yield from scan_dir(folder, None).values()
 
 
-def find_chunks(run_dir: str) -> Chunks:
-    """The readable chunks of a run, after converting raw chunks left behind (when writable)."""
+def find_chunks(run_dir: str, convert: bool = True) -> Chunks:
+    """The readable chunks of a run, after converting raw chunks left behind (when writable and
+    ``convert``: not while the run's own converter is at work)."""
     from holoprof.store.raw import convert_folder
 
     out = Chunks()
-    for folder in process_folders(run_dir):
+    for folder in process_folders(run_dir) if convert else []:
         try:
             _, bad = convert_folder(folder)
             out.bad += bad

@@ -1,8 +1,11 @@
 """Loading a run: DuckDB relations over the run's Parquet chunks.
 
 ``holoprof.load(RUN)`` returns a :class:`Run`. Its tables (``spans``, ``samples``, ``io_files``,
-``io_ops``, ``processes``) are DuckDB relations (``.df()`` gives pandas, ``.arrow()`` Arrow). Chunks
-that cannot be read (the last chunk of a killed job) are skipped and listed in ``Run.warnings``.
+``io_ops``, ``processes``) are DuckDB relations (``.df()`` gives pandas, ``.arrow()`` Arrow), each with
+exactly the columns of :data:`holoprof.model.COLUMNS` (the typed I/O counters of a run of the earlier
+layout read from its JSON), and the views of :data:`VIEWS` (``io_file_totals``). Chunks that cannot be
+read (the last chunk of a killed job, a footer that does not parse, a column of the wrong type) are
+skipped and listed in ``Run.warnings``.
 """
 
 from __future__ import annotations
@@ -183,6 +186,8 @@ class Run:
                 why = wrong(describe([f]))
             except duckdb.Error as exc:
                 why = [str(exc).strip().splitlines()[0]]
+            if why and not os.path.exists(f):
+                continue  # merged away by a live compaction since it was listed: its rows are in another
             if why:
                 self.warnings.append(
                     f"skipped the corrupt chunk {os.path.relpath(f, self.path)} ({'; '.join(why)[:200]})"
@@ -335,7 +340,14 @@ class Run:
 
     @cached_property
     def disk_bytes(self) -> int:
-        return sum(os.path.getsize(f) for fs in self.chunks.files.values() for f in fs)
+        total = 0
+        for fs in self.chunks.files.values():
+            for f in fs:
+                try:
+                    total += os.path.getsize(f)
+                except OSError:  # merged away by a live compaction since it was listed
+                    pass
+        return total
 
     def __repr__(self) -> str:
         return f"Run({self.path!r}, status={self.status!r})"
@@ -517,4 +529,18 @@ def load(
         steps=steps,
         run_start_ns=int(manifest.get("start_ns") or 0),
     )
-    return Run(p, manifest, layout.find_chunks(p), threads=threads, where=where)
+    # a live run's launcher converts its raw chunks: a reader doing it too would only compete with it
+    live = manifest.get("status") == "running" and _alive(manifest.get("launcher_pid"))
+    return Run(p, manifest, layout.find_chunks(p, convert=not live), threads=threads, where=where)
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process: alive
+    return True
