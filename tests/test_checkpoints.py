@@ -76,23 +76,3 @@ def test_bad_mtbf_is_refused(tmp_path: object) -> None:
     assert p.returncode == 2
     assert p.stderr.strip().startswith("holoprof: error:") and "--mtbf" in p.stderr
     assert "Traceback" not in p.stderr
-
-
-def test_input_whatif_model() -> None:
-    from holoprof.analyze.findings import input_whatif
-    from holoprof.analyze.steps import PhaseStat, ProcKey, StepStats
-
-    phases = {p: PhaseStat(0.0, 0.0, 0.0) for p in ("data_wait", "forward", "other")}
-    phases["data_wait"] = PhaseStat(0.6, 6.0, 0.006, 0.6)
-    st = StepStats(ProcKey("h", 1, -1, 1), 100, 0.010, 0.011, 0.010, 100.0, 1.0, 0, 1, phases)
-    # no workers: 6 ms of loading per batch, 4 ms of compute; 4 readers on 8 cores -> 1.5 ms a batch
-    w = input_whatif(st, {"num_workers": 0}, readers=4, cpus=8, gpu=True)
-    assert w["compute_s"] == pytest.approx(0.004)
-    assert w["predicted_step_s"] == pytest.approx(0.004)  # input now hides behind compute
-    assert w["predicted_gain"] == pytest.approx(0.6)
-    # 2 workers already: a worker needs 20 ms per batch; 4 workers give 5 ms > 4 ms of compute
-    w = input_whatif(st, {"num_workers": 2}, readers=4, cpus=8, gpu=True)
-    assert w["predicted_step_s"] == pytest.approx(0.005)
-    # on a CPU-only 2-core machine only one core is left for workers
-    w = input_whatif(st, {"num_workers": 0}, readers=4, cpus=2, gpu=False)
-    assert w["effective_readers"] == 1 and w["predicted_step_s"] == pytest.approx(0.006)
