@@ -174,6 +174,8 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     if workers > 0 and st.median_s > 0:
         busy += min(float(workers), loader_cpu_s / st.median_s)
     others = others_runnable(run, st, cores, int(loader.get("host_cpus") or 0), own, busy)
+    if compute_s > 0:  # the job's compute ran on C / Tc cores: the others left it at least that many
+        others = round(min(others, max(0.0, cores - compute_cpu_s / compute_s)), 3)
     return PipelineInputs(
         step_s=st.median_s,
         wait_s=wait,
