@@ -83,7 +83,8 @@ def test_a_chunk_whose_pages_do_not_decode_gives_one_line_and_exit_2(
 def test_a_manifest_with_wrongly_typed_fields_is_refused_in_one_line(
     small_run: TracedRun, tmp_path: Path, field: str, value: object
 ) -> None:
-    from holoprof.serve.app import Runs, prometheus_text
+    from holoprof.present.prometheus import prometheus_text
+    from holoprof.serve.app import Runs
 
     root = tmp_path / "runs"
     run_dir = Path(copy_run(small_run.run_dir, root / "broken"))
@@ -141,7 +142,11 @@ def test_the_dashboard_shows_a_run_with_undecodable_pages_as_broken_and_serves_t
         metrics = client.get("/metrics")
         assert metrics.status == 200
         text = metrics.body.decode()
-        assert 'holoprof_steps_total{run="good"' in text and 'run="broken"' not in text
+        from prometheus_client.parser import text_string_to_metric_families
+
+        samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+        assert any(s.name == "holoprof_steps_total" and s.labels["run"] == "good" for s in samples), text
+        assert not any(s.labels.get("run") == "broken" for s in samples), text
         listed = {r["id"]: r for r in client.get("/api/runs").json()["runs"]}
         assert listed["good"]["status"] == "finished" and listed["good"]["steps"] == 20
         assert listed["broken"]["status"] == "broken" and "corrupt" in listed["broken"]["error"]
