@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,28 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import holoprof
 from holoprof.agent.core import Agent
 from holoprof.collect import control
-from holoprof.serve.app import make_server
-from test_control import LiveJob
-from test_serve_api import Client, Env
+from test_serve_api import Env, live_env
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    root = tmp_path_factory.mktemp("mailbox")
-    job = LiveJob(root)
-    server = make_server(str(root), port=0)
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    t.start()
-    try:
-        job.wait_ready()
-        yield Env(job, server, Client(server), root)
-    finally:
-        job.stop()
-        server.shutdown()
-        server.server_close()
-        t.join(10)
+    yield from live_env(tmp_path_factory.mktemp("mailbox"))
 
 
 def request_doc(req_id: str, action: str = "stacks") -> dict[str, Any]:
@@ -143,11 +129,14 @@ def test_a_linked_request_folder_never_redirects_the_state_files(env: Env) -> No
 
 def test_a_fifo_never_blocks_recording(env: Env) -> None:
     os.mkfifo(control_dir(env) / "req-fifo-2.json")
-    folder = next(p for p in Path(env.live.run_dir).glob("*-*") if p.is_dir() and list(p.glob("spans-*")))
-    before = len(list(folder.glob("spans-*")))
+
+    def spans() -> int:
+        return int(holoprof.load(env.live.run_dir).rows("SELECT count(*) FROM spans")[0][0])
+
+    before = spans()
     a_stacks_request_is_answered(env)
     deadline = time.monotonic() + 30
-    while len(list(folder.glob("spans-*"))) <= before:
+    while spans() <= before:
         assert time.monotonic() < deadline, "the writer thread stopped flushing"
         time.sleep(0.2)
     assert wait_final(env, "fifo-2")["state"] == "refused"

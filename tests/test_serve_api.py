@@ -74,7 +74,11 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    root = tmp_path_factory.mktemp("serve")
+    yield from live_env(tmp_path_factory.mktemp("serve"))
+
+
+def live_env(root: Path) -> Iterator[Env]:
+    """A live training job under ``root`` and a dashboard server over it, stopped when done."""
     job = LiveJob(root)
     server = make_server(str(root), port=0)
     t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)

@@ -87,15 +87,9 @@ def _is_run(path: str) -> bool:
 
 
 def _launcher_alive(manifest: dict[str, Any]) -> bool:
-    pid = manifest.get("launcher_pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
+    from holoprof.store.reader import process_alive
+
+    return process_alive(manifest.get("launcher_pid"))
     return True
 
 

@@ -530,11 +530,12 @@ def load(
         run_start_ns=int(manifest.get("start_ns") or 0),
     )
     # a live run's launcher converts its raw chunks: a reader doing it too would only compete with it
-    live = manifest.get("status") == "running" and _alive(manifest.get("launcher_pid"))
+    live = manifest.get("status") == "running" and process_alive(manifest.get("launcher_pid"))
     return Run(p, manifest, layout.find_chunks(p, convert=not live), threads=threads, where=where)
 
 
-def _alive(pid: Any) -> bool:
+def process_alive(pid: Any) -> bool:
+    """A process of this host with that pid exists (a pid that is not a positive int: no)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
