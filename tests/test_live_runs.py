@@ -111,7 +111,7 @@ def test_metrics_follow_a_running_job_and_its_files_stay_bounded(tmp_path: Path)
 
             def caught_up() -> bool:
                 text = client.get("/metrics").body.decode()
-                m = re.search(r'^holoprof_steps_total\{run="live"[^}]*\} (\S+)$', text, re.M)
+                m = re.search(r'^holoprof_steps_total\{[^}]*run="live"[^}]*\} (\S+)$', text, re.M)
                 return m is not None and float(m[1]) >= seen  # noqa: B023
 
             _wait(caught_up, f"/metrics reaches the job's {seen} steps", timeout_s=20)

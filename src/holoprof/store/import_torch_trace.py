@@ -151,7 +151,8 @@ def _events(path: str) -> Iterator[dict[str, Any]]:
     import ijson
 
     with _open(path) as f:
-        raw = getattr(f, "fileobj", None) or f  # a gzip file's position in the compressed file
+        inner = getattr(f, "raw", f)  # the file under the limits' checks
+        raw = getattr(inner, "fileobj", None) or inner  # a gzip file's position in the compressed file
         try:
             on_read, done = _on_read, 0
             for i, ev in enumerate(ijson.items(f, "traceEvents.item", use_float=True)):
