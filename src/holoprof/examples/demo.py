@@ -41,8 +41,8 @@ def run_demo(out: str | None = None, quick: bool = False) -> int:
     render(build_report(load(out)))
     print(f"\nThe run is in {out}. Explore it again with: holoprof report {out} [--json]")
     print(
-        "Try the fix the report suggests, and compare:\n"
-        f"  holoprof run -- {SCRIPT if os.path.relpath(SCRIPT).startswith('..') else os.path.relpath(SCRIPT)} "
-        f"--data {data} --workers 2"
+        "Measure the fix the report suggests, with no change to the script:\n"
+        f"  holoprof tune -- {SCRIPT if os.path.relpath(SCRIPT).startswith('..') else os.path.relpath(SCRIPT)} "
+        f"--data {data}"
     )
     return rc
