@@ -3,13 +3,15 @@
 Runs benchmarks/workloads/input_pipeline.py (sleep-bound, CPU-bound decode, small files, mixed) traced,
 with ``--set num_workers=N`` (applied by holoprof, the script unchanged), N = 0, 1, 2. From each run the
 model predicts the step with the other worker counts; the table gives each prediction's error against
-the measured median step of that configuration, and whether the configuration the model recommends
+the measured steady mean step of that configuration, and whether the configuration the model recommends
 from the 0-worker run is slower than the 0-worker run when measured.
 
     python benchmarks/bench_input_model.py [--steps 60] [--repeat 2] [--kinds sleep,cpu,files,mixed]
 
-Each configuration runs ``--repeat`` times (interleaved); the measured step is the median over the
-steps of all its runs' and each prediction is the median of the predictions from its runs.
+Each configuration runs ``--repeat`` times (interleaved); the measured step is the steady mean step
+(the throughput: first steps of each run left out) over all its runs, and each prediction is the median
+of the predictions from its runs. The mean, not the median: with workers, steps alternate between a
+batch that was ready and one that was not, and the median of such steps is not the time a step takes.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _traced(out: str, kind: str, workers: int, steps: int, data: str) -> None:
 
 def _analyze(run_dir: str) -> tuple[list[float], dict[int, float], int, float]:
     """(step durations, predicted step per worker count, recommended workers, margin)."""
-    from holoprof.analyze.diff import step_durations
+    from holoprof.analyze.diff import steady, step_durations
     from holoprof.analyze.input_model import advise, margin, measure, predict
     from holoprof.analyze.steps import loader_config, step_processes, step_stats
     from holoprof.store.reader import load
@@ -49,7 +51,7 @@ def _analyze(run_dir: str) -> tuple[list[float], dict[int, float], int, float]:
         x = measure(run, main, st, loader_config(run, main))
         if x is None:
             raise SystemExit(f"{run_dir}: the model has no inputs")
-        durations = step_durations(run)[2:]  # the first steps start the workers
+        durations = steady(step_durations(run))  # the first steps start the workers
         return durations, {n: predict(x, n)["step_s"] for n in WORKERS}, advise(x).workers, margin(x)
     finally:
         run.con.close()
@@ -92,7 +94,7 @@ def main() -> None:
                 steps.setdefault((kind, rec), []).extend(_analyze(out)[0])
     print("## Input-pipeline model: predicted against measured step time (bench_input_model.py)\n")
     print(f"`python benchmarks/bench_input_model.py --steps {args.steps} --repeat {args.repeat}` on "
-          f"{os.cpu_count()} cores (os.sched_getaffinity: {len(os.sched_getaffinity(0))}). Measured: median "
+          f"{os.cpu_count()} cores (os.sched_getaffinity: {len(os.sched_getaffinity(0))}). Measured: steady mean "
           "step over all runs of a configuration (first 2 steps of each run left out). Predicted: from a "
           "run with the number of workers in the column header.\n")  # fmt: skip
     print("| pipeline | workers | measured | from 0 workers | error | from 1 | error | from 2 | error |")
@@ -100,7 +102,7 @@ def main() -> None:
     worst = 0.0
     for kind in kinds:
         for m in WORKERS:
-            meas = statistics.median(steps[(kind, m)])
+            meas = statistics.mean(steps[(kind, m)])
             cells = []
             for n in WORKERS:
                 p = statistics.median(preds[(kind, n, m)])
@@ -115,8 +117,8 @@ def main() -> None:
     slower = 0
     for kind in kinds:
         rec = statistics.mode(recs[kind])
-        base = statistics.median(steps[(kind, 0)])
-        there = statistics.median(steps[(kind, rec)])
+        base = statistics.mean(steps[(kind, 0)])
+        there = statistics.mean(steps[(kind, rec)])
         if there > base * 1.02:
             slower += 1
         print(f"| {kind} | num_workers={rec} | {1000 * there:.1f} ms | {there / base:.2f}x |")

@@ -72,8 +72,8 @@ def test_steps_are_bounded_and_throughput_grows_with_the_batch(swept: tuple[Path
     assert all(r["exit_code"] == 0 for r in ok)
     assert all(r["throughput_unit"] == "samples/s" for r in ok)
     for r in ok:
-        assert r["throughput"] == pytest.approx(int(r["params"]["batch_size"]) / r["step_median_s"])
-        assert r["step_median_s"] >= 0.004
+        assert r["throughput"] == pytest.approx(int(r["params"]["batch_size"]) / r["step_mean_s"])
+        assert r["step_mean_s"] >= 0.004 and r["step_median_s"] > 0
     tput = [r["throughput"] for r in ok]
     assert tput[0] < tput[1] < tput[2], tput
 

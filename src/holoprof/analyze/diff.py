@@ -18,6 +18,7 @@ p-value and the statistical verdict alone are in the JSON too.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -140,6 +141,7 @@ class StepTest:
     p90_change: float | None
     direction: str  # slower | faster | unchanged | unknown
     verdict: str
+    mean_change: float | None = None  # (B - A) / A of the steady mean step (throughput_test)
 
 
 @dataclass
@@ -162,6 +164,86 @@ def _rel(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or a == 0:
         return None
     return (b - a) / a
+
+
+# --- the steady step: throughput, for loops whose steps are not alike -----------------------------------
+#: Steps left out at the start of a run: the first batches start the DataLoader workers and warm the
+#: allocators, and are not the loop's steady pace.
+WARMUP_STEPS = 2
+#: Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)  # fmt: skip
+
+
+def steady(durations: list[float]) -> list[float]:
+    """The steps of a run's steady state: all but the first :data:`WARMUP_STEPS` when enough remain."""
+    return list(durations[WARMUP_STEPS:]) if len(durations) >= 3 * WARMUP_STEPS + 2 else list(durations)
+
+
+def block_means(xs: list[float], max_blocks: int = 10, min_size: int = 4) -> list[float]:
+    """Means of consecutive blocks of ``xs`` (at most ``max_blocks``, of ``min_size`` steps or more).
+
+    Steps of a loop fed by DataLoader workers are not alike: a batch that was ready makes a short step,
+    the next one waits for a worker, and the pattern repeats with the number of workers. The mean step
+    (the throughput) is what the job gets; blocks of consecutive steps each span such patterns, so
+    their means are close to independent samples of it, where single steps are not (batch means)."""
+    n = len(xs)
+    k = max(1, min(max_blocks, n // min_size))
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [sum(xs[a:b]) / (b - a) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def mean_interval(xs: list[float]) -> tuple[float, float]:
+    """95% confidence interval of the mean of ``xs`` from its block means (Student's t); the range of
+    the block means when there are fewer than 3 blocks."""
+    bm = block_means(xs)
+    if not bm:
+        return 0.0, 0.0
+    m = sum(bm) / len(bm)
+    if len(bm) < 3:
+        return min(bm), max(bm)
+    sd = math.sqrt(sum((v - m) ** 2 for v in bm) / (len(bm) - 1))
+    half = _T95[min(len(bm) - 2, len(_T95) - 1)] * sd / math.sqrt(len(bm))
+    return max(0.0, m - half), m + half
+
+
+def throughput_test(
+    da: list[float], db: list[float], alpha: float = ALPHA, min_effect: float = MIN_EFFECT
+) -> StepTest:
+    """Is B's steady mean step (its throughput) different from A's? Mann-Whitney U on the block means of
+    the two runs' steady steps; significant when p < ``alpha`` and the means differ by ``min_effect``."""
+    sa, sb = steady(da), steady(db)
+    ma, mb = (sum(sa) / len(sa), sum(sb) / len(sb)) if sa and sb else (0.0, 0.0)
+    mean = _rel(ma, mb) if sa and sb else None
+    med = _rel(_quantile(sa, 0.5), _quantile(sb, 0.5)) if sa and sb else None
+    p90 = _rel(_quantile(sa, 0.9), _quantile(sb, 0.9)) if sa and sb else None
+    ba, bb = block_means(sa), block_means(sb)
+    method = "mann-whitney-u on block means of the steady steps"
+    if len(ba) < 3 or len(bb) < 3:
+        return StepTest(
+            method, alpha, min_effect, None, None, None, None, False, False, med, p90, "unknown",
+            f"not enough steps to compare ({len(sa)} and {len(sb)} steady steps; 12 or more each needed)",
+            mean,
+        )  # fmt: skip
+    mw = mann_whitney_u(ba, bb)
+    stat = mw.p_value < alpha
+    sig = stat and mean is not None and abs(mean) >= min_effect
+    direction = ("slower" if mean is not None and mean > 0 else "faster") if sig else "unchanged"
+    pct = f"{100 * mean:+.1f}%" if mean is not None else "?"
+    if sig:
+        verdict = f"B is {direction}: mean step {pct} (p={mw.p_value:.2g} < {alpha})"
+    elif stat:
+        verdict = (
+            f"a statistically detectable but small change: mean step {pct}, below the {100 * min_effect:.0f}% "
+            f"minimum effect (p={mw.p_value:.2g})"
+        )
+    else:
+        verdict = f"no significant change: mean step {pct} (p={mw.p_value:.2g} ≥ {alpha})"
+    return StepTest(
+        method, alpha, min_effect, mw.u, round(mw.z, 4), mw.p_value, round(mw.prob_b_longer, 4),
+        stat, sig, med, p90, direction, verdict, mean,
+    )  # fmt: skip
 
 
 def _side(run: Run, doc: dict[str, Any], durations: list[float]) -> Side:

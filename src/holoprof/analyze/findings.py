@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from holoprof.analyze.input_model import Advice, PipelineInputs, advise, base_compute, margin
+from holoprof.analyze.input_model import Advice, PipelineInputs, advise, base_compute, loader_wall, margin
 from holoprof.analyze.resources import Resources
 from holoprof.analyze.steps import StepStats
 
@@ -95,8 +95,8 @@ def _model_fix(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> str:
         fix = f"use DataLoader(..., num_workers={adv.workers}{''.join(', ' + e for e in extra)})"
         fix += f" (now num_workers={cur})" if adv.workers != cur else ""
         fix += (
-            f". Predicted: step {_ms(x.step_s)} -> {_ms(adv.predicted_step_s)} with {_cores(x)} "
-            f"(loading {_ms(x.loader_cpu_s)} CPU / {_ms(x.loader_wall_s)} wall per batch, compute "
+            f". Predicted: mean step {_ms(x.step_s)} -> {_ms(adv.predicted_step_s)} with {_cores(x)} "
+            f"(loading {_ms(x.loader_cpu_s)} CPU / {_ms(loader_wall(x, adv.workers))} wall per batch, compute "
             f"{_ms(x.compute_cpu_s)} CPU per step); measure it with no code change: "
             f"holoprof sweep --set num_workers={cur},{adv.workers} -- COMMAND (or holoprof tune -- COMMAND)"
         )
@@ -116,14 +116,14 @@ def _model_fix(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> str:
         why = f"the training loop itself takes {_ms(base_compute(x))} per step, which loading already keeps up with"
         helps = "a cheaper step (see the phases above), not a different loader"
     else:
-        why = f"loading one batch takes {_ms(x.loader_wall_s)} and more workers than {adv.workers} do not pay"
+        why = f"loading one batch takes {_ms(loader_wall(x, max(1, adv.workers)))} and more workers than {adv.workers} do not pay"
         helps = (
             "cheaper per-sample work, caching decoded samples, fewer and larger files, or a machine with "
             "more cores"
         )
     return (
         f"the loader is already as good as this machine allows (num_workers={cur}): no worker count is "
-        f"predicted to beat the measured step of {_ms(x.step_s)} by more than its noise "
+        f"predicted to beat the measured mean step of {_ms(x.step_s)} by more than its noise "
         f"({_pct(margin(x))}) — {why}. What would help: {helps}"
     )
 

@@ -32,10 +32,10 @@ the whole region. With N = 0, the step is ``compute_base + loader_wall``.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from holoprof.analyze.diff import mean_interval, steady
 from holoprof.analyze.steps import ProcKey, StepStats
 from holoprof.store.reader import Run
 
@@ -55,13 +55,15 @@ MIN_GAIN = 0.05
 class PipelineInputs:
     """What the model needs, measured on one run (seconds)."""
 
-    step_s: float
+    step_s: float  # the steady mean step (the throughput), not the median: see measure()
     wait_s: float
     compute_s: float
+    compute_quiet_s: float  # the compute of the steps not slowed by contention (lower quartile)
     num_workers: int
     loader_cpu_s: float
     loader_wall_s: float
     loader_runq_s: float  # of the wall time, waiting for a CPU (other work had the cores)
+    loader_quiet_s: float  # the wall time of one batch less its wait for a CPU: CPU and waits for data
     ipc_cpu_s: float
     ipc_measured: bool
     compute_cpu_s: float
@@ -84,21 +86,6 @@ def _median(xs: list[float]) -> float:
         return 0.0
     m = len(s) // 2
     return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
-
-
-def median_interval(xs: list[float]) -> tuple[float, float]:
-    """Distribution-free 95% confidence interval of the median (order statistics, normal
-    approximation of the binomial); the whole range for fewer than 6 values."""
-    s = sorted(xs)
-    n = len(s)
-    if n == 0:
-        return 0.0, 0.0
-    if n < 6:
-        return s[0], s[-1]
-    half = 1.96 * math.sqrt(n) / 2
-    lo = max(0, math.floor(n / 2 - half))
-    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
-    return s[lo], s[hi]
 
 
 def _workers_of(run: Run, main: ProcKey) -> list[int]:
@@ -159,31 +146,38 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     fetch = [(int(w), int(c), int(q)) for w, c, q in fetch if c is not None]
     if not fetch:
         return None
-    wait = min(st.phases["data_wait"].median_s, st.median_s)
-    durations = _step_durations(run, main)
-    lo, hi = median_interval(durations)
-    med = _median(durations) or st.median_s
+    steps = _steady_steps(run, main)
+    if len(steps) < 3:
+        return None
+    step_s = sum(d for d, _ in steps) / len(steps)
+    wait = sum(w for _, w in steps) / len(steps)
+    lo, hi = mean_interval([d for d, _ in steps])
+    per_compute = sorted(max(0.0, d - w) for d, w in steps)
     cores = float(loader.get("cores") or 1)
-    compute_s = max(st.median_s - wait, 0.0)
+    compute_s = max(step_s - wait, 0.0)
     compute_cpu_s = _median(compute_cpu)
     loader_cpu_s = _median([c / NS for _, c, _ in fetch])
-    busy = min(
-        max(1.0, compute_cpu_s / compute_s if compute_s > 0 else 1.0),
-        max(1.0, float(loader.get("torch_threads") or 1)),
-    )
-    if workers > 0 and st.median_s > 0:
-        busy += min(float(workers), loader_cpu_s / st.median_s)
-    others = others_runnable(run, st, cores, int(loader.get("host_cpus") or 0), own, busy)
+    threads = max(1.0, float(loader.get("torch_threads") or 1))
+    busy = min(max(1.0, compute_cpu_s / compute_s if compute_s > 0 else 1.0), threads)
+    if workers > 0 and step_s > 0:
+        # beside workers every torch thread wants a core while the loop computes (idle ones spin at
+        # the end of each parallel region), whatever share of the stalled compute they got
+        busy = threads + min(float(workers), loader_cpu_s / step_s)
+    others = others_runnable(run, st, cores, int(loader.get("host_cpus") or 0), own, busy, workers)
     if compute_s > 0:  # the job's compute ran on C / Tc cores: the others left it at least that many
         others = round(min(others, max(0.0, cores - compute_cpu_s / compute_s)), 3)
     return PipelineInputs(
-        step_s=st.median_s,
+        step_s=step_s,
         wait_s=wait,
         compute_s=compute_s,
+        # with workers some steps' compute is stalled by them (a worker holds the core a torch thread
+        # needs); the lower quartile is the compute of steps that were not
+        compute_quiet_s=per_compute[len(per_compute) // 4] if workers > 0 else compute_s,
         num_workers=workers,
         loader_cpu_s=loader_cpu_s,
         loader_wall_s=_median([w / NS for w, _, _ in fetch]),
         loader_runq_s=_median([q / NS for _, _, q in fetch]),
+        loader_quiet_s=_median([max(c, w - q) / NS for w, c, q in fetch]),
         ipc_cpu_s=_median(main_wait_cpu) if workers > 0 else IPC_DEFAULT_S,
         ipc_measured=workers > 0,
         compute_cpu_s=compute_cpu_s,
@@ -194,7 +188,7 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
         torch_threads=int(loader.get("torch_threads") or 1),
         gpu=bool(loader.get("gpu")),
         batches=len(fetch),
-        noise=max(med - lo, hi - med) / med if med > 0 else 1.0,
+        noise=max(step_s - lo, hi - step_s) / step_s if step_s > 0 else 1.0,
     )
 
 
@@ -207,46 +201,68 @@ def available(cores: float, others: float, threads: float) -> float:
 
 
 def others_runnable(
-    run: Run, st: StepStats, cores: float, host_cpus: int, own: list[tuple[int, int]], busy: float
+    run: Run,
+    st: StepStats,
+    cores: float,
+    host_cpus: int,
+    own: list[tuple[int, int]],
+    busy: float,
+    workers: int,
 ) -> float:
     """Runnable threads of other processes that shared the job's cores while it ran.
 
-    From the training thread itself when the kernel reports its run-queue wait: between two fetches
-    it ran a share ``s`` of the time it was runnable; with ``busy`` runnable threads of its own and
-    fair sharing, ``s = cores / (others + busy)`` (when the threads outnumber the cores). Otherwise from
-    the CPU samples: the cores the rest of the machine used (``host.cpu_percent`` of all its CPUs less
-    ``job.cpu_percent``)."""
+    Without workers, from the training thread itself when the kernel reports its run-queue wait:
+    between two fetches it ran a share ``s`` of the time it was runnable; with ``busy`` runnable
+    threads of its own and fair sharing, ``s = cores / (others + busy)`` (when the threads outnumber
+    the cores). With workers the job's own threads outnumber the cores and make that wait themselves,
+    so it says nothing about other processes; then, and without ``schedstat``, from the CPU samples:
+    the cores the rest of the machine used (``host.cpu_percent`` of all its CPUs less
+    ``job.cpu_percent``, the job's whole process tree), over the training loop, or over the whole run
+    when the loop was too short for samples."""
     cpu, runq = sum(c for c, _ in own), sum(q for _, q in own)
-    if cpu > 0 and runq > 0:
+    if workers == 0 and cpu > 0 and runq > 0:
         share = cpu / (cpu + runq)
         return round(max(0.0, cores / share - max(busy, 1.0)), 3) if share < 0.98 else 0.0
     if host_cpus <= 0:
         return 0.0
-    rows = run.rows(
-        """SELECT h.value, j.value FROM samples h JOIN samples j ON h.ts_ns = j.ts_ns
-           WHERE h.name = 'host.cpu_percent' AND j.name = 'job.cpu_percent' AND h.target_pid = -1
-             AND j.target_pid = -1 AND h.ts_ns BETWEEN ? AND ?""",
-        [st.first_start_ns, st.last_end_ns],
-    )
+    sql = """SELECT h.value, j.value FROM samples h JOIN samples j ON h.ts_ns = j.ts_ns
+             WHERE h.name = 'host.cpu_percent' AND j.name = 'job.cpu_percent' AND h.target_pid = -1
+               AND j.target_pid = -1"""
+    rows = run.rows(sql + " AND h.ts_ns BETWEEN ? AND ?", [st.first_start_ns, st.last_end_ns])
+    if len(rows) < 3:
+        rows = run.rows(sql)
     if not rows:
         return 0.0
     return round(_median([max(0.0, h / 100 * host_cpus - j / 100) for h, j in rows]), 3)
 
 
-def _step_durations(run: Run, main: ProcKey) -> list[float]:
+def _steady_steps(run: Run, main: ProcKey) -> list[tuple[float, float]]:
+    """(duration, data wait) in seconds of each steady step of the training loop (the first
+    :data:`~holoprof.analyze.diff.WARMUP_STEPS` left out when enough remain), in step order."""
     rows = run.rows(
-        "SELECT (end_ns - start_ns) / 1e9 FROM spans WHERE kind = 'step' AND host = ? AND pid = ? AND end_ns >= start_ns",
+        """SELECT (s.end_ns - s.start_ns) / 1e9, coalesce((
+                 SELECT sum(w.end_ns - w.start_ns) FROM spans w WHERE w.kind = 'phase' AND w.name = 'data_wait'
+                   AND w.host = s.host AND w.pid = s.pid AND w.step = s.step), 0) / 1e9
+           FROM spans s WHERE s.kind = 'step' AND s.host = ? AND s.pid = ? AND s.end_ns >= s.start_ns
+           ORDER BY s.step, s.start_ns""",
         [main.host, main.pid],
     )
-    return [float(r[0]) for r in rows]
+    steps = [(float(d), min(float(w), float(d))) for d, w in rows]
+    keep = steady([d for d, _ in steps])
+    return steps[len(steps) - len(keep) :]
 
 
 # --- the model ---------------------------------------------------------------------------------------
 def _parallelism(x: PipelineInputs) -> float:
-    """Busy threads of the training process while it computes (1 .. torch threads)."""
+    """Busy threads of the training process while it computes (1 .. torch threads): its CPU per
+    second of compute; with workers all of torch's threads (the compute measured there is stretched
+    by the workers' stalls, which would make it look less parallel than it is)."""
+    threads = max(1.0, float(x.torch_threads))
+    if x.num_workers > 0:
+        return threads
     if x.compute_s <= 0:
         return 1.0
-    return min(max(1.0, x.compute_cpu_s / x.compute_s), max(1.0, float(x.torch_threads)))
+    return min(max(1.0, x.compute_cpu_s / x.compute_s), threads)
 
 
 def _oversubscribed(busy_main: float, busy_workers: float, cores: float) -> bool:
@@ -254,27 +270,28 @@ def _oversubscribed(busy_main: float, busy_workers: float, cores: float) -> bool
 
 
 def base_compute(x: PipelineInputs) -> float:
-    """The training loop's own time per step without loading and without contention."""
-    if x.num_workers == 0:
-        return x.compute_s
-    own = max(x.compute_s - x.ipc_cpu_s, 0.0)
-    busy_workers = min(float(x.num_workers), x.loader_cpu_s / x.step_s if x.step_s > 0 else 0.0)
-    if _oversubscribed(_parallelism(x), busy_workers, x.cores_free):
-        # measured under contention: at best the CPU it used spread over its threads
-        return max(
-            own * OVERSUBSCRIBED_EFFICIENCY, x.compute_cpu_s / max(1.0, min(x.torch_threads, x.cores_free))
-        )
-    return own
+    """The training loop's own time per step without loading and without contention: the measured
+    compute when the run loaded in the training loop; with workers, the compute of the steps that
+    no worker stalled."""
+    return x.compute_s if x.num_workers == 0 else x.compute_quiet_s
+
+
+def loader_wall(x: PipelineInputs, workers: int) -> float:
+    """The wall time of loading one batch with ``workers`` workers before the cores are shared: in
+    the training loop (0) as the run measured it when it had no workers; otherwise its CPU and its
+    waits for data, the waits for a CPU left to the cores bound."""
+    return x.loader_wall_s if workers == 0 and x.num_workers == 0 else x.loader_quiet_s
 
 
 def predict(x: PipelineInputs, workers: int) -> dict[str, float]:
     """Predicted steady step time (s) with ``workers`` DataLoader workers, and its three bounds."""
     compute = base_compute(x)
     if workers <= 0:
-        step = compute + x.loader_wall_s
-        return {"step_s": step, "main_s": step, "loaders_s": x.loader_wall_s, "cores_s": 0.0}
+        wall = loader_wall(x, 0)
+        step = compute + wall
+        return {"step_s": step, "main_s": step, "loaders_s": wall, "cores_s": 0.0}
     main = compute + x.ipc_cpu_s
-    loaders = x.loader_wall_s / workers
+    loaders = loader_wall(x, workers) / workers
     cpu = x.compute_cpu_s + x.ipc_cpu_s + x.loader_cpu_s
     p = _parallelism(x)
     k = available(x.cores, x.others_runnable, p + workers)
@@ -300,6 +317,7 @@ def quiet(x: PipelineInputs) -> PipelineInputs:
         loader_wall_s=max(x.loader_cpu_s, x.loader_wall_s - x.loader_runq_s),
         loader_runq_s=0.0,
         compute_s=max(0.0, x.compute_s - x.compute_runq_s),
+        compute_quiet_s=max(0.0, min(x.compute_quiet_s, x.compute_s - x.compute_runq_s)),
         compute_runq_s=0.0,
     )
 

@@ -13,14 +13,22 @@ configuration that runs past ``--max-seconds`` is stopped (SIGTERM, forwarded to
 flushes what it recorded) and kept with the steps it made. ``--steps N`` ends each job cleanly after N
 optimizer steps, so a sweep costs N steps per configuration whatever the script's own length.
 
-Per configuration: median step time with its 95% confidence interval (order statistics), throughput (samples/s when the swept parameter is the batch
-size — ``batch × steps/s`` — or when the DataLoader's batch size is known; steps/s otherwise), the peak
+Per configuration: the steady mean step (the first steps, which start the DataLoader workers, left
+out) with its 95% confidence interval (block means), throughput (samples/s when the swept parameter is
+the batch size — ``batch / mean step`` — or when the DataLoader's batch size is known; steps/s
+otherwise), the median step for reference, the peak
 memory and its categories. A job that exits non-zero is marked ``oom`` when its output says it ran
 out of memory (or it was killed by SIGKILL, as the kernel's OOM killer does), ``failed`` otherwise;
 the other rows are kept. The recommendation is the configuration with the best throughput among
 those that finished and fit (peak under 90% of the device's memory); its step times are compared with
-those of the runner-up and of the first configuration by the diff's test (Mann-Whitney U, p < 0.01 and
-at least a 5% change of the median), which says whether it is significantly better.
+those of the runner-up and of the first configuration by the diff's throughput test (Mann-Whitney U on
+the block means of the steady steps, p < 0.01 and at least a 5% change of the mean step), which says
+whether it is significantly better.
+
+The mean, not the median: with DataLoader workers, steps alternate between a batch that was ready and
+one that was not, and the median of such steps can be several times shorter than the time a step
+really takes on average (measured: 1.3 ms median against 6.1 ms mean with 3 workers on a wait-bound
+loader; docs/input-pipeline.md).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class SweepRow:
     wall_s: float
     steps: int = 0
     step_median_s: float = 0.0
+    step_mean_s: float = 0.0  # the steady mean step: what the throughput follows
     steps_per_s: float = 0.0
     batch_size: int | None = None
     throughput: float = 0.0
@@ -70,7 +79,7 @@ class SweepRow:
     knobs: dict[str, str] = field(default_factory=dict)  # the --set values of this configuration
     applied: dict[str, Any] = field(default_factory=dict)  # what the job's agent recorded applying
     loader: dict[str, Any] = field(default_factory=dict)  # the training DataLoader as the job built it
-    step_ci_s: list[float] = field(default_factory=list)  # 95% interval of the median step
+    step_ci_s: list[float] = field(default_factory=list)  # 95% interval of the steady mean step
     throughput_ci: list[float] = field(default_factory=list)
     durations_s: list[float] = field(default_factory=list)
 
@@ -210,8 +219,7 @@ def analyze_config(row: SweepRow) -> SweepRow:
     """Fill ``row`` with step time, throughput and memory from its run directory (if it has steps)."""
     if not os.path.isfile(os.path.join(row.run_dir, "manifest.json")):
         return row
-    from holoprof.analyze.diff import step_durations
-    from holoprof.analyze.input_model import median_interval
+    from holoprof.analyze.diff import mean_interval, steady, step_durations
     from holoprof.analyze.memory import memory_stats
     from holoprof.analyze.steps import loader_config, step_processes, step_stats
     from holoprof.store.reader import load
@@ -224,9 +232,11 @@ def analyze_config(row: SweepRow) -> SweepRow:
             st = step_stats(run, main, timeline_points=1)
             row.steps = st.count
             row.step_median_s = st.median_s
-            row.steps_per_s = 1.0 / st.median_s if st.median_s > 0 else 0.0
             row.durations_s = step_durations(run)
-            lo, hi = median_interval(row.durations_s)
+            ss = steady(row.durations_s)
+            row.step_mean_s = sum(ss) / len(ss) if ss else 0.0
+            row.steps_per_s = 1.0 / row.step_mean_s if row.step_mean_s > 0 else 0.0
+            lo, hi = mean_interval(ss)
             row.step_ci_s = [round(lo, 6), round(hi, 6)]
             row.applied = applied_knobs(run, main)
             row.loader = {
@@ -282,7 +292,7 @@ def applied_knobs(run: Any, main: Any) -> dict[str, Any]:
 def compare_best(rows: list[SweepRow], best: int | None) -> list[dict[str, Any]]:
     """The best configuration's steps against the runner-up's and the first configuration's, with the
     diff's significance test (B = the best)."""
-    from holoprof.analyze.diff import ALPHA, MIN_EFFECT, _step_test
+    from holoprof.analyze.diff import throughput_test
 
     if best is None:
         return []
@@ -293,13 +303,14 @@ def compare_best(rows: list[SweepRow], best: int | None) -> list[dict[str, Any]]
     )
     out = []
     for i in others:
-        t = _step_test(rows[i].durations_s, rows[best].durations_s, ALPHA, MIN_EFFECT)
+        t = throughput_test(rows[i].durations_s, rows[best].durations_s)
         out.append(
             {
                 "against": rows[i].label,
                 "against_index": i,
                 "role": "runner-up" if fit and i == fit[0] else "first",
                 "significant": t.significant and t.direction == "faster",
+                "mean_change": t.mean_change,
                 "median_change": t.median_change,
                 "p_value": t.p_value,
                 "verdict": t.verdict.replace("B is", "the best is"),
@@ -324,6 +335,11 @@ def recommend(rows: list[SweepRow]) -> tuple[int | None, str]:
     )
 
 
+def step_of(row: dict[str, Any]) -> float:
+    """A sweep row's step time: its steady mean (a sweep.json written before it had one: the median)."""
+    return float(row.get("step_mean_s") or row.get("step_median_s") or 0.0)
+
+
 def measurement(doc: dict[str, Any], this: int) -> dict[str, Any] | None:
     """What a sweep measured for its row ``this``: the best configuration's step against this one's,
     with their 95% intervals and the diff's verdict; ``gain`` is the saving when it is significant."""
@@ -334,14 +350,15 @@ def measurement(doc: dict[str, Any], this: int) -> dict[str, Any] | None:
     b, t = rows[best], rows[this]
     comp = next((c for c in doc.get("comparisons") or [] if c["against_index"] == this), None)
     significant = bool(comp and comp["significant"])
-    gain = 1 - b["step_median_s"] / t["step_median_s"] if significant and t["step_median_s"] > 0 else 0.0
+    bs, ts = step_of(b), step_of(t)
+    gain = 1 - bs / ts if significant and ts > 0 else 0.0
     return {
         "sweep": doc["out_dir"],
         "this": t["label"],
-        "this_step_s": t["step_median_s"],
+        "this_step_s": ts,
         "this_interval_s": t.get("step_ci_s") or [],
         "best": b["label"],
-        "best_step_s": b["step_median_s"],
+        "best_step_s": bs,
         "best_interval_s": b.get("step_ci_s") or [],
         "significant": significant or this == best,
         "p_value": comp["p_value"] if comp else None,

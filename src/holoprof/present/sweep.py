@@ -13,6 +13,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from holoprof.analyze.sweep import step_of
 from holoprof.present.terminal import fmt_bytes, fmt_s, keep_whole, make_console
 
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "other")
@@ -65,7 +66,7 @@ def render(doc: dict[str, Any], file: IO[str] | None = None) -> None:
     for n in names:
         t.add_column(n)
     t.add_column("status", no_wrap=True)
-    for c in ("steps", "step", "95% CI", unit, "peak"):
+    for c in ("steps", "mean step", "95% CI", unit, "peak"):
         t.add_column(c, justify="right", no_wrap=True)
     cats_shown = () if knobs_only else CATEGORIES  # loader knobs do not move the tensors' memory
     for c in cats_shown:
@@ -82,7 +83,7 @@ def render(doc: dict[str, Any], file: IO[str] | None = None) -> None:
             *[Text(v) for v in values],
             Text(r["status"], style=STATUS_STYLE.get(r["status"], "white")),
             str(r["steps"]),
-            fmt_s(r["step_median_s"]) if ok else "-",
+            fmt_s(step_of(r)) if ok else "-",
             f"{fmt_s(ci[0])}–{fmt_s(ci[1])}" if ok and len(ci) == 2 else "-",
             _num(r["throughput"]) if ok else "-",
             fmt_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
@@ -247,7 +248,7 @@ def to_html(doc: dict[str, Any]) -> str:
                 r["label"] + (" ★" if i == best else ""),
                 r["status"],
                 r["steps"],
-                fmt_s(r["step_median_s"]) if r["steps"] else "-",
+                fmt_s(step_of(r)) if r["steps"] else "-",
                 "–".join(fmt_s(v) for v in r.get("step_ci_s") or []) if r["steps"] else "-",
                 f"{r['throughput']:.1f} {r['throughput_unit']}" if r["steps"] else "-",
                 fmt_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
@@ -264,7 +265,7 @@ text-align:left}}table{{border-collapse:collapse}}.plots{{display:flex;gap:24px;
 <body><h1>holoprof sweep</h1><p><code>{html.escape(" ".join(doc["command"]))}</code></p>
 <div class="plots">{_bars_svg(rows, best)}{_memory_svg(rows)}</div>
 <p><b>recommendation</b>: {html.escape(doc["reason"])}</p>
-<table><tr><th>configuration</th><th>status</th><th>steps</th><th>step (median)</th><th>95% CI</th><th>throughput</th>
+<table><tr><th>configuration</th><th>status</th><th>steps</th><th>step (steady mean)</th><th>95% CI</th><th>throughput</th>
 <th>peak memory</th><th>error</th></tr>{table_rows}</table>
 </body></html>
 """
