@@ -178,6 +178,10 @@ def test_a_report_of_a_swept_run_shows_its_knobs_and_a_measured_gain(swept: dict
         (["sweep", "--set", "num_workers=-1"], "bad value '-1' for num_workers: write an integer >= 0"),
         (["sweep", "--set", "pin_memory=maybe"], "bad value 'maybe' for pin_memory: write true or false"),
         (["sweep", "--set", "prefetch=0"], "write an integer >= 1 or autotune"),
+        (
+            ["sweep", "--set", "omp_wait_policy=spin"],
+            "bad value 'spin' for omp_wait_policy: write passive or active",
+        ),
         (["sweep", "--set", "num_workers"], "bad --set 'num_workers': write KNOB=VALUE"),
         (["run", "--set", "num_workers=1,2"], "use holoprof sweep --set to measure several"),
     ],
@@ -311,6 +315,59 @@ def test_tune_sweeps_what_the_finding_names_and_measures_the_best(script_dir: Pa
     assert m["gain_basis"]["best"] == best["label"]
     assert m["gain_basis"]["best_interval_s"] == best["step_ci_s"]
     assert (m["estimated_gain"] > 0) == (m["gain_basis"]["significant"] and best["label"] != "num_workers=0")
+
+
+# torch's own threads: an MLP whose matrix products run in OpenMP parallel regions on 2 threads, fed
+# by a loader that sleeps (a remote store). It prints its environment's wait policy and a digest of
+# the trained weights, so a test sees the knob from inside the job and that the result is unchanged.
+SPIN_SCRIPT = """
+import hashlib, os, time
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 16 * 24
+    def __getitem__(self, i):
+        time.sleep(0.0005)
+        return torch.full((256,), float(i % 7)), i % 10
+
+torch.manual_seed(0)
+print("OMP_WAIT_POLICY=" + os.environ.get("OMP_WAIT_POLICY", "unset"), flush=True)
+model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(Slow(), batch_size=16):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+print("weights", digest)
+"""
+
+
+def _spin_run(tmp: Path, policy: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    d = tmp / policy
+    d.mkdir()
+    (d / "spin.py").write_text(SPIN_SCRIPT)
+    run = traced(d, "spin.py", options=("--set", "torch_threads=2", "--set", f"omp_wait_policy={policy}"))
+    assert run.proc.returncode == 0, run.proc.stderr
+    (f,) = [f for f in run.report["findings"] if f["id"] == "input_bound"]
+    return run.proc.stdout, f["evidence"]["model"], run.report["run"]
+
+
+def test_omp_wait_policy_reaches_the_job_and_its_spinning_is_measured(tmp_path: Path) -> None:
+    out_a, model_a, run_a = _spin_run(tmp_path, "active")
+    out_p, model_p, _ = _spin_run(tmp_path, "passive")
+    assert "OMP_WAIT_POLICY=ACTIVE" in out_a and "OMP_WAIT_POLICY=PASSIVE" in out_p  # set before torch
+    assert run_a["knobs"] == {"torch_threads": 2, "omp_wait_policy": "active"}
+    # the policy changes when idle threads sleep, not what the job computes
+    (wa,) = [ln for ln in out_a.splitlines() if ln.startswith("weights")]
+    assert wa in out_p
+    # while the loop waited 8 ms for each batch, torch's second thread spun with the active policy
+    # (up to the wait) and slept with the passive one
+    spin_a, spin_p = model_a["inputs"]["spin_cpu_s"], model_p["inputs"]["spin_cpu_s"]
+    assert spin_a > 0.001 and spin_a > 3 * spin_p, (spin_a, spin_p)
 
 
 TF_SCRIPT = """

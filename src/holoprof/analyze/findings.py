@@ -13,7 +13,18 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from holoprof.analyze.input_model import Advice, PipelineInputs, advise, base_compute, loader_wall, margin
+from holoprof.analyze.input_model import (
+    SPIN_SHARE,
+    Advice,
+    PipelineInputs,
+    advise,
+    base_compute,
+    best_with_workers,
+    loader_wall,
+    margin,
+    spin_worth_measuring,
+    stalled,
+)
 from holoprof.analyze.resources import Resources
 from holoprof.analyze.steps import StepStats
 
@@ -85,8 +96,34 @@ def _cores(x: PipelineInputs) -> str:
     return f"{x.cores:g} cores{busy}"
 
 
+def _spin_note(x: PipelineInputs, adv: Advice) -> str:
+    """A sentence on torch's threads contending for the cores, when worth measuring (else empty)."""
+    if not spin_worth_measuring(x, adv):
+        return ""
+    seen = []
+    if stalled(x):
+        seen.append(
+            f"the training thread waited for a CPU {_ms(x.compute_runq_s)} of its {_ms(x.compute_s)} compute per step"
+        )
+    if x.spin_cpu_s >= SPIN_SHARE * x.step_s:
+        seen.append(
+            f"its other threads burnt {_ms(x.spin_cpu_s)} of CPU per step while the loop waited for a batch"
+        )
+    n = adv.workers if adv.workers > 0 else best_with_workers(adv)
+    counts = ",".join(str(v) for v in sorted({x.num_workers, n}))
+    return (
+        f". Torch's {x.torch_threads} threads contend for the cores: {' and '.join(seen)} (idle OpenMP threads "
+        "spin before they sleep, on cores the loader and the other threads need); measure OMP_WAIT_POLICY=PASSIVE "
+        f"with no code change: holoprof sweep --set omp_wait_policy=active,passive --set num_workers={counts} -- COMMAND"
+    )
+
+
 def _model_fix(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> str:
     """The recommendation from the input-pipeline model: a configuration, or why none helps."""
+    return _model_fix_text(x, loader, adv) + _spin_note(x, adv)
+
+
+def _model_fix_text(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> str:
     cur = x.num_workers
     if adv.advised:
         extra = []
@@ -155,6 +192,7 @@ def input_bound(
             "predicted_step_s": {str(n): v for n, v in adv.candidates.items()},
             "recommended_workers": adv.workers,
             "limit": adv.limit,
+            "spin_worth_measuring": spin_worth_measuring(pipeline, adv),
             "margin": round(margin(pipeline), 4),
         }
         fix = _model_fix(pipeline, loader, adv)

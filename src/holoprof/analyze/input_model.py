@@ -35,7 +35,7 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from holoprof.analyze.diff import mean_interval, steady
+from holoprof.analyze.diff import WARMUP_STEPS, mean_interval, steady
 from holoprof.analyze.steps import ProcKey, StepStats
 from holoprof.store.reader import Run
 
@@ -49,6 +49,11 @@ IPC_DEFAULT_S = 0.0004
 OVERSUBSCRIBED_EFFICIENCY = 0.8
 #: Smallest predicted gain ever advised, whatever the noise (the diff's minimum effect).
 MIN_GAIN = 0.05
+#: CPU the training process's other threads burn while it waits for a batch, as a share of the step,
+#: from which their spinning is worth measuring against OMP_WAIT_POLICY=PASSIVE.
+SPIN_SHARE = 0.10
+#: Share of the compute the training thread waited for a CPU, from which its threads are contended.
+STALL_SHARE = 0.20
 
 
 @dataclass
@@ -74,7 +79,10 @@ class PipelineInputs:
     torch_threads: int
     gpu: bool
     batches: int
-    noise: float  # relative half-width of the 95% interval of the median step
+    noise: float  # relative half-width of the 95% interval of the mean step
+    # CPU the training process's other threads burnt per step while it waited for a batch (torch's
+    # idle OpenMP threads spin); 0 in runs recorded before it was measured
+    spin_cpu_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -104,7 +112,8 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     rows = run.rows(
         """SELECT start_ns, end_ns, json_extract(attrs, '$.cpu_ns'), json_extract(attrs, '$.proc_cpu_ns'),
                   coalesce(json_extract(attrs, '$.thread_cpu_ns'), 0), coalesce(json_extract(attrs, '$.runq_ns'), 0),
-                  coalesce(json_extract(attrs, '$.thread_runq_ns'), 0)
+                  coalesce(json_extract(attrs, '$.thread_runq_ns'), 0),
+                  coalesce(json_extract(attrs, '$.proc_wait_cpu_ns'), -1)
            FROM spans WHERE kind = 'phase' AND name = 'data_wait' AND host = ? AND pid = ? AND step >= 0
            ORDER BY start_ns""",
         [main.host, main.pid],
@@ -123,6 +132,8 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     # CPU of the training process between the end of one wait and the start of the next: compute
     compute_cpu = [(b[3] - a[3] - a[2]) / NS for a, b in itertools.pairwise(waits) if b[3] >= a[3] + a[2]]
     main_wait_cpu = [w[2] / NS for w in waits]
+    # the process's other threads while the training thread waited (torch's idle threads spinning)
+    spin = [max(0, v[7] - v[2]) / NS for v in vals[WARMUP_STEPS:] or vals if v[7] >= 0]
     workers = int(loader.get("num_workers") or 0)
     if workers > 0:
         pids = _workers_of(run, main)
@@ -189,6 +200,7 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
         gpu=bool(loader.get("gpu")),
         batches=len(fetch),
         noise=max(step_s - lo, hi - step_s) / step_s if step_s > 0 else 1.0,
+        spin_cpu_s=_median(spin),
     )
 
 
@@ -368,3 +380,26 @@ def advise(x: PipelineInputs, max_workers: int | None = None) -> Advice:
         limit=limit,
         advised=ok,
     )
+
+
+def spin_worth_measuring(x: PipelineInputs, adv: Advice) -> bool:
+    """Whether torch's threads contend for the cores enough to measure ``OMP_WAIT_POLICY=PASSIVE``:
+    several torch threads, and either their spinning while the loop waited for a batch took
+    :data:`SPIN_SHARE` of the step or more beside workers (there are, or would be), other processes or
+    cores that bound the step, or the training thread waited for a CPU for :data:`STALL_SHARE` of its
+    compute or more (a parallel region waits for its slowest thread: one without a core stalls it)."""
+    if x.torch_threads <= 1 or x.step_s <= 0:
+        return False
+    contended = x.num_workers > 0 or adv.workers > 0 or adv.limit == "cores" or x.others_runnable > 0
+    spins = x.spin_cpu_s >= SPIN_SHARE * x.step_s and contended
+    return spins or stalled(x)
+
+
+def stalled(x: PipelineInputs) -> bool:
+    """The training thread waited for a CPU for :data:`STALL_SHARE` of its compute or more."""
+    return x.compute_s > 0 and x.compute_runq_s >= STALL_SHARE * x.compute_s
+
+
+def best_with_workers(adv: Advice) -> int:
+    """The worker count (> 0) with the best predicted step."""
+    return min((n for n in adv.candidates if n > 0), key=lambda n: (adv.candidates[n], n), default=1)

@@ -4,7 +4,8 @@
 
 1. runs COMMAND traced for ``--steps`` steps (default 30) and reads its ``input_bound`` finding;
 2. sweeps the DataLoader knobs that finding names — ``num_workers``: the current value and the
-   model's best predictions (``pin_memory`` too when the job trains on a GPU) — each applied inside the
+   model's best predictions (``pin_memory`` too when the job trains on a GPU, and ``omp_wait_policy``
+   active and passive when torch's idle threads spun on cores the loader needs) — each applied inside the
    job by the agent (``holoprof sweep --set``), the current configuration measured again beside them;
 3. prints the sweep and the measured best: its step time with the 95% interval, against the current
    configuration's, and whether the diff's test calls it significantly faster. The finding is printed
@@ -43,6 +44,8 @@ def candidates(finding: dict[str, Any]) -> dict[str, list[str]]:
     knobs = {"num_workers": [str(n) for n in sorted({cur, *best})]}
     if (model.get("inputs") or {}).get("gpu") and not ev.get("pin_memory"):
         knobs["pin_memory"] = ["false", "true"]
+    if model.get("spin_worth_measuring"):  # torch's idle threads spun on cores the loader needs
+        knobs["omp_wait_policy"] = ["active", "passive"]
     return knobs
 
 
@@ -111,6 +114,8 @@ def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> 
     current = {"num_workers": str(int(finding["evidence"].get("num_workers") or 0))}
     if "pin_memory" in knobs:
         current["pin_memory"] = "false"
+    if "omp_wait_policy" in knobs:
+        current["omp_wait_policy"] = "active"
     doc["sweep"] = result.to_dict()
     doc["measured"] = measured_finding(finding, result, current)
     return doc

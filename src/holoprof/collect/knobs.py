@@ -16,6 +16,10 @@ are applied by this collector in the job's own process:
 ``num_parallel_calls``    tf.data: ``Dataset.map(..., num_parallel_calls=...)`` of the job's pipeline
 ``prefetch``              tf.data: the buffer of the job's ``Dataset.prefetch(...)`` calls
                           (``autotune`` for ``tf.data.AUTOTUNE``)
+``omp_wait_policy``       ``OMP_WAIT_POLICY`` (``passive``: idle OpenMP threads sleep at once;
+                          ``active``: they spin) in the job's environment when the agent starts,
+                          before the job imports torch, so that torch's OpenMP runtime and every
+                          process the job starts read it; not applied when OpenMP was loaded first
 ========================  ========================================================================
 
 What was applied is recorded in the process's row (``processes.info["knobs"]``: the values asked for
@@ -37,7 +41,8 @@ from holoprof.errors import HoloprofError
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
 TF_KNOBS = ("num_parallel_calls", "prefetch")
-KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS)
+KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS, "omp_wait_policy")
+OMP_POLICIES = ("passive", "active")
 _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -50,6 +55,10 @@ def parse_value(name: str, text: str) -> Any:
         if t not in _BOOL:
             raise HoloprofError(f"bad value {text!r} for {name}: write true or false")
         return _BOOL[t]
+    if name == "omp_wait_policy":
+        if t not in OMP_POLICIES:
+            raise HoloprofError(f"bad value {text!r} for omp_wait_policy: write passive or active")
+        return t
     if name in TF_KNOBS and t == "autotune":
         return "autotune"
     low = 0 if name == "num_workers" else 1
@@ -124,10 +133,29 @@ class KnobCollector(Collector):
         if not self.knobs:
             return
         self.agent.info["knobs"] = {"set": dict(self.knobs), "applied": self.applied}
+        if "omp_wait_policy" in self.knobs and os.getpid() == self.pid:
+            self._omp_wait_policy(str(self.knobs["omp_wait_policy"]).upper())
         if any(k in self.knobs for k in (*LOADER_KNOBS, "torch_threads")):
             post_import_finder().add("torch", self._guard(self._on_torch))
         if any(k in self.knobs for k in TF_KNOBS):
             post_import_finder().add("tensorflow", self._guard(self._on_tensorflow))
+
+    def _omp_wait_policy(self, value: str) -> None:
+        # OpenMP runtimes read OMP_WAIT_POLICY once, when they are loaded (with torch, usually)
+        try:
+            with open("/proc/self/maps") as f:
+                loaded = any("libgomp" in line or "libiomp" in line or "libomp" in line for line in f)
+        except OSError:
+            loaded = "torch" in sys.modules
+        if loaded:
+            self._count("omp_wait_policy", "not applied: OpenMP was loaded before the agent started")
+            return
+        before = os.environ.get("OMP_WAIT_POLICY")
+        os.environ["OMP_WAIT_POLICY"] = value
+        if before and before.upper() != value:
+            self._count("omp_wait_policy", f"applied (the job's environment had {before})")
+        else:
+            self._count("omp_wait_policy")
 
     def after_fork_child(self) -> None:
         self.applied.clear()  # a DataLoader worker: what its parent applied is in the parent's row

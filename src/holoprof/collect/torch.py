@@ -15,7 +15,9 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   and its run-queue wait (``runq_ns``), and, when the wait began, the process's CPU time
   (``proc_cpu_ns``), the thread's (``thread_cpu_ns``) and its run-queue wait so far
   (``thread_runq_ns``), which the input-pipeline model turns into CPU per step and the share of a
-  core the training thread got.
+  core the training thread got; and the process's CPU time during the wait (``proc_wait_cpu_ns``):
+  less the waiting thread's own, what the process's other threads burnt meanwhile (torch's idle
+  OpenMP threads spin there).
 * the dataset fetchers (``_MapDatasetFetcher.fetch``, ``_IterableDatasetFetcher.fetch``) — an
   ``op`` span ``fetch`` per batch with its thread CPU time (``cpu_ns``) and time spent waiting for a
   CPU (``runq_ns``), in the training process and in every DataLoader worker.
@@ -74,7 +76,7 @@ class TorchCollector(Collector):
     def _reset_state(self) -> None:
         self._tls = self.agent.tls
         # (start, end, loader, (cpu, process cpu at start, thread cpu at start, run-queue wait, at start))
-        self._pending_dw: tuple[int, int, int, tuple[int, int, int, int, int]] | None = None
+        self._pending_dw: tuple[int, int, int, tuple[int, int, int, int, int, int]] | None = None
         self._train_loaders: set[int] = set()
         self._eval_loaders: set[int] = set()
         self._seen_loaders: set[int] = set()
@@ -331,7 +333,8 @@ class TorchCollector(Collector):
                 t.active = None
                 try:
                     t1 = now_ns()
-                    col._pending_dw = (t0, t1, key, (thread_time_ns() - c0, pc0, c0, runq.wait_ns() - q0, q0))
+                    cpu = (thread_time_ns() - c0, pc0, c0, runq.wait_ns() - q0, q0, process_time_ns() - pc0)
+                    col._pending_dw = (t0, t1, key, cpu)
                     if stop:
                         col._end_epoch(key, t1)
                     else:
@@ -490,6 +493,7 @@ class TorchCollector(Collector):
             "thread_cpu_ns": cpu[2],
             "runq_ns": cpu[3],
             "thread_runq_ns": cpu[4],
+            "proc_wait_cpu_ns": cpu[5],
         }
         self.agent.span("phase", label, t0, t1, self.agent.steps.index, attrs)
 
