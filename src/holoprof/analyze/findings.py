@@ -114,7 +114,7 @@ def _spin_note(x: PipelineInputs, adv: Advice) -> str:
     return (
         f". Torch's {x.torch_threads} threads contend for the cores: {' and '.join(seen)} (idle OpenMP threads "
         "spin before they sleep, on cores the loader and the other threads need); measure OMP_WAIT_POLICY=PASSIVE "
-        f"with no code change: holoprof sweep --set omp_wait_policy=active,passive --set num_workers={counts} -- COMMAND"
+        f"with no code change: holoprof sweep --set omp_wait_policy=default,passive --set num_workers={counts} -- COMMAND"
     )
 
 

@@ -80,7 +80,8 @@ class SweepRow:
     applied: dict[str, Any] = field(default_factory=dict)  # what the job's agent recorded applying
     loader: dict[str, Any] = field(default_factory=dict)  # the training DataLoader as the job built it
     step_ci_s: list[float] = field(default_factory=list)  # 95% interval of the steady mean step
-    throughput_ci: list[float] = field(default_factory=list)
+    # from the step's interval; its upper end is None (unbounded) when that interval reaches 0
+    throughput_ci: list[float | None] = field(default_factory=list)
     durations_s: list[float] = field(default_factory=list)
 
     @property
@@ -258,7 +259,7 @@ def analyze_config(row: SweepRow) -> SweepRow:
             per = float(batch) if batch else 1.0
             row.throughput_unit = "samples/s" if batch else "steps/s"
             row.throughput = row.steps_per_s * per
-            row.throughput_ci = [round(per / hi, 4) if hi > 0 else 0.0, round(per / lo, 4) if lo > 0 else 0.0]
+            row.throughput_ci = [round(per / hi, 4) if hi > 0 else 0.0, round(per / lo, 4) if lo > 0 else None]
         ms = memory_stats(run, main)
         if ms is not None:
             row.peak_bytes = ms.peak_bytes

@@ -17,9 +17,11 @@ are applied by this collector in the job's own process:
 ``prefetch``              tf.data: the buffer of the job's ``Dataset.prefetch(...)`` calls
                           (``autotune`` for ``tf.data.AUTOTUNE``)
 ``omp_wait_policy``       ``OMP_WAIT_POLICY`` (``passive``: idle OpenMP threads sleep at once;
-                          ``active``: they spin) in the job's environment when the agent starts,
-                          before the job imports torch, so that torch's OpenMP runtime and every
-                          process the job starts read it; not applied when OpenMP was loaded first
+                          ``active``: they spin; ``default``: the job's environment as it is, whose
+                          runtime default spins a while, then sleeps) in the job's environment when
+                          the agent starts, before the job imports torch, so that torch's OpenMP
+                          runtime and every process the job starts read it; not applied when OpenMP
+                          was loaded first
 ========================  ========================================================================
 
 What was applied is recorded in the process's row (``processes.info["knobs"]``: the values asked for
@@ -42,7 +44,7 @@ from holoprof.errors import HoloprofError
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
 TF_KNOBS = ("num_parallel_calls", "prefetch")
 KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS, "omp_wait_policy")
-OMP_POLICIES = ("passive", "active")
+OMP_POLICIES = ("passive", "active", "default")
 _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -57,7 +59,7 @@ def parse_value(name: str, text: str) -> Any:
         return _BOOL[t]
     if name == "omp_wait_policy":
         if t not in OMP_POLICIES:
-            raise HoloprofError(f"bad value {text!r} for omp_wait_policy: write passive or active")
+            raise HoloprofError(f"bad value {text!r} for omp_wait_policy: write passive, active or default")
         return t
     if name in TF_KNOBS and t == "autotune":
         return "autotune"
@@ -133,8 +135,11 @@ class KnobCollector(Collector):
         if not self.knobs:
             return
         self.agent.info["knobs"] = {"set": dict(self.knobs), "applied": self.applied}
-        if "omp_wait_policy" in self.knobs and os.getpid() == self.pid:
-            self._omp_wait_policy(str(self.knobs["omp_wait_policy"]).upper())
+        policy = str(self.knobs.get("omp_wait_policy", "default"))
+        if policy != "default" and os.getpid() == self.pid:
+            self._omp_wait_policy(policy.upper())
+        elif "omp_wait_policy" in self.knobs:
+            self._count("omp_wait_policy", "left as the job's environment has it")
         if any(k in self.knobs for k in (*LOADER_KNOBS, "torch_threads")):
             post_import_finder().add("torch", self._guard(self._on_torch))
         if any(k in self.knobs for k in TF_KNOBS):
