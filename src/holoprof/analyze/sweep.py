@@ -259,7 +259,10 @@ def analyze_config(row: SweepRow) -> SweepRow:
             per = float(batch) if batch else 1.0
             row.throughput_unit = "samples/s" if batch else "steps/s"
             row.throughput = row.steps_per_s * per
-            row.throughput_ci = [round(per / hi, 4) if hi > 0 else 0.0, round(per / lo, 4) if lo > 0 else None]
+            row.throughput_ci = [
+                round(per / hi, 4) if hi > 0 else 0.0,
+                round(per / lo, 4) if lo > 0 else None,
+            ]
         ms = memory_stats(run, main)
         if ms is not None:
             row.peak_bytes = ms.peak_bytes
