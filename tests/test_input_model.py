@@ -146,6 +146,21 @@ def test_the_step_time_is_the_jobs_own_steady_mean(swept: dict[str, Any]) -> Non
         assert r["throughput"] == pytest.approx(4 / r["step_mean_s"])  # batches of 4 samples
 
 
+def test_diff_asks_the_same_of_the_steady_mean(swept: dict[str, Any]) -> None:
+    a, b = swept["rows"]
+    proc = run_holoprof("diff", a["run_dir"], b["run_dir"], "--json", cwd=Path(a["run_dir"]).parent)
+    assert proc.returncode == 0, proc.stderr
+    steady = json.loads(proc.stdout)["steady"]
+    assert steady["mean_a_s"] == pytest.approx(a["step_mean_s"]) and steady["mean_b_s"] == pytest.approx(
+        b["step_mean_s"]
+    )
+    assert steady["mean_change"] == pytest.approx(b["step_mean_s"] / a["step_mean_s"] - 1)
+    assert (
+        steady["method"] == "mann-whitney-u on block means of the steady steps"
+        and 0 <= steady["p_value"] <= 1
+    )
+
+
 def test_the_best_is_compared_with_the_diffs_test(swept: dict[str, Any]) -> None:
     best = swept["recommended_index"]
     assert best is not None

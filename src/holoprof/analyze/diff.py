@@ -4,6 +4,12 @@ Compared side by side: step time (median, p90, mean) with a Mann-Whitney U test 
 distributions, phase shares, throughput, I/O and memory totals (when the runs have them) and findings
 (present in A, in B, or both). JSON output: ``"schema": "holoprof.diff/1"``.
 
+The same question is asked of the steady mean step (``steady`` in the JSON): the throughput, all
+steps but the first 2, tested by Mann-Whitney U on block means of consecutive steps. When steps
+alternate — a loop fed by DataLoader workers makes a short step with a ready batch, then waits — the
+median can be several times shorter than the mean, and the two verdicts can differ: the steady one is
+the time the job takes.
+
 Step times come from the ``step`` spans of each run's main training loop (the process with the most
 steps, :func:`holoprof.analyze.steps.step_processes`).
 
@@ -142,6 +148,8 @@ class StepTest:
     direction: str  # slower | faster | unchanged | unknown
     verdict: str
     mean_change: float | None = None  # (B - A) / A of the steady mean step (throughput_test)
+    mean_a_s: float | None = None  # the steady mean steps (throughput_test)
+    mean_b_s: float | None = None
 
 
 @dataclass
@@ -155,6 +163,9 @@ class Diff:
     memory: dict[str, dict[str, float | None]]
     findings: list[dict[str, Any]]
     stages: list[dict[str, Any]] = field(default_factory=list)
+    # the steady mean step (the throughput): the same question as ``steps``, asked of block means; it
+    # is the one to trust when steps alternate (DataLoader workers), where medians mislead
+    steady: StepTest | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": DIFF_SCHEMA, **asdict(self)}
@@ -224,7 +235,7 @@ def throughput_test(
         return StepTest(
             method, alpha, min_effect, None, None, None, None, False, False, med, p90, "unknown",
             f"not enough steps to compare ({len(sa)} and {len(sb)} steady steps; 12 or more each needed)",
-            mean,
+            mean, ma if sa else None, mb if sb else None,
         )  # fmt: skip
     mw = mann_whitney_u(ba, bb)
     stat = mw.p_value < alpha
@@ -242,7 +253,7 @@ def throughput_test(
         verdict = f"no significant change: mean step {pct} (p={mw.p_value:.2g} ≥ {alpha})"
     return StepTest(
         method, alpha, min_effect, mw.u, round(mw.z, 4), mw.p_value, round(mw.prob_b_longer, 4),
-        stat, sig, med, p90, direction, verdict, mean,
+        stat, sig, med, p90, direction, verdict, mean, ma, mb,
     )  # fmt: skip
 
 
@@ -367,7 +378,18 @@ def compare(run_a: Run, run_b: Run, alpha: float = ALPHA, min_effect: float = MI
         wa = float(x["wall_s"]) if x else None
         wb = float(y["wall_s"]) if y else None
         stages.append({"name": name, "wall_s_a": wa, "wall_s_b": wb, "change": _rel(wa, wb)})
-    return Diff(a, b, test, phases, throughput, io, memory, findings, stages)
+    return Diff(
+        a,
+        b,
+        test,
+        phases,
+        throughput,
+        io,
+        memory,
+        findings,
+        stages,
+        throughput_test(da, db, alpha, min_effect),
+    )
 
 
 def diff_runs(

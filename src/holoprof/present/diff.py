@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import IO, Any
 
 from rich import box
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -36,6 +36,14 @@ def _steps(d: dict[str, Any]) -> Group:
     t.add_row("median step", fmt_s(a["median_s"]), fmt_s(b["median_s"]), _change(st["median_change"]))
     t.add_row("p90 step", fmt_s(a["p90_s"]), fmt_s(b["p90_s"]), _change(st["p90_change"]))
     t.add_row("mean step", fmt_s(a["mean_s"]), fmt_s(b["mean_s"]), "")
+    steady = d.get("steady") or {}
+    if steady.get("mean_change") is not None:
+        t.add_row(
+            "steady mean step (first 2 left out)",
+            fmt_s(steady.get("mean_a_s") or 0),
+            fmt_s(steady.get("mean_b_s") or 0),
+            _change(steady["mean_change"]),
+        )
     thr = d["throughput"]
     t.add_row("steps/s", f"{thr['a'] or 0:.2f}", f"{thr['b'] or 0:.2f}", _change(thr["change"], False))
     t.add_row("run duration", fmt_s(a["duration_s"]), fmt_s(b["duration_s"]), "")
@@ -50,7 +58,11 @@ def _steps(d: dict[str, Any]) -> Group:
             f"P(B step > A step)={st['prob_b_longer']:.2f}; significant = p < {st['alpha']} and a median "
             f"change of at least {100 * st['min_effect']:.0f}%"
         )
-    return Group(t, verdict, Text(detail, style="dim"))
+    parts: list[RenderableType] = [t, verdict, Text(detail, style="dim")]
+    if steady.get("verdict") and steady.get("direction") != st["direction"]:
+        # the medians and the throughput disagree: say both, the throughput last
+        parts.append(Text(f"steady mean step (the throughput): {steady['verdict']}", style="bold"))
+    return Group(*parts)
 
 
 def _phases(d: dict[str, Any]) -> Table:
