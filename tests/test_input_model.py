@@ -391,6 +391,67 @@ def test_omp_wait_policy_reaches_the_job_and_its_spinning_is_measured(tmp_path: 
     assert min(spin_a, spin_d) > 0.001 and min(spin_a, spin_d) > 3 * spin_p, (spin_a, spin_d, spin_p)
 
 
+# Short epochs fed by 2 workers that, without persistent_workers, start again at every epoch.
+EPOCHS_SCRIPT = """
+import time, torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 8 * 10
+    def __getitem__(self, i):
+        time.sleep(0.0005)
+        return torch.full((64,), float(i % 7)), i % 2
+
+torch.manual_seed(0)
+model = nn.Linear(64, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(Slow(), batch_size=8, num_workers=2)
+for epoch in range(6):
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+print("persistent_workers", loader.persistent_workers)
+"""
+
+
+def test_workers_started_at_every_epoch_are_told_to_persist(tmp_path: Path) -> None:
+    from conftest import processes_by_role
+
+    runs = {}
+    for flag in ("false", "true"):
+        d = tmp_path / flag
+        d.mkdir()
+        (d / "epochs.py").write_text(EPOCHS_SCRIPT)
+        runs[flag] = traced(d, "epochs.py", options=("--set", f"persistent_workers={flag}"))
+        assert runs[flag].proc.returncode == 0, runs[flag].proc.stderr
+        assert f"persistent_workers {flag == 'true'}" in runs[flag].proc.stdout
+    # without: 2 workers started for each of the 6 epochs; with: 2 in all
+    assert len(processes_by_role(runs["false"].report, "dataloader_worker")) == 12
+    assert len(processes_by_role(runs["true"].report, "dataloader_worker")) == 2
+    (f,) = [f for f in runs["false"].report["findings"] if f["id"] == "input_bound"]
+    model = f["evidence"]["model"]
+    inputs = model["inputs"]
+    assert inputs["restarts"] == 5 and 0 < inputs["restart_s"] < inputs["epoch_s"]
+    # starting 2 workers (a fork each, then their first batch) costs more than a 4 ms step here
+    assert inputs["restart_s"] > inputs["step_s"]
+    # (more workers may be advised beside it: the loader sleeps 4 ms a batch)
+    assert model["persistent_workers_advised"]
+    assert (
+        "use DataLoader(..., persistent_workers=True): each of the 5 epochs after the first"
+        in f["recommendation"]
+    )
+    assert "holoprof sweep --set persistent_workers=false,true" in f["recommendation"]
+    assert f["estimated_gain"] >= model["persistent_gain"] > 0
+    # with persistent workers there is nothing left to say about their start
+    for g in runs["true"].report["findings"]:
+        if g["id"] == "input_bound" and "model" in g["evidence"]:
+            assert not g["evidence"]["model"]["persistent_workers_advised"]
+            assert g["evidence"]["model"]["inputs"]["restarts"] == 0
+
+
 TF_SCRIPT = """
 import tensorflow as tf
 ds = tf.data.Dataset.range(64).map(lambda x: x * 2).prefetch(1)

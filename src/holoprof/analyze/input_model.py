@@ -83,6 +83,11 @@ class PipelineInputs:
     # CPU the training process's other threads burnt per step while it waited for a batch (torch's
     # idle OpenMP threads spin); 0 in runs recorded before it was measured
     spin_cpu_s: float = 0.0
+    # epochs after the first whose DataLoader started its workers again (persistent_workers off), the
+    # time each such start added to the epoch's first step (median), and the median epoch
+    restarts: int = 0
+    restart_s: float = 0.0
+    epoch_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -157,7 +162,9 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     fetch = [(int(w), int(c), int(q)) for w, c, q in fetch if c is not None]
     if not fetch:
         return None
-    steps = _steady_steps(run, main)
+    # with workers that start again at each epoch, the steps in which they do are the restart's
+    # (measured on its own below), not the steady loop's
+    steps = _steady_steps(run, main, without_restarts=workers > 0 and not loader.get("persistent_workers"))
     if len(steps) < 3:
         return None
     step_s = sum(d for d, _ in steps) / len(steps)
@@ -177,18 +184,20 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     others = others_runnable(run, st, cores, int(loader.get("host_cpus") or 0), own, busy, workers)
     if compute_s > 0:  # the job's compute ran on C / Tc cores: the others left it at least that many
         others = round(min(others, max(0.0, cores - compute_cpu_s / compute_s)), 3)
+    # with workers some steps' compute is stalled by them (a worker holds the core a torch thread
+    # needs); the lower quartile is the compute of steps that were not
+    compute_quiet = per_compute[len(per_compute) // 4] if workers > 0 else compute_s
+    loader_quiet = _median([max(c, w - q) / NS for w, c, q in fetch])
     return PipelineInputs(
         step_s=step_s,
         wait_s=wait,
         compute_s=compute_s,
-        # with workers some steps' compute is stalled by them (a worker holds the core a torch thread
-        # needs); the lower quartile is the compute of steps that were not
-        compute_quiet_s=per_compute[len(per_compute) // 4] if workers > 0 else compute_s,
+        compute_quiet_s=compute_quiet,
         num_workers=workers,
         loader_cpu_s=loader_cpu_s,
         loader_wall_s=_median([w / NS for w, _, _ in fetch]),
         loader_runq_s=_median([q / NS for _, _, q in fetch]),
-        loader_quiet_s=_median([max(c, w - q) / NS for w, c, q in fetch]),
+        loader_quiet_s=loader_quiet,
         ipc_cpu_s=_median(main_wait_cpu) if workers > 0 else IPC_DEFAULT_S,
         ipc_measured=workers > 0,
         compute_cpu_s=compute_cpu_s,
@@ -201,6 +210,7 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
         batches=len(fetch),
         noise=max(step_s - lo, hi - step_s) / step_s if step_s > 0 else 1.0,
         spin_cpu_s=_median(spin),
+        **_restarts(run, main, loader, workers, compute_quiet, loader_quiet),
     )
 
 
@@ -248,14 +258,45 @@ def others_runnable(
     return round(_median([max(0.0, h / 100 * host_cpus - j / 100) for h, j in rows]), 3)
 
 
-def _steady_steps(run: Run, main: ProcKey) -> list[tuple[float, float]]:
+def _restarts(
+    run: Run, main: ProcKey, loader: dict[str, Any], workers: int, compute_s: float, loader_s: float
+) -> dict[str, Any]:
+    """What starting the DataLoader workers again at each epoch cost: ``restarts`` (epochs after the
+    first, when the loader has workers and no ``persistent_workers``), ``restart_s`` (median over them
+    of the step in which the epoch began — the end of the last one, ``iter()`` starting the workers,
+    the first batch — less a step that loads its first batch without that start: compute plus one
+    batch's loading) and ``epoch_s`` (the median time from one epoch's start to the next)."""
+    if workers <= 0 or loader.get("persistent_workers"):
+        return {}
+    epochs = run.rows(
+        """SELECT e.start_ns, (SELECT s.end_ns - s.start_ns FROM spans s WHERE s.kind = 'step' AND s.host = e.host
+                 AND s.pid = e.pid AND s.start_ns <= e.start_ns AND s.end_ns > e.start_ns ORDER BY s.start_ns DESC LIMIT 1)
+           FROM spans e WHERE e.kind = 'epoch' AND e.host = ? AND e.pid = ?
+             AND json_extract_string(e.attrs, '$.loader') = ? ORDER BY e.start_ns""",
+        [main.host, main.pid, str(loader.get("loader", ""))],
+    )
+    later = [int(step) / NS for _, step in epochs[1:] if step is not None]
+    if not later:
+        return {}
+    return {
+        "restarts": len(later),
+        "restart_s": round(max(0.0, _median(later) - compute_s - loader_s), 6),
+        "epoch_s": round(_median([(b - a) / NS for (a, _), (b, _) in itertools.pairwise(epochs)]), 6),
+    }
+
+
+def _steady_steps(run: Run, main: ProcKey, without_restarts: bool = False) -> list[tuple[float, float]]:
     """(duration, data wait) in seconds of each steady step of the training loop (the first
-    :data:`~holoprof.analyze.diff.WARMUP_STEPS` left out when enough remain), in step order."""
+    :data:`~holoprof.analyze.diff.WARMUP_STEPS` left out when enough remain), in step order;
+    ``without_restarts``: without the steps in which a later epoch began (its loader started)."""
+    restart = """AND NOT EXISTS (SELECT 1 FROM spans e WHERE e.kind = 'epoch' AND e.host = s.host
+                   AND e.pid = s.pid AND e.start_ns > s.start_ns AND e.start_ns < s.end_ns)"""
     rows = run.rows(
-        """SELECT (s.end_ns - s.start_ns) / 1e9, coalesce((
+        f"""SELECT (s.end_ns - s.start_ns) / 1e9, coalesce((
                  SELECT sum(w.end_ns - w.start_ns) FROM spans w WHERE w.kind = 'phase' AND w.name = 'data_wait'
                    AND w.host = s.host AND w.pid = s.pid AND w.step = s.step), 0) / 1e9
            FROM spans s WHERE s.kind = 'step' AND s.host = ? AND s.pid = ? AND s.end_ns >= s.start_ns
+             {restart if without_restarts else ""}
            ORDER BY s.step, s.start_ns""",
         [main.host, main.pid],
     )
@@ -403,3 +444,17 @@ def stalled(x: PipelineInputs) -> bool:
 def best_with_workers(adv: Advice) -> int:
     """The worker count (> 0) with the best predicted step."""
     return min((n for n in adv.candidates if n > 0), key=lambda n: (adv.candidates[n], n), default=1)
+
+
+def persistent_gain(x: PipelineInputs) -> float:
+    """The share of an epoch ``persistent_workers=True`` is predicted to save (0 when it does not apply):
+    the workers' start measured at each epoch after the first, over the median epoch."""
+    if x.restarts <= 0 or x.epoch_s <= 0:
+        return 0.0
+    return x.restart_s / x.epoch_s
+
+
+def advise_persistent(x: PipelineInputs) -> bool:
+    """Advise ``persistent_workers=True`` when the workers' start at each epoch is predicted to cost
+    more of an epoch than the measurement's noise (at least :data:`MIN_GAIN`)."""
+    return persistent_gain(x) >= margin(x)

@@ -5,7 +5,8 @@
 1. runs COMMAND traced for ``--steps`` steps (default 30) and reads its ``input_bound`` finding;
 2. sweeps the DataLoader knobs that finding names — ``num_workers``: the current value and the
    model's best predictions (``pin_memory`` too when the job trains on a GPU, and ``omp_wait_policy``
-   default and passive when torch's threads contended for the cores) — each applied inside the
+   default and passive when torch's threads contended for the cores, ``persistent_workers`` when the
+   workers started again at every epoch) — each applied inside the
    job by the agent (``holoprof sweep --set``), the current configuration measured again beside them;
 3. prints the sweep and the measured best: its step time with the 95% interval, against the current
    configuration's, and whether the diff's test calls it significantly faster. The finding is printed
@@ -44,6 +45,8 @@ def candidates(finding: dict[str, Any]) -> dict[str, list[str]]:
     knobs = {"num_workers": [str(n) for n in sorted({cur, *best})]}
     if (model.get("inputs") or {}).get("gpu") and not ev.get("pin_memory"):
         knobs["pin_memory"] = ["false", "true"]
+    if model.get("persistent_workers_advised"):  # the workers started again at every epoch
+        knobs["persistent_workers"] = ["false", "true"]
     if model.get("spin_worth_measuring"):  # torch's idle threads spun on cores the loader needs
         knobs["omp_wait_policy"] = ["default", "passive"]
     return knobs
@@ -116,6 +119,8 @@ def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> 
         current["pin_memory"] = "false"
     if "omp_wait_policy" in knobs:
         current["omp_wait_policy"] = "default"
+    if "persistent_workers" in knobs:
+        current["persistent_workers"] = "false"
     doc["sweep"] = result.to_dict()
     doc["measured"] = measured_finding(finding, result, current)
     return doc

@@ -77,6 +77,7 @@ class TorchCollector(Collector):
         self._tls = self.agent.tls
         # (start, end, loader, (cpu, process cpu at start, thread cpu at start, run-queue wait, at start))
         self._pending_dw: tuple[int, int, int, tuple[int, int, int, int, int, int]] | None = None
+        self._term_pid = 0  # the process whose DataLoader-worker SIGTERM handler is set
         self._train_loaders: set[int] = set()
         self._eval_loaders: set[int] = set()
         self._seen_loaders: set[int] = set()
@@ -353,6 +354,8 @@ class TorchCollector(Collector):
             def fetch(self_: Any, possibly_batched_index: Any) -> Any:
                 if not col.enabled:
                     return orig(self_, possibly_batched_index)
+                if col._term_pid != os.getpid():
+                    col._worker_sigterm()
                 t0, c0, q0 = now_ns(), thread_time_ns(), runq.wait_ns()
                 try:
                     return orig(self_, possibly_batched_index)
@@ -477,6 +480,25 @@ class TorchCollector(Collector):
             if pend is not None and pend[2] not in self._train_loaders:
                 self._eval_loaders.add(pend[2])
             self._resolve_pending("eval")
+
+    def _worker_sigterm(self) -> None:
+        """In a DataLoader worker, flush what it recorded when its parent ends it with SIGTERM.
+
+        PyTorch's workers answer SIGTERM with a C handler that calls ``_exit(0)`` at once: that is how
+        the parent's multiprocessing ends persistent workers at exit, and the worker's records were
+        lost. A Python handler does the same exit through ``os._exit``, which flushes first."""
+        import signal
+
+        self._term_pid = os.getpid()
+        data = getattr(self._torch, "utils", None)
+        info = getattr(getattr(data, "data", None), "get_worker_info", None)
+        if info is None or info() is None or threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_term(signum: int, frame: Any) -> None:
+            os._exit(0)  # as PyTorch's own handler; the agent's os._exit flushes before it exits
+
+        signal.signal(signal.SIGTERM, on_term)
 
     def _resolve_pending(self, label: str | None) -> None:
         pend = self._pending_dw
