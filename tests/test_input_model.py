@@ -335,33 +335,42 @@ def test_tune_sweeps_what_the_finding_names_and_measures_the_best(script_dir: Pa
     assert (m["estimated_gain"] > 0) == (m["gain_basis"]["significant"] and best["label"] != "num_workers=0")
 
 
-# torch's own threads: an MLP whose matrix products run in OpenMP parallel regions on 2 threads, fed
-# by a loader that sleeps (a remote store). It prints its environment's wait policy and a digest of
-# the trained weights, so a test sees the knob from inside the job and that the result is unchanged.
-SPIN_SCRIPT = """
+# A dataset that waits 0.5 ms a sample (a remote store), for the scripts below.
+SLOW_DATASET = """
 import hashlib, os, time
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 class Slow(Dataset):
+    def __init__(self, n, width, classes):
+        self.n, self.width, self.classes = n, width, classes
     def __len__(self):
-        return 16 * 24
+        return self.n
     def __getitem__(self, i):
         time.sleep(0.0005)
-        return torch.full((256,), float(i % 7)), i % 10
+        return torch.full((self.width,), float(i % 7)), i % self.classes
 
 torch.manual_seed(0)
+"""
+
+# torch's own threads: an MLP whose matrix products run in OpenMP parallel regions on 2 threads. It
+# prints its environment's wait policy and a digest of the trained weights, so a test sees the knob
+# from inside the job and that the result is unchanged.
+SPIN_SCRIPT = (
+    SLOW_DATASET
+    + """
 print("OMP_WAIT_POLICY=" + os.environ.get("OMP_WAIT_POLICY", "unset"), flush=True)
 model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for x, y in DataLoader(Slow(), batch_size=16):
+for x, y in DataLoader(Slow(16 * 24, 256, 10), batch_size=16):
     opt.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
 print("weights", digest)
 """
+)
 
 
 def _spin_run(tmp: Path, policy: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -392,22 +401,12 @@ def test_omp_wait_policy_reaches_the_job_and_its_spinning_is_measured(tmp_path: 
 
 
 # Short epochs fed by 2 workers that, without persistent_workers, start again at every epoch.
-EPOCHS_SCRIPT = """
-import time, torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-class Slow(Dataset):
-    def __len__(self):
-        return 8 * 10
-    def __getitem__(self, i):
-        time.sleep(0.0005)
-        return torch.full((64,), float(i % 7)), i % 2
-
-torch.manual_seed(0)
+EPOCHS_SCRIPT = (
+    SLOW_DATASET
+    + """
 model = nn.Linear(64, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = DataLoader(Slow(), batch_size=8, num_workers=2)
+loader = DataLoader(Slow(8 * 10, 64, 2), batch_size=8, num_workers=2)
 for epoch in range(6):
     for x, y in loader:
         opt.zero_grad()
@@ -415,6 +414,7 @@ for epoch in range(6):
         opt.step()
 print("persistent_workers", loader.persistent_workers)
 """
+)
 
 
 def test_workers_started_at_every_epoch_are_told_to_persist(tmp_path: Path) -> None:

@@ -238,23 +238,32 @@ def throughput_test(
             mean, ma if sa else None, mb if sb else None,
         )  # fmt: skip
     mw = mann_whitney_u(ba, bb)
-    stat = mw.p_value < alpha
-    sig = stat and mean is not None and abs(mean) >= min_effect
-    direction = ("slower" if mean is not None and mean > 0 else "faster") if sig else "unchanged"
-    pct = f"{100 * mean:+.1f}%" if mean is not None else "?"
-    if sig:
-        verdict = f"B is {direction}: mean step {pct} (p={mw.p_value:.2g} < {alpha})"
-    elif stat:
-        verdict = (
-            f"a statistically detectable but small change: mean step {pct}, below the {100 * min_effect:.0f}% "
-            f"minimum effect (p={mw.p_value:.2g})"
-        )
-    else:
-        verdict = f"no significant change: mean step {pct} (p={mw.p_value:.2g} ≥ {alpha})"
+    stat, sig, direction, verdict = _verdict("mean step", mean, mw.p_value, alpha, min_effect)
     return StepTest(
         method, alpha, min_effect, mw.u, round(mw.z, 4), mw.p_value, round(mw.prob_b_longer, 4),
         stat, sig, med, p90, direction, verdict, mean, ma, mb,
     )  # fmt: skip
+
+
+def _verdict(
+    what: str, change: float | None, p: float, alpha: float, min_effect: float
+) -> tuple[bool, bool, str, str]:
+    """(statistically significant, significant, direction, verdict) of a test of ``what`` whose
+    relative change (B - A) / A is ``change`` and p-value ``p``."""
+    stat = p < alpha
+    sig = stat and change is not None and abs(change) >= min_effect
+    direction = ("slower" if change is not None and change > 0 else "faster") if sig else "unchanged"
+    pct = f"{100 * change:+.1f}%" if change is not None else "?"
+    if sig:
+        verdict = f"B is {direction}: {what} {pct} (p={p:.2g} < {alpha})"
+    elif stat:
+        verdict = (
+            f"a statistically detectable but small change: {what} {pct}, below the {100 * min_effect:.0f}% "
+            f"minimum effect (p={p:.2g})"
+        )
+    else:
+        verdict = f"no significant change: {what} {pct} (p={p:.2g} ≥ {alpha})"
+    return stat, sig, direction, verdict
 
 
 def _side(run: Run, doc: dict[str, Any], durations: list[float]) -> Side:
@@ -284,22 +293,7 @@ def _step_test(da: list[float], db: list[float], alpha: float, min_effect: float
             f"not enough steps to compare ({len(da)} in A, {len(db)} in B; {MIN_STEPS} or more each needed)",
         )  # fmt: skip
     mw = mann_whitney_u(da, db)
-    stat = mw.p_value < alpha
-    big = med is not None and abs(med) >= min_effect
-    sig = stat and big
-    direction = "unchanged"
-    if sig and med is not None:
-        direction = "slower" if med > 0 else "faster"
-    pct = f"{100 * med:+.1f}%" if med is not None else "?"
-    if sig:
-        verdict = f"B is {direction}: median step {pct} (p={mw.p_value:.2g} < {alpha})"
-    elif stat:
-        verdict = (
-            f"a statistically detectable but small change: median step {pct}, below the {100 * min_effect:.0f}% "
-            f"minimum effect (p={mw.p_value:.2g})"
-        )
-    else:
-        verdict = f"no significant change: median step {pct} (p={mw.p_value:.2g} ≥ {alpha})"
+    stat, sig, direction, verdict = _verdict("median step", med, mw.p_value, alpha, min_effect)
     return StepTest(
         "mann-whitney-u", alpha, min_effect, mw.u, round(mw.z, 4), mw.p_value, round(mw.prob_b_longer, 4),
         stat, sig, med, p90, direction, verdict,
