@@ -127,7 +127,7 @@ def _persistent_note(x: PipelineInputs) -> str:
     return (
         f"use DataLoader(..., persistent_workers=True): each of the {x.restarts} epochs after the first "
         f"started the {x.num_workers} workers again, {_ms(x.restart_s)} of a {_ms(x.epoch_s)} epoch "
-        f"(predicted: {_pct(persistent_gain(x))} of the time saved); measure it with no code change: "
+        f"(predicted: {_pct(persistent_gain(x))} of this run's time saved); measure it with no code change: "
         "holoprof sweep --set persistent_workers=false,true -- COMMAND"
     )
 

@@ -447,11 +447,13 @@ def best_with_workers(adv: Advice) -> int:
 
 
 def persistent_gain(x: PipelineInputs) -> float:
-    """The share of an epoch ``persistent_workers=True`` is predicted to save (0 when it does not apply):
-    the workers' start measured at each epoch after the first, over the median epoch."""
+    """The share of the training loop's time ``persistent_workers=True`` is predicted to save (0 when it
+    does not apply): the workers' start measured at each epoch after the first, over the median epoch,
+    for the ``restarts`` of the run's ``restarts + 1`` epochs (a longer job saves nearer the whole
+    ``restart_s / epoch_s``)."""
     if x.restarts <= 0 or x.epoch_s <= 0:
         return 0.0
-    return x.restart_s / x.epoch_s
+    return min(1.0, x.restarts / (x.restarts + 1) * x.restart_s / x.epoch_s)
 
 
 def advise_persistent(x: PipelineInputs) -> bool:
