@@ -153,6 +153,31 @@ def copy_run(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> str:
     return os.fspath(dest)
 
 
+#: Test modules that compare measured times or throughputs (a significant 5 ms slowdown, throughput
+#: growing with the batch, a live report's rebuilds spaced by their cost, a LocalCluster's workers, a
+#: read bandwidth against a measured reference): under pytest-xdist they run on one worker, one
+#: module after the other, never two at once.
+TIMING_MODULES = frozenset(
+    {"test_diff.py", "test_sweep.py", "test_serve_api.py", "test_dask_engine.py", "test_io_report.py"}
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (``make test``: ``-n 2``) with the TIMING_MODULES as one unit: each test
+    module stays on one worker, so its module-scoped traced runs are made once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class TimingAsOneFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "timing" if os.path.basename(path) in TIMING_MODULES else path
+
+    return TimingAsOneFile(config, log)
+
+
 @dataclass
 class TracedRun:
     """One finished ``holoprof run``: the process result, the run directory and its JSON report."""
