@@ -35,7 +35,7 @@ tools:
 	fi
 
 test: $(STAMP) lint tools
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

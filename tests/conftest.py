@@ -153,6 +153,57 @@ def copy_run(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> str:
     return os.fspath(dest)
 
 
+#: Test modules that compare measured times or throughputs (a significant 5 ms slowdown, throughput
+#: growing with the batch, a live report's rebuilds spaced by their cost, a LocalCluster's workers, a
+#: read bandwidth against a measured reference, phases against the job's own timers in a 2-rank DDP
+#: job). Under pytest-xdist they run last, on one worker, alone: the other workers stop first, so
+#: that no other test loads the machine meanwhile.
+TIMING_MODULES = frozenset(
+    {
+        "test_diff.py",
+        "test_sweep.py",
+        "test_serve_api.py",
+        "test_dask_engine.py",
+        "test_io_report.py",
+        "test_frameworks_torch.py",
+    }
+)
+TIMING = "timing"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (``make test``: ``-n 2``), with the TIMING_MODULES as one unit that runs
+    alone at the end. Each test module stays on one worker, so its module-scoped runs are made once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class TimingAlone(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return TIMING if os.path.basename(path) in TIMING_MODULES else path
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if TIMING in self.workqueue and len(self.workqueue) > 1:
+                self.workqueue.move_to_end(TIMING)  # every other unit first
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down or list(self.workqueue) != [TIMING]:
+                super()._reschedule(node)
+                return
+            # A worker holds back its last test until it gets more work or is told to stop.
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            if any(other is not node and not other.shutting_down for other in self.assigned_work):
+                node.shutdown()  # it runs its last test and stops; the last worker takes the timing unit
+            else:
+                super()._assign_work_unit(node)
+
+    return TimingAlone(config, log)
+
+
 @dataclass
 class TracedRun:
     """One finished ``holoprof run``: the process result, the run directory and its JSON report."""

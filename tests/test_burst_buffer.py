@@ -905,7 +905,7 @@ def test_sigkill_at_each_file_operation(tmp_path: Path, caplog: pytest.LogCaptur
     assert "removing temporary file" in caplog.text
 
 
-# ------------------------------------------------------------------------------------------ 200+ kills
+# ------------------------------------------------------------------------------------------ 100 kills
 
 ZYGOTE = textwrap.dedent(
     """
@@ -973,12 +973,18 @@ def expected_state(i: int) -> dict[str, Any]:
     return {"i": i, "w": w, "view": w[10:20], "b": torch.arange(i % 100), "meta": {"lr": 0.1 * i}}
 
 
-def test_200_sigkills_at_random_moments_leave_only_complete_checkpoints_equal_to_the_saved_state(
+def test_100_sigkills_at_random_moments_leave_only_complete_checkpoints_equal_to_the_saved_state(
     tmp_path: Path,
 ) -> None:
     """A child saves small torch states in a loop (snapshot, write, drain, retention) and changes its
-    tensors right after each save; it is SIGKILLed at a random moment, 200 times. After each kill a
-    new BurstBuffer lists checkpoints: every one loads and equals the state at its save."""
+    tensors right after each save; it is SIGKILLed at a random moment, 100 times. After each kill a
+    new BurstBuffer lists checkpoints: every one loads and equals the state at its save.
+
+    The count, 100 (13 kills while the child opens the directories and recovers what the last kill
+    left, 87 at random delays while it saves): the property is checked after each kill on its own, so
+    the count buys more random moments, not a different check; 100 keeps many moments of each stage
+    at half the time of 200. More than 50 distinct checkpoints must become durable over the kills,
+    or the kills came too early to test much."""
     script = tmp_path / "zygote.py"
     script.write_text(ZYGOTE)
     fast, durable = dirs(tmp_path)
@@ -995,7 +1001,7 @@ def test_200_sigkills_at_random_moments_leave_only_complete_checkpoints_equal_to
         )
     assert zygote.stdin is not None and zygote.stdout is not None
     try:
-        for k in range(200):
+        for k in range(100):
             zygote.stdin.write(f"{(k + 1) * 1000} {k}\n")
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline() or -1)
@@ -1029,7 +1035,7 @@ def test_200_sigkills_at_random_moments_leave_only_complete_checkpoints_equal_to
         zygote.stdin.close()
         zygote.kill()
         zygote.wait()
-    assert len(seen) > 100, f"only {len(seen)} checkpoints ever became durable: the kills came too early"
+    assert len(seen) > 50, f"only {len(seen)} checkpoints ever became durable: the kills came too early"
 
 
 # ------------------------------------------------------------------------------------------ traced
