@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from holoprof.analyze.input_model import (
-    SPIN_SHARE,
     Advice,
     PipelineInputs,
     advise,
@@ -25,6 +24,7 @@ from holoprof.analyze.input_model import (
     margin,
     persistent_gain,
     spin_worth_measuring,
+    spinning,
     stalled,
 )
 from holoprof.analyze.resources import Resources
@@ -107,7 +107,7 @@ def _spin_note(x: PipelineInputs, adv: Advice) -> str:
         seen.append(
             f"the training thread waited for a CPU {_ms(x.compute_runq_s)} of its {_ms(x.compute_s)} compute per step"
         )
-    if x.spin_cpu_s >= SPIN_SHARE * x.step_s:
+    if spinning(x):
         seen.append(
             f"its other threads burnt {_ms(x.spin_cpu_s)} of CPU per step while the loop waited for a batch"
         )

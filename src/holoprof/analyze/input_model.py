@@ -432,8 +432,13 @@ def spin_worth_measuring(x: PipelineInputs, adv: Advice) -> bool:
     if x.torch_threads <= 1 or x.step_s <= 0:
         return False
     contended = x.num_workers > 0 or adv.workers > 0 or adv.limit == "cores" or x.others_runnable > 0
-    spins = x.spin_cpu_s >= SPIN_SHARE * x.step_s and contended
-    return spins or stalled(x)
+    return (spinning(x) and contended) or stalled(x)
+
+
+def spinning(x: PipelineInputs) -> bool:
+    """The training process's other threads burnt :data:`SPIN_SHARE` of the step or more while it
+    waited for a batch."""
+    return x.step_s > 0 and x.spin_cpu_s >= SPIN_SHARE * x.step_s
 
 
 def stalled(x: PipelineInputs) -> bool:
