@@ -85,9 +85,9 @@ def _persistent(tmp: str, data: str, repeat: int) -> list[str]:
 
 def _analyze(run_dir: str) -> tuple[list[float], dict[int, float], int, float]:
     """(step durations, predicted step per worker count, recommended workers, margin)."""
-    from holoprof.analyze.diff import steady, step_durations
     from holoprof.analyze.input_model import advise, margin, measure, predict
-    from holoprof.analyze.steps import loader_config, step_processes, step_stats
+    from holoprof.analyze.stats import steady
+    from holoprof.analyze.steps import loader_config, step_durations, step_processes, step_stats
     from holoprof.store.reader import load
 
     run = load(run_dir)

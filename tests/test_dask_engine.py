@@ -319,7 +319,7 @@ def test_exports_in_small_pieces_write_the_same_files(
     TensorBoard records computed about 500 steps at a time (4000 steps: 5 to 8 windows cut at
     quantiles of the step index), are the files of one piece, on both engines."""
     from holoprof.analyze import engine_dask
-    from holoprof.present import chrome_trace, tensorboard
+    from holoprof.exports import chrome_trace, tensorboard
     from holoprof.store import reader
 
     holoprof.export(synth, "chrome", str(tmp_path / "whole.json"))

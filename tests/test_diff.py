@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conftest import error_lines, run_holoprof
-from holoprof.analyze.diff import mann_whitney_u
+from holoprof.analyze.stats import mann_whitney_u
 from workflows.runs import DIFF_STEPS, step_runs
 
 

@@ -125,7 +125,8 @@ def test_the_step_time_is_the_jobs_own_steady_mean(swept: dict[str, Any]) -> Non
     # With 3 workers batches come in bursts: a ready batch makes a short step, the next one waits. The
     # sweep's step time is the throughput the job gets: the mean of the steady steps (the first 2,
     # which start the workers, left out), each equal to the job's own timer, not their median.
-    from holoprof.analyze.diff import steady, step_durations
+    from holoprof.analyze.stats import steady
+    from holoprof.analyze.steps import step_durations
     from holoprof.store.reader import load
 
     for r in swept["rows"]:

@@ -19,11 +19,12 @@ from holoprof.bench.iobench import (
     parse_int_list,
     parse_size,
     recommend,
-    render_html,
     run_iobench,
     to_json,
 )
+from holoprof.commands import iobench as iobench_command
 from holoprof.errors import HoloprofError
+from holoprof.present.iobench import render_html
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,8 @@ def large_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     parser = argparse.ArgumentParser(prog="holoprof iobench")
-    iobench.add_arguments(parser)
-    rc = iobench.main(parser.parse_args(argv))
+    iobench_command.add_arguments(parser)
+    rc = iobench_command.main(parser.parse_args(argv))
     return rc, capsys.readouterr().out
 
 

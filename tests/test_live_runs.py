@@ -14,8 +14,8 @@ from pathlib import Path
 import holoprof
 from conftest import job_env, start_holoprof
 from holoprof.store.compact import LIVE_FILES, LIVE_GRACE_S
-from holoprof.store.layout import find_chunks
-from holoprof.store.raw import Converter, write_raw
+from holoprof.store.convert import Converter, find_chunks
+from holoprof.store.raw import write_raw
 
 BOUND = LIVE_FILES  # below it, files are not merged yet (these runs have no file of a million rows)
 

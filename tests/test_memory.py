@@ -254,7 +254,7 @@ def test_totals_agree_with_torch_profiler_memory_categories(tmp_path: Path) -> N
     (tmp_path / "profiled.py").write_text(PROFILED)
     code = (
         "import sys; from holoprof.launch.run import run; "
-        "sys.exit(run(['profiled.py'], out='run', options={'memory': 'full', 'disable': ['torch']}, report=False))"
+        "sys.exit(run(['profiled.py'], out='run', options={'memory': 'full', 'disable': ['torch']}, report=None))"
     )
     proc = run_python("-c", code, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

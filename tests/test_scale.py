@@ -417,7 +417,7 @@ def test_an_exports_sort_spills_to_disk_and_gives_the_same_events(
     spills sorted runs to the run's temporary folder; at 1 MiB it cannot start and runs again at
     the run's limit. Both give the events of an unconstrained sort, in the same order."""
     from holoprof.bench.synth import T0_NS
-    from holoprof.present import chrome_trace as ct
+    from holoprof.exports import chrome_trace as ct
 
     run = holoprof.load(synth[0])
     event = ct.span_event(T0_NS)

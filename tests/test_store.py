@@ -248,7 +248,8 @@ def test_the_typed_counters_are_darshans_own_names_and_types() -> None:
 
 
 def test_a_conversion_interrupted_before_removing_its_raw_chunks_counts_each_row_once(tmp_path: Path) -> None:
-    from holoprof.store.raw import convert_folder, write_raw
+    from holoprof.store.convert import convert_folder
+    from holoprof.store.raw import write_raw
 
     run_dir = tmp_path / "run"
     staging = run_dir / "node-7"

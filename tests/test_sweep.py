@@ -136,7 +136,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
 
 
 def test_out_of_memory_is_told_from_other_failures() -> None:
-    from holoprof.analyze.sweep import classify
+    from holoprof.workflows.sweep import classify
 
     text = "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     assert classify(1, text, False) == (

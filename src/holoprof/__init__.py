@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from holoprof._version import __version__
 
 __all__ = [
     "HoloprofError",
@@ -98,6 +98,6 @@ def export(
     """Export ``run`` (a loaded run or a path) as ``format`` (``"chrome"``: a trace file, or
     ``"tensorboard"``: a log directory) into ``out``, like ``holoprof export``; returns a summary
     line. ``engine``/``scheduler`` as for :func:`report`: Dask writes the same file as DuckDB."""
-    from holoprof.present.export_cli import export_run
+    from holoprof.exports.formats import export_run
 
     return export_run(_as_run(run), format, out, start_s, end_s, engine=engine, scheduler=scheduler)

@@ -23,7 +23,8 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
 
     Under ``holoprof run`` the process is traced already: the existing run directory is returned.
     """
-    from holoprof.agent.core import get_agent, start_agent
+    from holoprof.agent.core import get_agent
+    from holoprof.collect.startup import start_agent
 
     agent = get_agent()
     if agent is not None and not agent._stopped:
@@ -45,7 +46,7 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
         sampler.start()
     except Exception as exc:  # in the report's errors; tracing goes on without resource samples
         agent.fail(SystemSampler.name, exc)
-    from holoprof.store.raw import Converter
+    from holoprof.store.convert import Converter
 
     converter = Converter(run_dir).start()
     saved_env = {k: os.environ.get(k) for k in (model.ENV_RUN_DIR, "PYTHONPATH", model.ENV_OPTIONS)}
@@ -87,7 +88,7 @@ def stop(status: str = "finished") -> str | None:
         pass  # the raw chunks stay; loading the run converts them
     try:
         from holoprof.launch.run import import_native_dumps
-        from holoprof.store.raw import remove_empty_staging
+        from holoprof.store.convert import remove_empty_staging
 
         import_native_dumps(_STATE["run_dir"], _STATE.get("options"))
         remove_empty_staging(_STATE["run_dir"])

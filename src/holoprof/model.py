@@ -13,6 +13,9 @@ from __future__ import annotations
 from typing import Final, Literal
 
 SCHEMA_VERSION: Final = 1
+
+#: ``holoprof run --memory`` modes of the memory collector: sampled steps (default), every step, off
+MEMORY_MODES: tuple[str, ...] = ("sampled", "full", "off")
 REPORT_SCHEMA: Final = "holoprof.report/1"
 
 # --- span kinds ------------------------------------------------------------------------------------

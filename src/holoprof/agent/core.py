@@ -30,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from holoprof import model
+from holoprof._version import __version__
+from holoprof.store.raw import write_raw
 
 _perf_ns = time.perf_counter_ns
 
@@ -42,8 +44,6 @@ Poller = Callable[[], list[tuple[str, dict[str, list[Any]]]]]
 
 
 def _versions() -> dict[str, str]:
-    from holoprof import __version__
-
     v = {"python": sys.version.split()[0], "holoprof": __version__}
     for mod in ("torch", "tensorflow", "numpy"):
         m = sys.modules.get(mod)
@@ -510,8 +510,6 @@ class Agent:
             self._lock.release()
 
     def _flush_locked(self, final: bool) -> None:
-        from holoprof.store.raw import write_raw
-
         spans, self.spans_buf = self.spans_buf, []
         samples, self.samples_buf = self.samples_buf, []
         ident = self.identity()
@@ -725,21 +723,10 @@ def get_agent() -> Agent | None:
     return _AGENT
 
 
-def start_agent(run_dir: str, role: str | None = None, options: dict[str, Any] | None = None) -> Agent:
+def set_agent(agent: Agent | None) -> None:
+    """Make ``agent`` this process's agent (:func:`holoprof.collect.startup.start_agent` does)."""
     global _AGENT
-    if _AGENT is not None and not _AGENT._stopped and _AGENT.pid == os.getpid():
-        return _AGENT
-    agent = Agent(run_dir, role=role, options=options)
-    from holoprof.agent.setup import after_collectors, default_collectors
-
-    agent.collectors = default_collectors(agent)
     _AGENT = agent
-    agent.start()
-    try:
-        after_collectors(agent)
-    except Exception as exc:
-        agent.fail("setup", exc)
-    return agent
 
 
 def stop_agent() -> None:

@@ -1,4 +1,4 @@
-"""Which collectors run, and post-import hooks that install framework collectors lazily.
+"""Post-import hooks that install framework collectors lazily, and process-wide set-up.
 
 Framework support is imported only when the job itself imports the framework: the torch collector
 installs right after ``import torch`` finishes (or at once if torch is already imported).
@@ -15,10 +15,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from holoprof.agent.core import Agent, Collector
+from typing import Any
 
 
 class _HookedLoader(importlib.abc.Loader):
@@ -89,36 +86,6 @@ def post_import_finder() -> PostImportFinder:
     return _FINDER
 
 
-#: The always-on collectors, "module:Class", in installation order. A collector that cannot be
-#: imported or built is reported once (fail open) and the others run.
-COLLECTORS: list[str] = [
-    "holoprof.collect.knobs:KnobCollector",
-    "holoprof.collect.torch:TorchCollector",
-    "holoprof.collect.checkpoints:CheckpointCollector",
-    "holoprof.collect.tensorflow:TensorFlowCollector",
-    "holoprof.collect.control:ControlCollector",
-    "holoprof.collect.memory:MemoryCollector",
-    "holoprof.collect.comm:CommCollector",
-    "holoprof.collect.io_py:IoCollector",
-]
-
-
-def default_collectors(agent: Agent) -> list[Collector]:
-    """The always-on collectors for this process; ``options["disable"]`` lists names to skip."""
-    disabled = set(agent.options.get("disable", []))
-    collectors: list[Collector] = []
-    for target in COLLECTORS:
-        module_name, cls_name = target.split(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), cls_name)
-            if getattr(cls, "name", None) in disabled:
-                continue
-            collectors.append(cls(agent))
-        except Exception as exc:
-            agent.fail(module_name.rsplit(".", 1)[-1], exc)
-    return collectors
-
-
 # --- after the collectors are installed -------------------------------------------------------------
 #: Agent option (default on): one full garbage collection right after ``import torch``.
 OPTION_GC_RESET = "gc_reset_after_torch"
@@ -146,15 +113,3 @@ def reset_gc_clock(_module: ModuleType | None = None) -> None:
     """
     if gc.isenabled():
         gc.collect()
-
-
-def after_collectors(agent: Agent) -> None:
-    """Process-wide set-up once every collector is installed.
-
-    The writer's raw chunk module is imported now: a worker forked before the first flush (a
-    DataLoader's) would otherwise import it at its final flush, which the training loop waits for.
-    """
-    import holoprof.store.raw  # noqa: F401
-
-    if agent.options.get(OPTION_GC_RESET, True) and "torch" not in sys.modules:
-        post_import_finder().add("torch", reset_gc_clock)

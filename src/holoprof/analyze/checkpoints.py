@@ -190,26 +190,3 @@ def _mtbf_s(run: Run) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if v and v > 0 else None
-
-
-# -- `holoprof run --mtbf HOURS` ----------------------------------------------------------------------
-def add_run_arguments(parser: Any) -> None:
-    from holoprof.cli import finite_float
-
-    parser.add_argument(
-        "--mtbf",
-        type=finite_float,
-        metavar="HOURS",
-        help="mean time between failures of the job's machines, for the checkpoint interval advice",
-    )
-
-
-def run_options(args: Any) -> dict[str, Any]:
-    from holoprof.errors import HoloprofError
-
-    v = getattr(args, "mtbf", None)
-    if v is None:
-        return {}
-    if not v > 0:
-        raise HoloprofError("--mtbf must be a positive number of hours, e.g. --mtbf 24")
-    return {"mtbf_s": v * 3600.0}

@@ -49,6 +49,11 @@ from holoprof.analyze.steps import NS, PhaseStat, ProcKey, StepStats
 from holoprof.errors import HoloprofError, MissingExtraError
 from holoprof.store.reader import Bound, Filter, Run, scan_memory_limit, windows
 
+#: Rows per batch of the per-step tables the exports read.
+BATCH = 20_000
+#: Steps whose per-step table is computed at a time (about 1 KiB of DuckDB memory per step).
+STEP_WINDOW = 100_000
+
 _PHASE_COLS = list(model.MEASURED_PHASES)
 #: One value in this many rows of a chunk is sampled to cut a table into windows of a column.
 WINDOW_SAMPLE = 512
@@ -666,7 +671,7 @@ class DaskEngine:
         """Where the exporter's DuckDB queries read ``columns`` of the rows of ``table`` within
         ``bounds`` (None when the run has no such table): a Parquet file in the run's temporary
         folder, removed at the end, which the exporter sorts as it sorts the DuckDB engine's views
-        (:func:`~holoprof.present.chrome_trace.sorted_events`, spilling to disk).
+        (:func:`~holoprof.exports.chrome_trace.sorted_events`, spilling to disk).
 
         The cluster reads and filters every chunk once (EXPORT_IN_FLIGHT chunks at a time, skipping
         the row groups outside ``bounds``) and the client appends each to the file, so neither the
@@ -716,10 +721,8 @@ class DaskEngine:
     def tensorboard_rows(self, proc: ProcKey, series: list[str]) -> Iterator[list[tuple[Any, ...]]]:
         """Per step of ``proc``, in step order: ``(step, end_ns, dur, <phases...>, other, <the last
         value of each series at or before the step's end, or None>)`` — the DuckDB export's rows,
-        computed one window of steps (:data:`~holoprof.present.tensorboard.STEP_WINDOW`) at a time."""
+        computed one window of steps (:data:`STEP_WINDOW`) at a time."""
         import numpy as np
-
-        from holoprof.present.tensorboard import BATCH, STEP_WINDOW
 
         known: list[Any] = []  # per series: its times and values in time order (None: no samples)
         if series and self.samples is not None:

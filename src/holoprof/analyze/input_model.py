@@ -35,7 +35,7 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from holoprof.analyze.diff import WARMUP_STEPS, mean_interval, steady
+from holoprof.analyze.stats import WARMUP_STEPS, mean_interval, steady
 from holoprof.analyze.steps import ProcKey, StepStats
 from holoprof.store.reader import Run
 

@@ -703,3 +703,17 @@ def loader_config(run: Run, proc: ProcKey) -> dict[str, Any]:
     except ValueError:
         return {}
     return cfg if isinstance(cfg, dict) else {}
+
+
+def step_durations(run: Run) -> list[float]:
+    """Durations (seconds) of the main training loop's steps, in step order."""
+    procs = step_processes(run)
+    if not procs:
+        return []
+    p = procs[0]
+    rows = run.rows(
+        """SELECT (end_ns - start_ns) / 1e9 FROM spans
+           WHERE kind = 'step' AND host = ? AND pid = ? AND end_ns >= start_ns ORDER BY step, start_ns""",
+        [p.host, p.pid],
+    )
+    return [float(r[0]) for r in rows]

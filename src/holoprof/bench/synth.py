@@ -500,7 +500,7 @@ def finish_run(out: str) -> None:
     """Record the end of a run generated in pieces (the latest end of its processes)."""
     import pyarrow.parquet as pq
 
-    from holoprof.store.layout import find_chunks
+    from holoprof.store.convert import find_chunks
 
     end = max(
         (

@@ -31,7 +31,6 @@ measured; each DataLoader's ``dataloader`` op span records the values it really 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from types import ModuleType
@@ -39,85 +38,7 @@ from typing import Any
 
 from holoprof.agent.core import Agent, Collector
 from holoprof.agent.setup import post_import_finder
-from holoprof.errors import HoloprofError
-
-LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
-TF_KNOBS = ("num_parallel_calls", "prefetch")
-KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS, "omp_wait_policy")
-OMP_POLICIES = ("passive", "active", "default")
-_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
-def parse_value(name: str, text: str) -> Any:
-    """The typed value of knob ``name`` written as ``text``; HoloprofError naming the fix if invalid."""
-    t = text.strip().lower()
-    if name not in KNOBS:
-        raise HoloprofError(f"unknown knob {name!r}; knobs are: {', '.join(KNOBS)}")
-    if name in ("pin_memory", "persistent_workers"):
-        if t not in _BOOL:
-            raise HoloprofError(f"bad value {text!r} for {name}: write true or false")
-        return _BOOL[t]
-    if name == "omp_wait_policy":
-        if t not in OMP_POLICIES:
-            raise HoloprofError(f"bad value {text!r} for omp_wait_policy: write passive, active or default")
-        return t
-    if name in TF_KNOBS and t == "autotune":
-        return "autotune"
-    low = 0 if name == "num_workers" else 1
-    try:
-        v = int(t)
-    except ValueError:
-        v = low - 1
-    if v < low:
-        extra = " or autotune" if name in TF_KNOBS else ""
-        raise HoloprofError(f"bad value {text!r} for {name}: write an integer >= {low}{extra}")
-    return v
-
-
-def parse_assignments(specs: list[str], flag: str = "--set") -> dict[str, list[Any]]:
-    """``["num_workers=0,2", "pin_memory=true"]`` -> ``{"num_workers": [0, 2], "pin_memory": [True]}``."""
-    out: dict[str, list[Any]] = {}
-    for spec in specs:
-        name, sep, values = spec.partition("=")
-        name = name.strip()
-        if not sep or not values.strip():
-            raise HoloprofError(
-                f"bad {flag} {spec!r}: write KNOB=VALUE[,VALUE...], e.g. {flag} num_workers=0,2"
-            )
-        if name in out:
-            raise HoloprofError(f"{flag} {name} is given twice; list all its values in one: {name}=a,b")
-        out[name] = [parse_value(name, v) for v in values.split(",")]
-    return out
-
-
-def text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-# --- holoprof run --set ------------------------------------------------------------------------------
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=None,
-        dest="knobs",
-        metavar="KNOB=VALUE",
-        help=f"apply a knob inside the job with no code change (repeatable): {', '.join(KNOBS)}",
-    )
-
-
-def run_options(args: argparse.Namespace) -> dict[str, Any]:
-    specs = getattr(args, "knobs", None)
-    if not specs:
-        return {}
-    parsed = parse_assignments(list(specs))
-    many = [k for k, v in parsed.items() if len(v) != 1]
-    if many:
-        raise HoloprofError(
-            f"holoprof run --set takes one value per knob ({many[0]} has {len(parsed[many[0]])}); "
-            "use holoprof sweep --set to measure several"
-        )
-    return {"knobs": {k: v[0] for k, v in parsed.items()}}
+from holoprof.knobspec import KNOBS, LOADER_KNOBS, TF_KNOBS
 
 
 # --- in the job --------------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ Standard library only at import time; torch is touched only after the job import
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -781,38 +780,6 @@ def _cuda_index(device: str) -> int:
         return int(device.split(":", 1)[1])
     except (IndexError, ValueError):
         return 0
-
-
-# --- run options (holoprof run --memory ...) --------------------------------------------------------
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--memory",
-        choices=MODES,
-        default=None,
-        help="memory by category: on sampled steps (default: the first 3, then 1 in 200), every step, or off",
-    )
-    parser.add_argument(
-        "--stop-after-steps",
-        type=int,
-        default=None,
-        metavar="N",
-        help="end the job cleanly (exit status 0) after N optimizer steps (quick looks, sweeps)",
-    )
-
-
-def run_options(args: argparse.Namespace) -> dict[str, Any]:
-    from holoprof.errors import HoloprofError
-
-    out: dict[str, Any] = {}
-    mode = getattr(args, "memory", None)
-    if mode is not None:
-        out["memory"] = mode
-    n = getattr(args, "stop_after_steps", None)
-    if n is not None:
-        if n <= 0:
-            raise HoloprofError("--stop-after-steps must be a positive number of steps, e.g. 20")
-        out["stop_after_steps"] = n
-    return out
 
 
 # --- on demand: memory snapshot ---------------------------------------------------------------------

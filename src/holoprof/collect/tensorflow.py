@@ -448,21 +448,3 @@ def _make_callback(keras: ModuleType, col: TensorFlowCollector) -> Any:
             agent.span("epoch", "epoch", self._e0, now_ns(), -1, {"epoch": self._epoch, "framework": "keras"})
 
     return HoloprofCallback
-
-
-# -- `holoprof run` options ---------------------------------------------------------------------------
-def add_run_arguments(parser: Any) -> None:
-    parser.add_argument(
-        "--tf-input-timing",
-        choices=("on", "off"),
-        default=None,
-        help=(
-            "Keras: time each batch fetch as data_wait (default off: Keras's in-graph fetch, the exact "
-            "computation; on changes how Keras iterates, for diagnosing an input pipeline)"
-        ),
-    )
-
-
-def run_options(args: Any) -> dict[str, Any]:
-    value = getattr(args, "tf_input_timing", None)
-    return {} if value is None else {"tf_input_timing": value}

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,8 +205,10 @@ def run(
     out: str | None = None,
     name: str | None = None,
     options: dict[str, Any] | None = None,
-    report: bool = True,
+    report: Callable[[str], None] | None = None,
 ) -> int:
+    """Run ``command`` traced into a new run directory; its exit status. ``report(run_dir)`` prints
+    the report when the job has ended (the command passes it)."""
     options = dict(options or {})
     argv = resolve_command(command)
     name = name or run_name(argv)
@@ -255,11 +258,9 @@ def run(
             f"holoprof: the run directory {run_dir} could not be written ({storage.error}): {lost}{done}; "
             f"your job's exit status ({rc}) is unchanged\n"
         )
-    if report:
+    if report is not None:
         try:
-            from holoprof.present.terminal import short_report
-
-            short_report(run_dir)
+            report(run_dir)
         except Exception as exc:
             sys.stderr.write(f"holoprof: could not print the report ({type(exc).__name__}: {exc})\n")
     sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
@@ -306,7 +307,7 @@ def _from_terminal() -> bool:
 def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[int, Storage]:
     from holoprof.agent.core import Agent
     from holoprof.collect.system import SystemSampler
-    from holoprof.store.raw import Converter, remove_empty_staging
+    from holoprof.store.convert import Converter, remove_empty_staging
 
     env = job_environment(run_dir, options)
     _warm_up_converter()

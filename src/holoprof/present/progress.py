@@ -12,22 +12,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from holoprof.progress import Bar
+
 #: Environment variable: 0 turns progress bars off, 1 forces them on.
 ENV = "HOLOPROF_PROGRESS"
-
-
-class Bar:
-    """The handle of one bar: ``add_total(n)`` as the size of the work becomes known, ``advance(n)``
-    as it is done. ``active`` is False where bars are off (then both do nothing), so a caller can skip
-    work done only to size the bar."""
-
-    active = False
-
-    def add_total(self, n: float) -> None:
-        return None
-
-    def advance(self, n: float) -> None:
-        return None
 
 
 def enabled() -> bool:

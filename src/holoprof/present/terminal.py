@@ -402,14 +402,3 @@ def render(
     if notes:
         parts += [Text("Notes", style="bold underline"), *notes]
     console.print(Panel(Group(*parts), title="holoprof report", title_align="left", border_style="blue"))
-
-
-def short_report(run_dir: str) -> None:
-    """The short report of a saved run on stderr, as commands print it when they end; never raises."""
-    try:
-        from holoprof.analyze.report import build_report
-        from holoprof.store.reader import load
-
-        render(build_report(load(run_dir)), short=True, file=sys.stderr)
-    except Exception as exc:
-        sys.stderr.write(f"holoprof: could not build the report ({type(exc).__name__}: {exc})\n")

@@ -16,6 +16,7 @@ from typing import Any
 
 from holoprof import model
 from holoprof.store import layout
+from holoprof.store.raw import discard
 
 _counter = itertools.count()
 _lock = threading.Lock()
@@ -130,8 +131,6 @@ def write_chunk(
             pq.write_table(part, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
             os.replace(tmp, path)
         except BaseException:
-            from holoprof.store.raw import discard
-
             discard(tmp)  # a full disk leaves no partial temporary file behind
             raise
         paths.append(path)

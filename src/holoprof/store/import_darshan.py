@@ -24,7 +24,6 @@ Importers are registered in :data:`IMPORTERS` (format -> module, help); each mod
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -36,76 +35,12 @@ from typing import Any
 from holoprof.errors import HoloprofError, MissingExtraError
 from holoprof.store import limits
 
-#: format -> (module, help). The module provides add_import_arguments(parser) and run_import(args).
-IMPORTERS: dict[str, tuple[str, str]] = {
-    "darshan": (__name__, "a Darshan log (.darshan): holoprof import darshan LOG --out DIR"),
-    "torch-trace": (
-        "holoprof.store.import_torch_trace",
-        "a PyTorch profiler (Kineto) trace or a folder of them: holoprof import torch-trace PATH --out DIR",
-    ),
-}
-
 HOST = "darshan"
 #: DXT modules -> the module their segments are operations of (``io_ops.module``)
 DXT_MODULES = {"DXT_POSIX": "POSIX", "DXT_MPIIO": "MPI-IO"}
 #: module -> the prefix of its counter names, where the two differ
 COUNTER_PREFIX = {"MPI-IO": "MPIIO"}
 NS = 1_000_000_000
-
-
-# --- the command ---------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    import importlib
-
-    sub = parser.add_subparsers(dest="import_format", metavar="FORMAT", parser_class=type(parser))
-    for name, (module_name, help_text) in IMPORTERS.items():
-        sp = sub.add_parser(name, help=help_text)
-        try:
-            importlib.import_module(module_name).add_import_arguments(sp)
-            sp.add_argument("--no-report", action="store_true", help="do not print the report at the end")
-        except ImportError as exc:  # one broken importer must not take the whole command line down
-            sp.set_defaults(
-                import_unavailable=f"`holoprof import {name}` is unavailable ({exc}); reinstall holoprof"
-            )
-            sp.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-            continue
-        sp.set_defaults(import_module=module_name)
-
-
-def main(args: argparse.Namespace) -> int:
-    import importlib
-
-    unavailable = getattr(args, "import_unavailable", None)
-    if unavailable:
-        raise HoloprofError(unavailable)
-    module_name = getattr(args, "import_module", None)
-    if not module_name:
-        raise HoloprofError(f"say what to import: holoprof import {{{','.join(IMPORTERS)}}} PATH --out DIR")
-    return int(importlib.import_module(module_name).run_import(args))
-
-
-def imported(args: argparse.Namespace, source: str, run_dir: str, notes: Sequence[str] = ()) -> int:
-    """What every importer prints when it is done: the run, its notes and (unless ``--no-report``) the
-    short report, as ``holoprof run`` ends."""
-    sys.stderr.write(f"holoprof: imported {source} into {run_dir}\n")
-    for note in notes:
-        sys.stderr.write(f"holoprof: {note}\n")
-    if not getattr(args, "no_report", False):
-        from holoprof.present.terminal import short_report
-
-        short_report(run_dir)
-    sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
-    return 0
-
-
-def add_import_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("log", help="the Darshan log file (.darshan)")
-    parser.add_argument("--out", help="run directory to create (default: ./holoprof-runs/<time>-<log name>)")
-
-
-def run_import(args: argparse.Namespace) -> int:
-    run_dir, notes = import_darshan_log(args.log, args.out)
-    return imported(args, args.log, run_dir, notes)
 
 
 # --- reading the log (in a child process) ----------------------------------------------------------
@@ -149,10 +84,8 @@ def parse_log(log: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="holoprof-darshan-") as tmp:
         result = os.path.join(tmp, "result.pickle")
         errors = os.path.join(tmp, "stderr.txt")
-        import holoprof
-
         # the child imports this very holoprof, installed or not
-        home = os.path.dirname(os.path.dirname(os.path.abspath(holoprof.__file__)))
+        home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         pythonpath = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "PYTHONPATH": pythonpath, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         code = "from holoprof.store.import_darshan import _child; _child()"

@@ -35,7 +35,6 @@ The run's status is ``imported``; ``holoprof report`` and the analyses work on i
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import gzip
 import json
@@ -53,7 +52,7 @@ from holoprof.errors import HoloprofError, MissingExtraError
 from holoprof.store import limits
 
 if TYPE_CHECKING:
-    from holoprof.present.progress import Bar
+    from holoprof.progress import Bar
 
 #: traces smaller than this in all are imported in one process, when workers must be spawned (a spawned
 #: worker starts in ~0.5 s) or can be forked (a worker loads its own pyarrow and DuckDB: ~100 MiB)
@@ -64,31 +63,6 @@ TAIL_BYTES = 1 << 16  # a distributedInfo after the events is looked for in this
 HOST = "kineto"
 I64 = 2**63  # timestamps, ids and step numbers outside (-I64, I64) are not stored (int64 columns)
 NOT_A_TRACE = "pass a file written by torch.profiler's export_chrome_trace"
-
-
-def add_import_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "path", help="a Kineto trace (.json or .json.gz) or a directory of them (one per rank)"
-    )
-    parser.add_argument("--out", help="run directory to create (default: ./holoprof-runs/<time>-<name>)")
-
-
-def run_import(args: argparse.Namespace) -> int:
-    from holoprof.present.progress import progress
-    from holoprof.store.chunks import without_pandas
-    from holoprof.store.import_darshan import imported
-
-    with without_pandas():  # this command's own process (and its workers): nothing here needs pandas
-        # no drawing thread: the import forks its workers when this process has a single thread
-        with progress("reading the trace", refresh_thread=False) as bar:
-            run_dir = import_torch_trace(args.path, args.out, jobs=None, bar=bar)
-        notes = [
-            f"rank {b['rank']} device time {b['kernel_time_s'] * 1e3:.1f} ms: "
-            f"idle {b['idle_fraction']:.1%}, compute {b['compute_fraction']:.1%}, "
-            f"non-compute {b['non_compute_fraction']:.1%}"
-            for b in temporal_breakdown(run_dir)
-        ]
-        return imported(args, args.path, run_dir, notes)
 
 
 def _trace_files(path: str) -> list[str]:

@@ -15,7 +15,6 @@ decompression ratio.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import lzma
 import os
@@ -31,7 +30,7 @@ from holoprof.errors import HoloprofError
 from holoprof.store import limits
 
 if TYPE_CHECKING:
-    from holoprof.present.progress import Bar
+    from holoprof.progress import Bar
 
 PACK_SUFFIX = ".holoprof"
 MAX_MANIFEST_BYTES = 16 * 2**20
@@ -52,7 +51,7 @@ def pack_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], bar: 
     counts the bytes packed."""
     from holoprof.store import rundir
     from holoprof.store.compact import compact_run
-    from holoprof.store.layout import find_chunks
+    from holoprof.store.convert import find_chunks
 
     src = os.path.abspath(os.fspath(run_dir))
     if os.path.isfile(src):
@@ -225,23 +224,3 @@ def open_run(path: str | os.PathLike[str]) -> str:
         if dest in _TEMP_DIRS:
             _TEMP_DIRS.remove(dest)
         raise
-
-
-# --- the command -----------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="a run directory")
-    parser.add_argument(
-        "-o", "--out", help=f"the pack to write (default: the run's name + {PACK_SUFFIX}, here)"
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    src = os.path.abspath(args.run)
-    out = args.out or (os.path.basename(src.rstrip(os.sep)) + PACK_SUFFIX)
-    from holoprof.present.progress import progress
-
-    with progress("packing") as bar:
-        path = pack_run(src, out, bar)
-    size = os.path.getsize(path)
-    sys.stderr.write(f"holoprof: packed {src} into {path} ({size / 1e6:.1f} MB)\n")
-    return 0

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from holoprof import model
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import layout, rundir
+from holoprof.store import convert, layout, rundir
 
 T = TypeVar("T")
 
@@ -531,7 +531,7 @@ def load(
     )
     # a live run's launcher converts its raw chunks: a reader doing it too would only compete with it
     live = manifest.get("status") == "running" and process_alive(manifest.get("launcher_pid"))
-    return Run(p, manifest, layout.find_chunks(p, convert=not live), threads=threads, where=where)
+    return Run(p, manifest, convert.find_chunks(p, convert=not live), threads=threads, where=where)
 
 
 def process_alive(pid: Any) -> bool:

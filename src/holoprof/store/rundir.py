@@ -10,7 +10,9 @@ import time
 from typing import Any
 
 from holoprof import model
+from holoprof._version import __version__
 from holoprof.errors import HoloprofError
+from holoprof.store.raw import discard
 
 DEFAULT_RUNS_DIR = "holoprof-runs"
 
@@ -66,8 +68,6 @@ def write_manifest(run_dir: str, manifest: dict[str, Any], reserve: int = 0) -> 
     """Write the manifest atomically (temporary file, then rename), followed by ``reserve`` bytes of
     whitespace. When that fails (a full disk), the existing manifest is overwritten in place if the
     new one fits in its size; otherwise the OSError is raised. No temporary file is left behind."""
-    from holoprof.store.raw import discard
-
     path = os.path.join(run_dir, model.MANIFEST)
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     tmp = path + f".tmp{os.getpid()}"
@@ -103,8 +103,6 @@ def _overwrite_in_place(path: str, data: bytes) -> bool:
 
 
 def new_manifest(command: list[str], name: str, options: dict[str, Any]) -> dict[str, Any]:
-    from holoprof import __version__
-
     return {
         "schema_version": model.SCHEMA_VERSION,
         "holoprof_version": __version__,

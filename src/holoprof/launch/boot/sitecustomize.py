@@ -10,7 +10,7 @@ import sys
 
 def _start_agent() -> None:
     try:
-        from holoprof.agent.bootstrap import start_from_env
+        from holoprof.collect.startup import start_from_env
 
         start_from_env()
     except Exception as exc:  # never break the job

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import sys
 
+from holoprof import examples
+from holoprof.analyze.report import build_report
 from holoprof.errors import MissingExtraError
-from holoprof.store.rundir import DEFAULT_RUNS_DIR
+from holoprof.launch.run import run
+from holoprof.present.terminal import render
+from holoprof.store.reader import load
+from holoprof.store.rundir import DEFAULT_RUNS_DIR, default_run_dir
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "demo_train.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(examples.__file__)), "demo_train.py")
+
+
+def add_arguments(d: argparse.ArgumentParser) -> None:
+    d.add_argument("--out", help="run directory to create")
+    d.add_argument("--quick", action="store_true", help="a shorter demo (fewer files and steps)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return run_demo(out=args.out, quick=args.quick)
 
 
 def _require_torch() -> None:
     """The demo trains with PyTorch: without it, say how to install it before anything is written."""
-    import importlib.util
-
     try:
         found = importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):
@@ -26,18 +39,12 @@ def _require_torch() -> None:
 
 def run_demo(out: str | None = None, quick: bool = False) -> int:
     _require_torch()
-    from holoprof.analyze.report import build_report
-    from holoprof.launch.run import run
-    from holoprof.present.terminal import render
-    from holoprof.store.reader import load
-    from holoprof.store.rundir import default_run_dir
-
     data = os.path.join(DEFAULT_RUNS_DIR, ".demo-data-quick" if quick else ".demo-data")
     files = 600 if quick else 3000
     out = out or default_run_dir("demo")
     cmd = [sys.executable, SCRIPT, "--data", data, "--train-files", str(files), "--epochs", "2"]
     sys.stderr.write(f"holoprof demo: training a small CNN on {files} image files ({data})\n")
-    rc = run(cmd, out=out, name="demo", report=False)
+    rc = run(cmd, out=out, name="demo")
     render(build_report(load(out)))
     print(f"\nThe run is in {out}. Explore it again with: holoprof report {out} [--json]")
     print(

@@ -10,10 +10,6 @@ Output: a table (default), ``--json`` (a list of objects), ``--csv``.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
-import sys
 from typing import Any
 
 from holoprof.errors import HoloprofError
@@ -57,38 +53,3 @@ def _names(run: Any) -> str:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", metavar="RUN", help="a run directory (or a packed run)")
-    p.add_argument(
-        "sql", metavar="SQL", help='one query, e.g. "SELECT kind, count(*) FROM spans GROUP BY kind"'
-    )
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print the rows as a JSON list of objects")
-    fmt.add_argument("--csv", action="store_true", help="print the rows as CSV with a header")
-
-
-def main(args: argparse.Namespace) -> int:
-    from holoprof.store.reader import load
-
-    run = load(args.run)
-    for warning in run.warnings:
-        sys.stderr.write(f"holoprof: warning: {warning}\n")
-    names, rows = query(run, args.sql)
-    if args.json:
-        json.dump([dict(zip(names, r, strict=True)) for r in rows], sys.stdout, default=str)
-        sys.stdout.write("\n")
-    elif args.csv:
-        out = csv.writer(sys.stdout)
-        out.writerow(names)
-        out.writerows(rows)
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(*names, show_lines=False)
-        for r in rows:
-            table.add_row(*("" if v is None else str(v) for v in r))
-        Console(markup=False, highlight=False).print(table)
-    return 0

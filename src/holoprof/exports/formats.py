@@ -13,7 +13,6 @@ file as the default DuckDB engine (``pip install 'holoprof[dask]'``).
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import sys
@@ -28,26 +27,6 @@ FORMATS = ("chrome", "tensorboard")
 
 #: The largest --from/--to (seconds, about 31 years): a window past it cannot hold a recorded time.
 MAX_WINDOW_S = 1e9
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from holoprof.cli import finite_float
-
-    parser.add_argument("run", help="a run directory or a .holoprof pack")
-    parser.add_argument("--format", "-f", required=True, choices=FORMATS, help="chrome or tensorboard")
-    parser.add_argument(
-        "-o",
-        "--out",
-        required=True,
-        help="the file (chrome; - for stdout) or log directory (tensorboard) to write",
-    )
-    parser.add_argument(
-        "--from", dest="start_s", type=finite_float, help="chrome: start of the window, seconds"
-    )
-    parser.add_argument("--to", dest="end_s", type=finite_float, help="chrome: end of the window, seconds")
-    from holoprof.cli import add_engine_arguments
-
-    add_engine_arguments(parser)
 
 
 @contextmanager
@@ -96,7 +75,7 @@ def export_run(
     if out == "-" and fmt != "chrome":
         raise HoloprofError("TensorBoard writes a log directory, not a stream; give one with -o, e.g. -o tb/")
     if fmt == "chrome" and out == "-":
-        from holoprof.present.chrome_trace import write_chrome_trace
+        from holoprof.exports.chrome_trace import write_chrome_trace
 
         sys.stdout.flush()
         stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")  # JSON is UTF-8
@@ -112,7 +91,7 @@ def export_run(
         )
     out = os.path.abspath(out)
     if fmt == "chrome":
-        from holoprof.present.chrome_trace import write_chrome_trace
+        from holoprof.exports.chrome_trace import write_chrome_trace
 
         if os.path.isdir(out):
             raise HoloprofError(f"{out} is a directory; give the trace file to write, e.g. -o trace.json")
@@ -141,28 +120,10 @@ def export_run(
             f"wrote {out}: {stats.spans} spans, {stats.counters} samples, {stats.io_ops} I/O ops, "
             f"{stats.processes} processes; open it in https://ui.perfetto.dev or chrome://tracing"
         )
-    from holoprof.present.tensorboard import write_tensorboard
+    from holoprof.exports.tensorboard import write_tensorboard
 
     if os.path.isfile(out):
         raise HoloprofError(f"{out} is a file; give a log directory for TensorBoard, e.g. -o tb/")
     with _engine(run, engine, scheduler) as eng, progress("TensorBoard steps") as bar:
         tb = write_tensorboard(run, out, engine=eng, bar=bar)
     return f"wrote {tb.path}: {tb.steps} steps, {len(tb.tags)} scalars each; view with: tensorboard --logdir {out}"
-
-
-def main(args: argparse.Namespace) -> int:
-    from holoprof.cli import check_engine_arguments
-    from holoprof.store.pack import open_run
-    from holoprof.store.reader import load
-
-    check_engine_arguments(args)
-    if args.start_s is not None and args.start_s < 0:
-        raise HoloprofError("--from must be 0 or more seconds after the run start")
-    if args.start_s is not None and args.end_s is not None and args.end_s <= args.start_s:
-        raise HoloprofError(f"--to ({args.end_s}) must be after --from ({args.start_s})")
-    if args.format != "chrome" and (args.start_s is not None or args.end_s is not None):
-        raise HoloprofError("--from/--to apply to --format chrome only; leave them out for tensorboard")
-    run = load(open_run(args.run))
-    msg = export_run(run, args.format, args.out, args.start_s, args.end_s, args.engine, args.scheduler)
-    sys.stderr.write(f"holoprof: {msg}\n")
-    return 0

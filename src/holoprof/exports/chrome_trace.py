@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from holoprof.present.progress import Bar
+from holoprof.progress import Bar
 from holoprof.store.reader import Bound, Run, _sql_str, bounds_sql, is_out_of_memory
 
 BATCH = 20_000

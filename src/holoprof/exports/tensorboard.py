@@ -25,13 +25,10 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from holoprof import model
+from holoprof.analyze.engine_dask import BATCH, STEP_WINDOW
 from holoprof.errors import HoloprofError
-from holoprof.present.progress import Bar
+from holoprof.progress import Bar
 from holoprof.store.reader import Run, row_batches, windows
-
-BATCH = 20_000
-#: Steps whose per-step table is computed at a time (about 1 KiB of DuckDB memory per step).
-STEP_WINDOW = 100_000
 
 
 # --- CRC32C (Castagnoli), as TFRecord needs ----------------------------------------------------------

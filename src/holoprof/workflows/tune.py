@@ -18,15 +18,15 @@ A run that is not input-bound, or whose loader the model cannot describe (a tf.d
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
-import time
 from typing import Any
 
-from holoprof.analyze.sweep import SweepResult, SweepRow, measurement, run_config, sweep
+from holoprof.analyze.report import build_report
+from holoprof.analyze.sweep import SweepResult, SweepRow, measurement
 from holoprof.errors import HoloprofError
+from holoprof.launch.run import resolve_command
+from holoprof.store.reader import load
+from holoprof.workflows.sweep import check_template, run_config, sweep
 
 SCHEMA = "holoprof.tune/1"
 DEFAULT_STEPS = 30
@@ -69,16 +69,11 @@ def measured_finding(finding: dict[str, Any], result: SweepResult, current: dict
 
 
 def _input_bound(run_dir: str) -> dict[str, Any] | None:
-    from holoprof.analyze.report import build_report
-    from holoprof.store.reader import load
-
     doc = build_report(load(run_dir))
     return next((f for f in doc["findings"] if f["id"] == "input_bound"), None)
 
 
 def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> dict[str, Any]:
-    from holoprof.analyze.sweep import check_template
-    from holoprof.launch.run import resolve_command
 
     check_template(command, {})
     resolve_command(command)
@@ -124,39 +119,3 @@ def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> 
     doc["sweep"] = result.to_dict()
     doc["measured"] = measured_finding(finding, result, current)
     return doc
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--steps", type=int, default=DEFAULT_STEPS, help=f"steps per run (default {DEFAULT_STEPS})"
-    )
-    p.add_argument("--out", help="directory for the runs (default: ./holoprof-runs/<time>-tune)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON (schema holoprof.tune/1)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
-
-
-def main(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if args.steps <= 0:
-        raise HoloprofError("--steps must be a positive number of steps, e.g. --steps 30")
-    out = args.out or os.path.join("holoprof-runs", time.strftime("%Y%m%d-%H%M%S") + "-tune")
-
-    def progress(what: str) -> None:
-        sys.stderr.write(f"holoprof: tune: {what}\n")
-        sys.stderr.flush()
-
-    doc = tune(command, out, args.steps, progress)
-    if args.json:
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
-    from holoprof.present.sweep import render, render_measured
-
-    if "message" in doc:
-        sys.stdout.write(f"{doc['message']}\n")
-        return 0
-    render(doc["sweep"])
-    render_measured(doc["measured"])
-    return 0
