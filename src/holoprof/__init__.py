@@ -50,6 +50,7 @@ from holoprof.api import phase, stage, start, step, stop, trace
 from holoprof.errors import HoloprofError
 
 if TYPE_CHECKING:
+    # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.store.reader import Run
 
 
@@ -59,12 +60,14 @@ def load(path: Any, **where: Any) -> Run:
     Keyword filters, pushed down into the Parquet scans: ``start_s``/``end_s`` (seconds from the
     run's start), ``ranks`` (list of ranks), ``steps`` (inclusive ``(first, last)``).
     """
+    # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.store.reader import load as _load
 
     return _load(path, **where)
 
 
 def _as_run(run: Any) -> Run:
+    # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.store.reader import Run as _Run
 
     return run if isinstance(run, _Run) else load(run)
@@ -78,6 +81,7 @@ def report(run: Any, engine: str = "duckdb", scheduler: Any = None) -> dict[str,
     ``scheduler`` is an address (``"tcp://host:8786"``) or a ``distributed.Client``; by default a
     local cluster is started for the call. The numbers are the same as the DuckDB engine's.
     """
+    # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.analyze.report import build_report
 
     if scheduler is not None and engine != "dask":
@@ -98,6 +102,7 @@ def export(
     """Export ``run`` (a loaded run or a path) as ``format`` (``"chrome"``: a trace file, or
     ``"tensorboard"``: a log directory) into ``out``, like ``holoprof export``; returns a summary
     line. ``engine``/``scheduler`` as for :func:`report`: Dask writes the same file as DuckDB."""
+    # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.exports.formats import export_run
 
     return export_run(_as_run(run), format, out, start_s, end_s, engine=engine, scheduler=scheduler)

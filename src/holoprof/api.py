@@ -23,12 +23,14 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
 
     Under ``holoprof run`` the process is traced already: the existing run directory is returned.
     """
+    # lazy: `import holoprof` stays light in every process; tracing loads on start()
     from holoprof.agent.core import get_agent
     from holoprof.collect.startup import start_agent
 
     agent = get_agent()
     if agent is not None and not agent._stopped:
         return agent.run_dir
+    # lazy: `import holoprof` stays light in every process; tracing loads on start()
     from holoprof.collect.system import SystemSampler
     from holoprof.launch.run import BOOT_DIR
     from holoprof.store import rundir
@@ -46,6 +48,7 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
         sampler.start()
     except Exception as exc:  # in the report's errors; tracing goes on without resource samples
         agent.fail(SystemSampler.name, exc)
+    # lazy: `import holoprof` stays light in every process; tracing loads on start()
     from holoprof.store.convert import Converter
 
     converter = Converter(run_dir).start()
@@ -67,6 +70,7 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
 
 def stop(status: str = "finished") -> str | None:
     """Stop tracing started by :func:`start`; flush everything. Returns the run directory."""
+    # lazy: `import holoprof` stays light in every process; tracing loads on start()
     from holoprof.agent.core import stop_agent
     from holoprof.store import rundir
     from holoprof.store.compact import compact_run
@@ -87,6 +91,7 @@ def stop(status: str = "finished") -> str | None:
     except OSError:
         pass  # the raw chunks stay; loading the run converts them
     try:
+        # lazy: `import holoprof` stays light in every process; tracing loads on start()
         from holoprof.launch.run import import_native_dumps
         from holoprof.store.convert import remove_empty_staging
 
@@ -134,6 +139,7 @@ class trace:
 
 
 def _agent() -> Any:
+    # lazy: `import holoprof` stays light in every process; tracing loads on start()
     from holoprof.agent.core import get_agent
 
     a = get_agent()

@@ -217,7 +217,7 @@ def column_names(table: str) -> tuple[str, ...]:
 
 
 def arrow_schema(table: str):  # -> pyarrow.Schema (lazy import: keep this module stdlib-only)
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: this module stays stdlib-only (the agent imports it in every process)
 
     types = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "double": pa.float64()}
     return pa.schema(

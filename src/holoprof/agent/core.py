@@ -462,7 +462,7 @@ class Agent:
             self.fail("agent", exc)
         # multiprocessing children leave through os._exit (patched) or its finalizers.
         try:
-            import multiprocessing.util as mpu
+            import multiprocessing.util as mpu  # lazy: only for a process that uses multiprocessing
 
             mpu.register_after_fork(self, _register_mp_finalizer)
         except Exception:
@@ -688,7 +688,7 @@ def _patch_os_exit(agent: Agent) -> None:
 
 
 def _register_mp_finalizer(agent: Agent) -> None:
-    import multiprocessing.util as mpu
+    import multiprocessing.util as mpu  # lazy: only for a process that uses multiprocessing
 
     mpu.Finalize(None, agent.shutdown, exitpriority=-100)
 

@@ -37,6 +37,7 @@ def progress(description: str, total: float | None = None, refresh_thread: bool 
     if not enabled():
         yield Bar()
         return
+    # lazy: rich loads only where a bar is drawn (a terminal)
     from rich.console import Console
     from rich.progress import (
         BarColumn,

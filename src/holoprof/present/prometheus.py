@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 #: The content type of :func:`prometheus_text`.
@@ -176,8 +177,6 @@ def _resources(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
 
 def prometheus_text(reports: Iterable[tuple[str, dict[str, Any]]]) -> str:
     """The reports (``(run id, report document)``) as the Prometheus text exposition format."""
-    from prometheus_client.exposition import generate_latest
-
     m = _Metrics()
     for run_id, doc in reports:
         run = {"run": run_id}

@@ -8,6 +8,7 @@ cut, paths are folded or shortened in the middle.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -363,8 +364,6 @@ def device_group(doc: dict[str, Any]) -> Any:
 
 
 def _section_group(target: str, doc: dict[str, Any]) -> Any:
-    import importlib
-
     module_name, func = target.split(":")
     try:
         mod = importlib.import_module(module_name)

@@ -9,7 +9,12 @@ import html
 import math
 from typing import IO
 
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
 from holoprof.analyze import whatif as wi
+from holoprof.present.terminal import make_console
 
 
 def _fmt_s(s: float) -> str:
@@ -25,12 +30,6 @@ def _fmt_bytes(b: float) -> str:
 
 
 def render(r: wi.WhatIf, file: IO[str] | None = None) -> None:
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
-    from holoprof.present.terminal import make_console
-
     con = make_console(file)
     bs = f", batch {r.batch_size} per worker" if r.batch_size else ""
     con.print(Text("what-if: data parallelism", style="bold"), Text(f"from {r.run}"))

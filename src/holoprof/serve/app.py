@@ -35,8 +35,13 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from holoprof import model
+from holoprof.analyze.report import build_report
 from holoprof.collect import control
 from holoprof.errors import HoloprofError
+from holoprof.present.prometheus import CONTENT_TYPE, prometheus_text
+from holoprof.serve import ctl
+from holoprof.store import layout, rundir
+from holoprof.store.reader import load, process_alive
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 COOKIE = "holoprof_token"
@@ -85,8 +90,6 @@ def _is_run(path: str) -> bool:
 
 
 def _launcher_alive(manifest: dict[str, Any]) -> bool:
-    from holoprof.store.reader import process_alive
-
     return process_alive(manifest.get("launcher_pid"))
     return True
 
@@ -101,8 +104,6 @@ def run_status(manifest: dict[str, Any]) -> str:
 def data_key(run_dir: str) -> tuple[float, int]:
     """The newest modification time among the run's chunks and manifest, and how many files there are
     (in the table folders and the staging folders, and the folders of a run of the earlier layout)."""
-    from holoprof.store import layout
-
     newest, count = 0.0, 0
     try:
         newest = os.stat(os.path.join(run_dir, model.MANIFEST)).st_mtime
@@ -152,8 +153,6 @@ class Runs:
     def summary(self) -> list[dict[str, Any]]:
         """One line per run. A running run's report is brought up to date (as /metrics does), so that
         its step count follows the job; a run that cannot be read is listed as ``broken``, with why."""
-        from holoprof.store import rundir
-
         out = []
         for run_id, p in self.paths().items():
             error = None
@@ -205,9 +204,6 @@ class Runs:
             if cached.doc is not None and key == cached.key:
                 cached.built_at = now
                 return cached.doc
-            from holoprof.analyze.report import build_report
-            from holoprof.store.reader import load
-
             started = time.monotonic()
             try:
                 run = load(path)
@@ -430,8 +426,6 @@ class Handler(BaseHTTPRequestHandler):
                     reports.append((run_id, runs.report(run_id)))
                 except HttpError:
                     continue
-            from holoprof.present.prometheus import CONTENT_TYPE, prometheus_text
-
             return self._send(200, prometheus_text(reports).encode(), CONTENT_TYPE)
         if path == "/api/runs":
             self._only(method, "GET")
@@ -545,8 +539,6 @@ class Handler(BaseHTTPRequestHandler):
         extra = set(body) - {"action", "params", "target"}
         if extra:
             raise HttpError(400, f"unknown field(s): {', '.join(sorted(extra))}")
-        from holoprof.serve import ctl
-
         try:
             action, params, target = control.validate(
                 body.get("action"), body.get("params"), body.get("target")

@@ -15,6 +15,7 @@ from typing import Any
 from holoprof import model
 from holoprof.collect import control
 from holoprof.errors import HoloprofError
+from holoprof.store.reader import load
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,6 @@ def _alive(p: Proc) -> bool:
 
 def live_processes(run_dir: str) -> tuple[str, list[Proc]]:
     """The run's status and its live traced processes (not the launcher)."""
-    from holoprof.store.reader import load
-
     run = load(run_dir)
     rows = run.rows(
         """SELECT host, pid, rank, role FROM processes
