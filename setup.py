@@ -1,17 +1,23 @@
-"""Build the native I/O interposition library (holoprof_io.c) with the package.
+"""Build the native I/O interposition library (the C sources in collect/io_native) with the package.
 
 It is a plain shared library loaded with LD_PRELOAD into traced jobs, not a Python extension module;
 setuptools' Extension machinery just compiles it into the package. ``optional=True``: without a C
 compiler the install still succeeds and holoprof uses its pure-Python I/O layer.
 """
 
+from glob import glob
+
 from setuptools import Extension, setup
+
+NATIVE_DIR = "src/holoprof/collect/io_native"
 
 setup(
     ext_modules=[
         Extension(
             "holoprof.collect.io_native.libholoprof_io",
-            sources=["src/holoprof/collect/io_native/holoprof_io.c"],
+            sources=sorted(glob(f"{NATIVE_DIR}/*.c")),
+            depends=sorted(glob(f"{NATIVE_DIR}/*.h")),
+            include_dirs=[NATIVE_DIR],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
             libraries=["dl"],
             extra_link_args=["-pthread"],

@@ -423,7 +423,7 @@ def python_env_path(path: str) -> bool:
     environment, a conda env, the system Python): under a ``site-packages``, ``dist-packages``,
     ``__pycache__``, ``*.dist-info`` or ``*.egg-info`` directory, in a standard library
     (``lib/pythonX.Y``, ``lib64/pythonX.Y``), a ``pyvenv.cfg``, or Python source and bytecode.
-    The native library applies the same rules (``python_env_path`` in ``holoprof_io.c``)."""
+    The native library applies the same rules (``python_env_path`` in ``io_native/hp_paths.c``)."""
     if path.endswith(_SOURCE_SUFFIXES) or path.endswith("/pyvenv.cfg"):
         return True
     prev = ""

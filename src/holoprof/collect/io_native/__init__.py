@@ -1,8 +1,9 @@
 """Native I/O capture: Darshan-style POSIX and STDIO counters from an ``LD_PRELOAD`` library.
 
-``libholoprof_io.so`` (built from ``holoprof_io.c`` by :mod:`holoprof.collect.io_native.build`) is
-preloaded into every process of a traced job. It interposes the C library's file calls and keeps,
-per file and per module (``POSIX``, ``STDIO``), the counters of Darshan's POSIX and STDIO modules.
+``libholoprof_io.so`` (built from the ``hp_*.c`` files beside this module by
+:mod:`holoprof.collect.io_native.build`) is preloaded into every process of a traced job. It
+interposes the C library's file calls and keeps, per file and per module (``POSIX``, ``STDIO``), the
+counters of Darshan's POSIX and STDIO modules.
 This module is the Python side of it:
 
 * in a process where the library is loaded, :func:`snapshot` / :func:`changes` read the counters and

@@ -1,13 +1,15 @@
-"""Compile ``holoprof_io.c`` into ``libholoprof_io.so`` with the system C compiler.
+"""Compile the C sources beside this module (``hp_*.c``, ``hp_*.h``) into ``libholoprof_io.so``.
 
     python -m holoprof.collect.io_native.build [DEST_DIR]
 
-places the library beside this module (or in DEST_DIR) and prints its path. The compiler is ``$CC``,
-else ``cc``, ``gcc`` or ``clang`` from ``PATH``; extra flags may be given in ``$HOLOPROF_IO_CFLAGS``.
+places the library beside this module (or in DEST_DIR) and prints its path. Every ``*.c`` file of
+this folder is part of the one library. The compiler is ``$CC``, else ``cc``, ``gcc`` or ``clang``
+from ``PATH``; extra flags may be given in ``$HOLOPROF_IO_CFLAGS``.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import shutil
@@ -20,7 +22,6 @@ try:
 except ImportError:  # run by path from a build hook, before holoprof is importable
     _Base = RuntimeError  # type: ignore[misc,assignment]
 
-SOURCE_NAME = "holoprof_io.c"
 LIBRARY_NAME = "libholoprof_io.so"
 CFLAGS = ("-O2", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden")
 LIBS = ("-ldl", "-pthread")
@@ -30,8 +31,14 @@ class BuildError(_Base):
     """The native I/O library could not be compiled."""
 
 
-def source_path() -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), SOURCE_NAME)
+def source_dir() -> str:
+    """The folder of the C sources and headers (this module's)."""
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def source_paths() -> list[str]:
+    """The library's C sources: every ``*.c`` file in :func:`source_dir`, sorted."""
+    return sorted(glob.glob(os.path.join(glob.escape(source_dir()), "*.c")))
 
 
 def find_compiler() -> list[str] | None:
@@ -58,13 +65,16 @@ def build(dest_dir: str | None = None, *, compiler: list[str] | None = None) -> 
             "no C compiler found to build the native I/O library; install one "
             "(e.g. apt-get install gcc) or set CC"
         )
-    dest_dir = os.path.abspath(dest_dir or os.path.dirname(source_path()))
+    sources = source_paths()
+    if not sources:
+        raise BuildError(f"no C sources of the native I/O library in {source_dir()}")
+    dest_dir = os.path.abspath(dest_dir or source_dir())
     os.makedirs(dest_dir, exist_ok=True)
     target = os.path.join(dest_dir, LIBRARY_NAME)
     fd, tmp = tempfile.mkstemp(prefix=".libholoprof_io-", suffix=".so", dir=dest_dir)
     os.close(fd)
     extra = shlex.split(os.environ.get("HOLOPROF_IO_CFLAGS", ""))
-    cmd = [*cc, *CFLAGS, *extra, "-o", tmp, source_path(), *LIBS]
+    cmd = [*cc, *CFLAGS, *extra, "-I", source_dir(), "-o", tmp, *sources, *LIBS]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
