@@ -20,15 +20,9 @@ import atexit
 import builtins
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import functools
-import hashlib
-import json
 import logging
 import os
-import pickle
-import re
 import secrets
 import shutil
 import sys
@@ -36,31 +30,84 @@ import threading
 import time
 import warnings
 import weakref
-import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal, NoReturn, Protocol, cast, runtime_checkable
+from typing import IO, Any, Literal, NoReturn, cast
 
+from holoprof.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointWarning,
+    DrainError,
+)
+from holoprof.checkpoint.format import COPY_CHUNK as _COPY_CHUNK
+from holoprof.checkpoint.format import DATA_RE as _DATA_RE
+from holoprof.checkpoint.format import (
+    DATA_SUFFIX,
+    MANIFEST_SUFFIX,
+    MAX_NAME_LENGTH,
+    SCHEMA,
+    TMP_PREFIX,
+    CheckpointInfo,
+    check_name,
+)
+from holoprof.checkpoint.format import Checksum as _Checksum
+from holoprof.checkpoint.format import checksum_file as _checksum_file
+from holoprof.checkpoint.format import fsync_dir as _fsync_dir
+from holoprof.checkpoint.format import manifest_names as _manifest_names
+from holoprof.checkpoint.format import manifest_path as _manifest_path
+from holoprof.checkpoint.format import read_manifest as _read_manifest
+from holoprof.checkpoint.format import size_matches as _size_matches
+from holoprof.checkpoint.format import tmp_path as _tmp_path
+from holoprof.checkpoint.format import unlink as _unlink
+from holoprof.checkpoint.format import write_manifest as _write_manifest
+from holoprof.checkpoint.locks import LOCK_NAME, lock_dir, release_locks
+from holoprof.checkpoint.serializers import (
+    PickleSerializer,
+    Serializer,
+    SerializerName,
+    TorchSerializer,
+    check_serializer,
+    serializer_for,
+    serializer_named,
+)
+from holoprof.checkpoint.serializers import inspect_object as _inspect_object
 from holoprof.checkpoint.snapshot import Aborted as SnapshotAborted
 from holoprof.checkpoint.snapshot import OverBudget, Snapshot, Snapshotter
-from holoprof.errors import HoloprofError, MissingExtraError
+
+__all__ = [
+    "DATA_SUFFIX",
+    "FAST_TIER_MIN_SPEEDUP",
+    "LOCK_NAME",
+    "MANIFEST_SUFFIX",
+    "MAX_NAME_LENGTH",
+    "SCHEMA",
+    "TMP_PREFIX",
+    "BurstBuffer",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointNotFoundError",
+    "CheckpointWarning",
+    "DrainError",
+    "PickleSerializer",
+    "Route",
+    "SaveResult",
+    "Serializer",
+    "SerializerName",
+    "Tier",
+    "TorchSerializer",
+    "check_name",
+]
 
 log = logging.getLogger("holoprof.checkpoint")
 
-SCHEMA = "holoprof.checkpoint/1"
-MANIFEST_SUFFIX = ".manifest.json"
-DATA_SUFFIX = ".ckpt"
-TMP_PREFIX = ".tmp-"
-LOCK_NAME = ".holoprof-burst.lock"
-MAX_NAME_LENGTH = 200
-
-_DATA_RE = re.compile(r"^(?P<name>.+)\.(?P<token>[0-9a-f]{16})\.ckpt$")
-_COPY_CHUNK = 8 << 20
 _PARALLEL_HASH_MIN = 1 << 20
 _DEFAULT_FAST_SHARE = 0.5
 _DEFAULT_SNAPSHOT_SHARE = 0.25  # of physical memory
@@ -70,187 +117,9 @@ FAST_TIER_MIN_SPEEDUP = 1.2
 
 Tier = Literal["fast", "durable"]
 Route = Literal["auto", "fast", "durable"]
-SerializerName = Literal["auto", "torch", "pickle"]
-
-
-# --------------------------------------------------------------------------------------------------
-# errors and warnings
-
-
-class CheckpointError(HoloprofError):
-    """A checkpoint could not be saved, drained or loaded; the message says why and what to do."""
-
-
-class DrainError(CheckpointError):
-    """Copying a checkpoint from the fast tier to durable storage failed (raised at the next call)."""
-
-
-class CheckpointNotFoundError(CheckpointError):
-    """No verified checkpoint of that name exists."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """The data of a checkpoint does not match its manifest (size or SHA-256)."""
-
-
-class CheckpointWarning(UserWarning):
-    """Something went wrong but a good copy was used (e.g. a corrupted fast copy was skipped)."""
-
-
-# --------------------------------------------------------------------------------------------------
-# serializers
-
-
-@runtime_checkable
-class Serializer(Protocol):
-    """Turns an object into bytes on a writable file and back. ``name`` is stored in the manifest."""
-
-    name: str
-
-    def dump(self, obj: Any, f: IO[bytes]) -> None: ...
-
-    def load(self, f: IO[bytes], **options: Any) -> Any: ...
-
-
-class PickleSerializer:
-    """``pickle`` with the highest protocol: any picklable object."""
-
-    name = "pickle"
-
-    def dump(self, obj: Any, f: IO[bytes]) -> None:
-        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def load(self, f: IO[bytes], **options: Any) -> Any:
-        if options:
-            raise CheckpointError(
-                f"the pickle serializer takes no load options, got {sorted(options)}; "
-                "drop them (map_location and weights_only apply to torch checkpoints only)"
-            )
-        return pickle.load(f)
-
-
-class TorchSerializer:
-    """``torch.save`` / ``torch.load``. Load options (``map_location``, ``weights_only``) pass through.
-
-    ``weights_only`` defaults to False because these files were written and checksummed by this
-    class (state dicts often carry NumPy RNG state, which ``weights_only=True`` refuses); pass
-    ``weights_only=True`` to load files of unknown origin safely.
-    """
-
-    name = "torch"
-
-    def dump(self, obj: Any, f: IO[bytes]) -> None:
-        save = _torch().save
-        # the tracer's wrapper would record this background write as a second checkpoint
-        getattr(save, "__wrapped__", save)(obj, f)
-
-    def load(self, f: IO[bytes], **options: Any) -> Any:
-        options.setdefault("weights_only", False)
-        return _torch().load(f, **options)
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise MissingExtraError("the torch checkpoint serializer", "torch") from None
-    return torch
-
-
-def _builtin_serializer(name: str) -> Serializer | None:
-    if name == "pickle":
-        return PickleSerializer()
-    if name == "torch":
-        return TorchSerializer()
-    return None
-
-
-def _inspect_object(obj: Any) -> tuple[bool, int]:
-    """(contains a torch tensor, estimated serialized size in bytes) from a bounded walk of containers."""
-    torch = sys.modules.get("torch")
-    tensor_type = getattr(torch, "Tensor", None)
-    has_tensor = False
-    total = 0
-    seen_storages: set[tuple[int, int]] = set()
-    stack: list[tuple[Any, int]] = [(obj, 0)]
-    visited = 0
-    while stack and visited < 200_000:
-        x, depth = stack.pop()
-        visited += 1
-        if tensor_type is not None and isinstance(x, tensor_type):
-            has_tensor = True
-            try:
-                storage = x.untyped_storage()
-                key = (int(storage.data_ptr()), int(storage.nbytes()))
-                if key not in seen_storages:
-                    seen_storages.add(key)
-                    total += key[1]
-            except Exception:
-                with contextlib.suppress(Exception):
-                    total += int(x.element_size() * x.nelement())
-        elif isinstance(x, (bytes, bytearray, str)):
-            total += len(x)
-        elif isinstance(x, memoryview):
-            total += x.nbytes
-        elif isinstance(x, dict):
-            if depth < 10:
-                stack.extend((v, depth + 1) for v in x.values())
-        elif isinstance(x, (list, tuple, set, frozenset)):
-            if depth < 10:
-                stack.extend((v, depth + 1) for v in x)
-        else:
-            try:
-                nbytes = getattr(x, "nbytes", None)  # NumPy arrays and the like
-            except Exception:
-                nbytes = None
-            if isinstance(nbytes, int) and not isinstance(nbytes, bool):
-                total += nbytes
-    return has_tensor, total
-
 
 # --------------------------------------------------------------------------------------------------
 # records
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What a manifest says about one checkpoint.
-
-    ``crc32`` is computed while the checkpoint is written (cheap enough for the save path) and guards
-    the fast copy; ``sha256`` is computed by the drain and is present in durable manifests (and in
-    checkpoints written straight to durable storage).
-    """
-
-    name: str
-    seq: int
-    data_file: str
-    size_bytes: int
-    crc32: str
-    sha256: str | None
-    serializer: str
-    saved_unix_ns: int
-
-    def to_manifest(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
-
-    @classmethod
-    def from_manifest(cls, doc: Any, expected_name: str) -> CheckpointInfo:
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError(f"not a {SCHEMA} manifest")
-        info = cls(
-            name=str(doc["name"]),
-            seq=int(doc["seq"]),
-            data_file=str(doc["data_file"]),
-            size_bytes=int(doc["size_bytes"]),
-            crc32=str(doc["crc32"]),
-            sha256=None if doc.get("sha256") is None else str(doc["sha256"]),
-            serializer=str(doc["serializer"]),
-            saved_unix_ns=int(doc["saved_unix_ns"]),
-        )
-        match = _DATA_RE.match(info.data_file)
-        if info.name != expected_name or match is None or match.group("name") != expected_name:
-            raise ValueError("manifest does not belong to its file name")
-        return info
 
 
 @dataclass(frozen=True)
@@ -323,146 +192,6 @@ class _TooLarge(Exception):
 
 class _Aborted(Exception):
     pass
-
-
-# --------------------------------------------------------------------------------------------------
-# file helpers
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink(path: Path) -> bool:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _manifest_path(directory: Path, name: str) -> Path:
-    return directory / f"{name}{MANIFEST_SUFFIX}"
-
-
-def _tmp_path(directory: Path, final_name: str) -> Path:
-    return directory / f"{TMP_PREFIX}{secrets.token_hex(4)}-{final_name}"
-
-
-def _write_manifest(directory: Path, info: CheckpointInfo, *, durable: bool) -> None:
-    final = _manifest_path(directory, info.name)
-    tmp = _tmp_path(directory, final.name)
-    payload = (json.dumps(info.to_manifest(), indent=1, sort_keys=True) + "\n").encode()
-    try:
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        _unlink(tmp)
-        raise
-    if durable:
-        _fsync_dir(directory)
-
-
-def _read_manifest(path: Path, name: str) -> CheckpointInfo:
-    with open(path, "rb") as f:
-        doc = json.loads(f.read())
-    return CheckpointInfo.from_manifest(doc, name)
-
-
-class _Checksum:
-    """Size and CRC-32 of a byte stream, plus SHA-256 when asked for."""
-
-    def __init__(self, *, sha256: bool) -> None:
-        self.size = 0
-        self._crc = 0
-        self._sha = hashlib.sha256() if sha256 else None
-
-    def update(self, view: memoryview) -> None:
-        self._crc = zlib.crc32(view, self._crc)  # releases the GIL on large buffers
-        if self._sha is not None:
-            self._sha.update(view)
-        self.size += view.nbytes
-
-    @property
-    def crc32(self) -> str:
-        return f"{self._crc:08x}"
-
-    @property
-    def sha256(self) -> str | None:
-        return None if self._sha is None else self._sha.hexdigest()
-
-    def mismatch(self, info: CheckpointInfo) -> str | None:
-        """Why this stream is not the checkpoint ``info`` describes, or None if it is."""
-        if self.size != info.size_bytes:
-            return f"{self.size} bytes instead of {info.size_bytes}"
-        if self.crc32 != info.crc32:
-            return f"CRC-32 {self.crc32} instead of {info.crc32}"
-        if self._sha is not None and info.sha256 is not None and self.sha256 != info.sha256:
-            return "SHA-256 mismatch"
-        return None
-
-
-def _manifest_names(directory: Path, info: CheckpointInfo) -> bool:
-    """True if the manifest of ``info.name`` in ``directory`` points at ``info.data_file``."""
-    try:
-        return _read_manifest(_manifest_path(directory, info.name), info.name).data_file == info.data_file
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _checksum_file(path: Path, *, sha256: bool) -> _Checksum:
-    ck = _Checksum(sha256=sha256)
-    buf = bytearray(_COPY_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            ck.update(view[:n])
-    return ck
-
-
-def _size_matches(directory: Path, info: CheckpointInfo) -> bool:
-    try:
-        return (directory / info.data_file).stat().st_size == info.size_bytes
-    except OSError:
-        return False
-
-
-def check_name(name: object) -> str:
-    """Return ``name`` if it is a valid checkpoint name, else raise HoloprofError saying why."""
-    if not isinstance(name, str) or not name:
-        raise CheckpointError(
-            f"checkpoint name must be a non-empty string, got {name!r}; use e.g. 'step-000100'"
-        )
-    seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
-    if any(s in name for s in seps) or ".." in name:
-        raise CheckpointError(
-            f"checkpoint name {name!r} contains a path separator or '..'; "
-            "use a plain file name such as 'step-000100' (checkpoints always live in the buffer's directories)"
-        )
-    if name.startswith("."):
-        raise CheckpointError(
-            f"checkpoint name {name!r} starts with '.'; those names are reserved, drop the dot"
-        )
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise CheckpointError(
-            f"checkpoint name {name!r} contains control characters; use printable characters"
-        )
-    if len(name) > MAX_NAME_LENGTH:
-        raise CheckpointError(
-            f"checkpoint name is {len(name)} characters long; use at most {MAX_NAME_LENGTH}"
-        )
-    return name
 
 
 class _ChecksumSink:
@@ -968,45 +697,13 @@ class BurstBuffer:
 
     # ----------------------------------------------------------------------------------- internals
 
-    @staticmethod
-    def _check_serializer(serializer: SerializerName | Serializer) -> SerializerName | Serializer:
-        if isinstance(serializer, str):
-            if serializer not in ("auto", "torch", "pickle"):
-                raise CheckpointError(
-                    f"unknown serializer {serializer!r}; use 'auto', 'torch', 'pickle' or an object "
-                    "with name, dump(obj, f) and load(f)"
-                )
-            if serializer == "torch":
-                _torch()
-            return serializer
-        if not isinstance(serializer, Serializer) or not isinstance(getattr(serializer, "name", None), str):
-            raise CheckpointError(
-                "serializer must be 'auto', 'torch', 'pickle' or an object with a str 'name', "
-                "dump(obj, f) and load(f, **options)"
-            )
-        return serializer
+    _check_serializer = staticmethod(check_serializer)
 
     def _serializer_for(self, has_tensor: bool) -> Serializer:
-        choice = self._serializer_choice
-        if isinstance(choice, str):
-            if choice == "auto":
-                choice = "torch" if has_tensor else "pickle"
-            found = _builtin_serializer(choice)
-            assert found is not None
-            return found
-        return choice
+        return serializer_for(self._serializer_choice, has_tensor)
 
     def _serializer_named(self, name: str) -> Serializer:
-        choice = self._serializer_choice
-        if not isinstance(choice, str) and choice.name == name:
-            return choice
-        found = _builtin_serializer(name)
-        if found is None:
-            raise CheckpointError(
-                f"checkpoint was written with serializer {name!r}; "
-                "open the BurstBuffer with that serializer to load it"
-            )
-        return found
+        return serializer_named(self._serializer_choice, name)
 
     def _check_usable(self, *, allow_stopping: bool = False) -> None:
         if self._closed or (self._stopping and not allow_stopping):
@@ -1207,67 +904,10 @@ class BurstBuffer:
 
     # locking the directories -----------------------------------------------------------------------
 
-    @staticmethod
-    def _lock_dir(directory: Path) -> builtins.list[int]:
-        """Lock ``directory`` for this buffer; returns the descriptors that hold the locks.
-
-        The lock is an ``flock`` on the directory itself, which deleting a file cannot undo, plus one
-        on ``.holoprof-burst.lock`` (which names the holder's pid), checked to still be the file at
-        that path after locking. File systems without directory locks rely on the lock file alone.
-        """
-        fds: builtins.list[int] = []
-
-        def refuse() -> NoReturn:
-            holder = ""
-            with contextlib.suppress(OSError, ValueError):
-                holder = f" (pid {int((directory / LOCK_NAME).read_text().strip())})"
-            raise CheckpointError(
-                f"another BurstBuffer{holder} is using {str(directory)!r}; "
-                "close it first or use a different directory"
-            )
-
-        try:
-            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            fds.append(dfd)
-            try:
-                fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EACCES):
-                    refuse()
-                os.close(fds.pop())  # no flock on directories here: the lock file below holds it
-            path = directory / LOCK_NAME
-            for _ in range(5):
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-                fds.append(fd)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    if exc.errno in (errno.EAGAIN, errno.EACCES):
-                        refuse()
-                    raise
-                try:
-                    same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
-                except FileNotFoundError:
-                    same = False
-                if same:
-                    break
-                os.close(fds.pop())  # removed or replaced while we locked it: lock the new one
-            else:
-                refuse()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except BaseException:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            raise
-        return fds
+    _lock_dir = staticmethod(lock_dir)
 
     def _release_locks(self) -> None:
-        for fd in self._lock_fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._lock_fds.clear()
+        release_locks(self._lock_fds)
 
     # recovery --------------------------------------------------------------------------------------
 
