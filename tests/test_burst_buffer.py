@@ -204,7 +204,7 @@ def test_snapshot_buffers_are_reused_and_memory_stays_within_the_budget(tmp_path
     budget = 2 * one + 64 * 1024
     with BurstBuffer(fast, durable, snapshot_budget_bytes=budget, route="fast") as bb:
         slow_drain(bb, 0.02)
-        original = bb._write_fast
+        original = bb._persister.write_fast
         gate = threading.Event()
         results: list[Any] = []
 
@@ -218,7 +218,7 @@ def test_snapshot_buffers_are_reused_and_memory_stays_within_the_budget(tmp_path
             time.sleep(0.2)
             gate.set()
 
-        bb._write_fast = slow_write  # type: ignore[method-assign]
+        bb._persister.write_fast = slow_write  # type: ignore[method-assign]
         opener = threading.Thread(target=open_gate)
         opener.start()
         peak = 0
@@ -292,14 +292,14 @@ def test_slower_fast_tier_sends_checkpoints_straight_to_durable(tmp_path: Path) 
         first = bb.save({"w": torch.ones(10)}, "first")
         assert first.tier == "fast" and "until the speeds of both tiers are measured" in first.reason
         bb.wait()
-        bb._fast_bps, bb._durable_bps = 300e6, 400e6  # as the saves and drains measured them
+        bb._speeds.fast_bps, bb._speeds.durable_bps = 300e6, 400e6  # as the saves and drains measured them
         direct = bb.save({"w": torch.ones(10)}, "direct")
         assert direct.tier == "durable" and "not faster than durable storage" in direct.reason
         assert "300 MB/s" in direct.reason and "400 MB/s" in direct.reason
         direct.wait()
         assert "direct" in check_durable_on_disk(durable)  # durable once written, no drain
         assert not (fast / "direct.manifest.json").exists()
-        bb._fast_bps = 2000e6
+        bb._speeds.fast_bps = 2000e6
         assert bb.save({"w": torch.ones(10)}, "again").tier == "fast"
 
 
@@ -312,7 +312,7 @@ def test_measured_speeds_choose_the_path(tmp_path: Path) -> None:
             bb.wait()
         # the choice is made at the save from the speeds measured until then (the save's own write
         # then updates them)
-        fast_bps, durable_bps = bb._fast_bps, bb._durable_bps
+        fast_bps, durable_bps = bb._speeds.fast_bps, bb._speeds.durable_bps
         assert fast_bps is not None and durable_bps is not None
         chosen = bb.save(state, "m-5")
         bb.wait()
@@ -419,7 +419,7 @@ def test_drain_error_surfaces_at_the_next_call_and_retries_after_a_fix(tmp_path:
         durable.write_text("a regular file where the durable directory was")  # root cannot write here
         bb.save({"v": 1}, "a")
         deadline = time.monotonic() + 10
-        while bb.pending and not bb._errors and time.monotonic() < deadline:
+        while bb.pending and not bb._ledger.errors and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(DrainError, match="draining checkpoint 'a' to durable storage failed"):
             bb.save({"v": 2}, "b")
@@ -489,13 +489,13 @@ def test_full_durable_file_system_error_surfaces_then_recovers(tmp_path: Path) -
 
 
 def slow_drain(bb: BurstBuffer, seconds: float) -> None:
-    original = bb._drain_one
+    original = bb._drainer.drain_one
 
     def slowed(info: Any) -> bool:
         time.sleep(seconds)
         return original(info)
 
-    bb._drain_one = slowed  # type: ignore[method-assign]
+    bb._drainer.drain_one = slowed  # type: ignore[method-assign]
 
 
 class FastTierWatcher:
