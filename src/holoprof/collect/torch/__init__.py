@@ -1,0 +1,5 @@
+"""PyTorch, always on: steps and phases with no code change (see :mod:`.collector`)."""
+
+from holoprof.collect.torch.collector import TorchCollector
+
+__all__ = ["TorchCollector"]
