@@ -1,0 +1,61 @@
+"""``backward``: ``torch.autograd.backward`` (which ``Tensor.backward`` calls) and ``torch.autograd.grad``."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from holoprof.agent.core import Collector, now_ns
+from holoprof.collect.torch.device import DeviceTimes
+from holoprof.collect.torch.state import TorchState
+
+
+def install_backward(col: Collector, st: TorchState, dev: DeviceTimes, torch: ModuleType) -> None:
+    """Patch ``torch.autograd.backward`` and ``torch.autograd.grad``; a ``backward`` in a loop that has
+    no optimizer at all ends the step."""
+    col._set(torch.autograd, "backward", _wrap_backward(col, st, dev, torch.autograd.backward, True))
+    col._set(torch.autograd, "grad", _wrap_backward(col, st, dev, torch.autograd.grad, False))
+
+
+def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, update: bool) -> Any:
+    agent = col.agent
+    steps = agent.steps
+    span = agent.span
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        t = st.tls
+        if t.active is not None or not col.enabled:
+            return orig(*args, **kwargs)
+        t0 = now_ns()
+        try:
+            if col.fault_at:
+                col.inject("backward")
+            ev0 = dev.begin()
+        except Exception as exc:
+            agent.fail(col, exc)
+            return orig(*args, **kwargs)
+        t.active = "backward"
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            t.active = None
+            try:
+                t1 = now_ns()
+                steps.activity(t0)
+                ready = agent.bucket_ready_ns
+                if t0 < ready < t1:
+                    # DDP: from the moment the last gradient bucket was ready, backward only
+                    # waited for the buckets' allreduce (exposed communication)
+                    span("phase", "backward", t0, ready, steps.index)
+                    span("phase", "communication", ready, t1, steps.index, {"op": "ddp_allreduce"})
+                else:
+                    span("phase", "backward", t0, t1, steps.index)
+                if ev0 is not None:
+                    dev.end("backward", steps.index, t0, ev0)
+                if update and not steps.optimizer_seen:
+                    steps.update_done(t1)  # loops with no optimizer at all
+            except Exception as exc:
+                agent.fail(col, exc)
+
+    backward.__wrapped__ = orig  # type: ignore[attr-defined]
+    return backward

@@ -1,0 +1,211 @@
+"""``data_wait`` and batch loading: ``_BaseDataLoaderIter.__next__`` and the dataset fetchers.
+
+``__next__`` is ``data_wait``; a fetch whose batch feeds an eval forward counts as ``eval``; the end
+of a training loader is an epoch boundary. Its attributes carry the CPU time of the waiting thread
+(``cpu_ns``: the loading itself without workers, receiving a batch with them) and its run-queue wait
+(``runq_ns``), and, when the wait began, the process's CPU time (``proc_cpu_ns``), the thread's
+(``thread_cpu_ns``) and its run-queue wait so far (``thread_runq_ns``), which the input-pipeline
+model turns into CPU per step and the share of a core the training thread got; and the process's CPU
+time during the wait (``proc_wait_cpu_ns``): less the waiting thread's own, what the process's other
+threads burnt meanwhile (torch's idle OpenMP threads spin there).
+
+The dataset fetchers (``_MapDatasetFetcher.fetch``, ``_IterableDatasetFetcher.fetch``) record an
+``op`` span ``fetch`` per batch with its thread CPU time (``cpu_ns``) and time spent waiting for a
+CPU (``runq_ns``), in the training process and in every DataLoader worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from types import ModuleType
+from typing import Any
+
+from holoprof.agent.core import Collector, now_ns
+from holoprof.collect.torch.state import TorchState
+from holoprof.collect.util import usable_cores
+
+thread_time_ns = time.thread_time_ns
+process_time_ns = time.process_time_ns
+
+
+class _RunQueue(threading.local):
+    """This thread's time spent runnable but waiting for a CPU (Linux ``schedstat``), in ns: a fetch
+    that waited for a core is told from one that waited for a file or a sleep. One ``pread`` of a file
+    kept open per thread (a few microseconds); 0 where the kernel does not provide it."""
+
+    fd = -1
+    pid = 0
+
+    def wait_ns(self) -> int:
+        try:
+            if self.fd < 0 or self.pid != os.getpid():  # a forked child: the file is its parent's thread's
+                self.fd, self.pid = os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.getpid()
+            return int(os.pread(self.fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+
+class LoaderPhases:
+    """The loaders seen so far, the length of their current iterators and the process whose worker
+    SIGTERM handler is set, and the patches that record batch waits and fetches; :meth:`reset`
+    forgets them (after fork)."""
+
+    def __init__(self, col: Collector, st: TorchState) -> None:
+        self.col = col
+        self.st = st
+        self.torch: ModuleType | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.term_pid = 0  # the process whose DataLoader-worker SIGTERM handler is set
+        self.seen_loaders: set[int] = set()
+        self.iter_len: dict[int, tuple[int, int]] = {}  # loader key -> (iterator id, batches)
+
+    def install(self, torch: ModuleType, dl_mod: ModuleType) -> None:
+        """Patch ``_BaseDataLoaderIter.__next__`` (of ``torch.utils.data.dataloader``), then the fetchers."""
+        self.torch = torch
+        runq = _RunQueue()
+        self._install_next(dl_mod, runq)
+        self._install_fetch(runq)
+
+    def _install_next(self, dl_mod: ModuleType, runq: _RunQueue) -> None:
+        col, st = self.col, self.st
+        agent = col.agent
+        steps = agent.steps
+        base_iter = dl_mod._BaseDataLoaderIter
+        orig_next = base_iter.__next__
+
+        def __next__(it: Any) -> Any:
+            t = st.tls
+            if t.active is not None or not col.enabled:
+                return orig_next(it)
+            try:
+                t0 = now_ns()
+                if col.fault_at:
+                    col.inject("dataloader")
+                key = id(it._dataset)
+                if key not in self.seen_loaders:
+                    self.new_loader(it, key, t0)
+                st.resolve_pending(None)
+                steps.just_updated = False
+                if key in st.train_loaders:
+                    steps.opener(t0)
+                pc0 = process_time_ns()
+                c0 = thread_time_ns()
+                q0 = runq.wait_ns()
+            except Exception as exc:
+                agent.fail(col, exc)
+                return orig_next(it)
+            t.active = "data_wait"
+            stop = False
+            try:
+                return orig_next(it)
+            except StopIteration:
+                stop = True
+                raise
+            finally:
+                t.active = None
+                try:
+                    t1 = now_ns()
+                    cpu = (thread_time_ns() - c0, pc0, c0, runq.wait_ns() - q0, q0, process_time_ns() - pc0)
+                    st.pending_dw = (t0, t1, key, cpu)
+                    if stop:
+                        st.end_epoch(key, t1)
+                    else:
+                        st.epoch_start.setdefault(key, t0)
+                        if self.last_batch(it, key):
+                            st.end_epoch(key, t1)
+                except Exception as exc:
+                    agent.fail(col, exc)
+
+        col._set(base_iter, "__next__", __next__)
+
+    def _install_fetch(self, runq: _RunQueue) -> None:
+        """One batch's loading work, in the training process and in DataLoader workers."""
+        import torch.utils.data._utils.fetch as fetch_mod  # torch loads only when the job imports it
+
+        col = self.col
+        agent = col.agent
+        span = agent.span
+
+        def wrap_fetch(orig: Any) -> Any:
+            def fetch(self_: Any, possibly_batched_index: Any) -> Any:
+                if not col.enabled:
+                    return orig(self_, possibly_batched_index)
+                if self.term_pid != os.getpid():
+                    self.worker_sigterm()
+                t0, c0, q0 = now_ns(), thread_time_ns(), runq.wait_ns()
+                try:
+                    return orig(self_, possibly_batched_index)
+                finally:
+                    try:
+                        attrs = {"cpu_ns": thread_time_ns() - c0, "runq_ns": runq.wait_ns() - q0}
+                        span("op", "fetch", t0, now_ns(), -1, attrs)
+                    except Exception as exc:
+                        agent.fail(col, exc)
+
+            fetch.__wrapped__ = orig  # type: ignore[attr-defined]
+            return fetch
+
+        for cls_name in ("_MapDatasetFetcher", "_IterableDatasetFetcher"):
+            fcls = getattr(fetch_mod, cls_name, None)
+            if fcls is not None and "fetch" in vars(fcls):
+                col._set(fcls, "fetch", wrap_fetch(fcls.fetch))
+
+    # -- helpers (called from the patches) ---------------------------------------------------------
+    def worker_sigterm(self) -> None:
+        """In a DataLoader worker, flush what it recorded when its parent ends it with SIGTERM.
+
+        PyTorch's workers answer SIGTERM with a C handler that calls ``_exit(0)`` at once: that is how
+        the parent's multiprocessing ends persistent workers at exit, and the worker's records were
+        lost. A Python handler does the same exit through ``os._exit``, which flushes first."""
+        self.term_pid = os.getpid()
+        data = getattr(self.torch, "utils", None)
+        info = getattr(getattr(data, "data", None), "get_worker_info", None)
+        if info is None or info() is None or threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_term(signum: int, frame: Any) -> None:
+            os._exit(0)  # as PyTorch's own handler; the agent's os._exit flushes before it exits
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    def new_loader(self, it: Any, key: int, t0: int) -> None:
+        """A loader's first batch: an ``op`` span ``dataloader`` with its settings and the machine."""
+        self.seen_loaders.add(key)
+        attrs: dict[str, Any] = {"loader": key, "dataset": type(it._dataset).__name__}
+        for a in ("_num_workers", "_prefetch_factor", "_pin_memory", "_persistent_workers", "_timeout"):
+            if hasattr(it, a):
+                attrs[a.lstrip("_")] = getattr(it, a)
+        bs = getattr(getattr(it, "_index_sampler", None), "batch_size", None)
+        if bs is not None:
+            attrs["batch_size"] = bs
+        ctx = getattr(it, "_multiprocessing_context", None)
+        if ctx is not None:
+            attrs["multiprocessing_context"] = getattr(ctx, "_name", str(ctx))
+        # the machine the input-pipeline model needs: usable cores, torch threads, a GPU in use
+        attrs.update(usable_cores())
+        torch = self.torch
+        if torch is not None:
+            attrs["torch_threads"] = torch.get_num_threads()
+            attrs["gpu"] = bool(torch.cuda.is_initialized())
+        self.col.agent.span("op", "dataloader", t0, t0, -1, attrs)
+
+    def last_batch(self, it: Any, key: int) -> bool:
+        """The iterator of a map-style dataset has just yielded its last batch: its epoch is over.
+        Loops that stop at the loader's length (Lightning, Hugging Face) never ask for more, so the
+        ``StopIteration`` that ends a plain ``for`` loop's epoch never comes. The length is read once
+        per iterator (``len`` of its batch sampler, as the iterator itself computes it)."""
+        if getattr(it, "_dataset_kind", None) != 0:  # torch's _DatasetKind.Map
+            return False
+        known = self.iter_len.get(key)
+        if known is None or known[0] != id(it):
+            try:
+                known = (id(it), len(it._index_sampler))
+            except TypeError:  # a sampler without a length
+                known = (id(it), 0)
+            self.iter_len[key] = known
+        return 0 < known[1] <= getattr(it, "_num_yielded", 0)

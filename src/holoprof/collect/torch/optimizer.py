@@ -1,0 +1,172 @@
+"""``optimizer``: the global optimizer step hooks, and ``Optimizer.__init__`` (a loop with an optimizer).
+
+A ``step(closure)`` (LBFGS, Lightning's automatic optimization) is a whole iteration: the step starts
+there, and the closure is handed to the optimizer wrapped so that the forward, backward and
+``zero_grad`` it runs keep their own phases (the optimizer's phase is the rest of the call).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from holoprof.agent.core import Collector, now_ns
+from holoprof.collect.torch.device import DeviceTimes
+from holoprof.collect.torch.state import TorchState
+
+
+class OptimizerPhases:
+    """The optimizer step in progress (its nesting depth, start and CUDA event) and the hooks that
+    record it; :meth:`reset` forgets it (after fork)."""
+
+    def __init__(self, col: Collector, st: TorchState, dev: DeviceTimes) -> None:
+        self.col = col
+        self.st = st
+        self.dev = dev
+        self.agent = col.agent
+        self.steps = col.agent.steps
+        self.reset()
+
+    def reset(self) -> None:
+        self.depth = 0
+        self.t0 = 0
+        self.ev0: Any = None
+        self.closure_pos: dict[type, int] = {}
+
+    def install(self, optim_mod: ModuleType) -> None:
+        """Register the global step hooks of ``torch.optim.optimizer`` and patch ``Optimizer.__init__``."""
+        col, steps = self.col, self.steps
+        col._handles.append(optim_mod.register_optimizer_step_pre_hook(self.pre))
+        col._handles.append(optim_mod.register_optimizer_step_post_hook(self.post))
+
+        orig_opt_init = optim_mod.Optimizer.__init__
+
+        def opt_init(self_: Any, *args: Any, **kwargs: Any) -> None:
+            steps.optimizer_seen = True
+            orig_opt_init(self_, *args, **kwargs)
+
+        col._set(optim_mod.Optimizer, "__init__", opt_init)
+
+    # These run inside torch's loop over its hooks: a failure here turns the collector off
+    # (its hooks become no-ops) and leaves the hook dicts alone.
+    def pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        col, st = self.col, self.st
+        if not col.enabled:
+            return None
+        try:
+            if col.fault_at:
+                col.inject("optimizer_pre")
+            self.depth += 1
+            if self.depth == 1:
+                if st.tls.active is not None:
+                    self.depth = -1_000_000  # nested inside another phase: not ours
+                    return None
+                t0 = now_ns()
+                at, closure = self.closure_arg(optimizer, args, kwargs)
+                if closure is not None:
+                    # a step that runs its own forward and backward (LBFGS, Lightning): a whole
+                    # iteration, which starts here
+                    st.begin_forward(True, t0)
+                self.t0 = t0
+                self.ev0 = self.dev.begin()
+                st.tls.active = "optimizer"
+                self.steps.optimizer_seen = True
+                if closure is not None:
+                    wrapped = self.wrap_closure(closure)
+                    if at < 0:
+                        return args, {**kwargs, "closure": wrapped}
+                    return (*args[:at], wrapped, *args[at + 1 :]), kwargs
+        except Exception as exc:
+            self.forget()
+            self.agent.fail(col, exc)
+        return None
+
+    def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        col = self.col
+        if not col.enabled:
+            self.forget()  # turned off between the two hooks: close what the first one opened
+            return
+        try:
+            if col.fault_at:
+                col.inject("optimizer_post")
+            self.depth -= 1
+            if self.depth < 0:
+                self.depth = 0
+                return
+            if self.depth == 0:
+                self.st.tls.active = None
+                t1 = now_ns()
+                self.steps.activity(self.t0)
+                self.end_part(t1)
+                self.steps.update_done(t1)
+        except Exception as exc:
+            self.forget()
+            self.agent.fail(col, exc)
+
+    # -- optimizer steps that take a closure -------------------------------------------------------
+    def closure_arg(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[int, Any]:
+        """Where the ``closure`` of this ``step`` call is (its position in ``args``, -1 for a keyword) and
+        the closure itself (None when there is none). The position comes from the signature of the
+        optimizer's ``step``, looked up once per class."""
+        closure = kwargs.get("closure")
+        if closure is not None:
+            return -1, closure if callable(closure) else None
+        cls = type(optimizer)
+        at = self.closure_pos.get(cls)
+        if at is None:
+            import inspect  # only once a step runs: not at the agent's start-up
+
+            try:
+                names = list(inspect.signature(cls.step).parameters)
+            except (TypeError, ValueError):
+                names = []
+            at = names.index("closure") if "closure" in names else 0  # 0: `self`, never a closure
+            self.closure_pos[cls] = at
+        if 0 < at < len(args) and callable(args[at]):
+            return at, args[at]
+        return -1, None
+
+    def wrap_closure(self, closure: Any) -> Any:
+        """The closure given to the optimizer, as the optimizer calls it: the same call, but the forward,
+        backward and ``zero_grad`` it runs keep their own phases; the optimizer's phase is what it does
+        outside the closure. The result (the loss) is the closure's, untouched."""
+        col, st = self.col, self.st
+
+        def closure_traced(*args: Any, **kwargs: Any) -> Any:
+            t = st.tls
+            if t.active != "optimizer" or self.depth < 1 or not col.enabled:
+                return closure(*args, **kwargs)
+            try:
+                self.end_part(now_ns())
+            except Exception as exc:
+                col.agent.fail(col, exc)
+                return closure(*args, **kwargs)
+            t.active = None
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                t.active = "optimizer"
+                try:
+                    self.t0 = now_ns()
+                    self.ev0 = self.dev.begin()
+                except Exception as exc:
+                    col.agent.fail(col, exc)
+
+        closure_traced.__wrapped__ = closure  # type: ignore[attr-defined]
+        return closure_traced
+
+    def end_part(self, t1: int) -> None:
+        """The optimizer's phase from the start of its step (or the end of its closure) to ``t1``."""
+        t0, index = self.t0, self.steps.index
+        if t1 > t0:
+            self.agent.span("phase", "optimizer", t0, t1, index)
+        if self.ev0 is not None:
+            self.dev.end("optimizer", index, t0, self.ev0)
+            self.ev0 = None
+
+    def forget(self) -> None:
+        """Forget an optimizer step in progress (after a failure): the phase it opened is closed."""
+        if self.depth > 0:
+            self.st.tls.active = None
+        self.depth = 0
+        self.ev0 = None

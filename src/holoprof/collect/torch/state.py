@@ -1,0 +1,80 @@
+"""The state the torch installers share: the thread's open phase, the batch wait that waits for its
+use to be named, which loaders train and which evaluate, and the epochs they make.
+
+A batch wait (``data_wait``) is recorded once the next activity says what it was for: a training
+forward (or ``zero_grad``, or an optimizer step with a closure) makes its loader a training loader
+and the wait ``data_wait``; an eval forward makes it an eval loader and the wait ``eval``.
+"""
+
+from __future__ import annotations
+
+from holoprof.agent.core import Agent
+
+
+class TorchState:
+    """One process's shared state of the torch collector; :meth:`reset` makes it fresh (after fork)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.reset()
+
+    def reset(self) -> None:
+        self.tls = self.agent.tls
+        # (start, end, loader, (cpu, process cpu at start, thread cpu at start, run-queue wait, at start))
+        self.pending_dw: tuple[int, int, int, tuple[int, int, int, int, int, int]] | None = None
+        self.train_loaders: set[int] = set()
+        self.eval_loaders: set[int] = set()
+        self.epoch_start: dict[int, int] = {}
+        self.epochs = 0
+        self.unclaimed_epochs: dict[int, tuple[int, int]] = {}  # loader key -> (start, end)
+
+    def begin_forward(self, training: bool, t0: int) -> None:
+        self.agent.steps.just_updated = False
+        steps = self.agent.steps
+        pend = self.pending_dw
+        if training:
+            if pend is not None and pend[2] not in self.eval_loaders:
+                self.train_loaders.add(pend[2])
+                steps.opener(pend[0])
+                ended = self.unclaimed_epochs.pop(pend[2], None)
+                if ended is not None:  # its epoch ended with the batch that made it a training loader
+                    self.epoch_span(pend[2], *ended)
+            else:
+                steps.opener(t0)
+            self.resolve_pending("data_wait")
+        else:
+            if pend is not None and pend[2] not in self.train_loaders:
+                self.eval_loaders.add(pend[2])
+            self.resolve_pending("eval")
+
+    def resolve_pending(self, label: str | None) -> None:
+        pend = self.pending_dw
+        if pend is None:
+            return
+        self.pending_dw = None
+        t0, t1, key, cpu = pend
+        if label is None or (label == "data_wait" and key in self.eval_loaders):
+            label = "eval" if key in self.eval_loaders else "data_wait"
+        attrs = {
+            "loader": key,
+            "cpu_ns": cpu[0],
+            "proc_cpu_ns": cpu[1],
+            "thread_cpu_ns": cpu[2],
+            "runq_ns": cpu[3],
+            "thread_runq_ns": cpu[4],
+            "proc_wait_cpu_ns": cpu[5],
+        }
+        self.agent.span("phase", label, t0, t1, self.agent.steps.index, attrs)
+
+    def end_epoch(self, key: int, t1: int) -> None:
+        start = self.epoch_start.pop(key, None)
+        if start is None:
+            return
+        if key in self.train_loaders:
+            self.epoch_span(key, start, t1)
+        elif key not in self.eval_loaders:  # not known yet (a one-batch epoch): its use decides
+            self.unclaimed_epochs[key] = (start, t1)
+
+    def epoch_span(self, key: int, start: int, t1: int) -> None:
+        self.agent.span("epoch", "epoch", start, t1, -1, {"epoch": self.epochs, "loader": key})
+        self.epochs += 1
