@@ -448,7 +448,7 @@ def _deep_profile(job: Job) -> None:
 #: Action handlers in this process. Actions of :data:`ACTION_SPECS` without a handler here fail with
 #: "not available yet in this version".
 def _io_trace(job: Job) -> None:
-    from holoprof.collect.io_py import io_trace_job
+    from holoprof.collect.io_collector import io_trace_job
 
     io_trace_job(job)
 
