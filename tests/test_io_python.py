@@ -395,8 +395,9 @@ def test_io_trace_job_reports_through_the_control_mailbox(tmp_path: Path) -> Non
     import time
 
     from holoprof.agent.core import Agent
-    from holoprof.collect.control import ControlCollector, Job, request_states
+    from holoprof.collect.control import ControlCollector, Job
     from holoprof.collect.io_collector import IoCollector, io_trace_job
+    from holoprof.store.mailbox import request_states
 
     agent = Agent(str(tmp_path / "run"), options={"io_layer": "python"})
     col = IoCollector(agent)

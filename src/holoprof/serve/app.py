@@ -37,8 +37,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from holoprof import model
-from holoprof.collect import control
 from holoprof.errors import HoloprofError
+from holoprof.store import mailbox
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 COOKIE = "holoprof_token"
@@ -453,9 +453,9 @@ class Handler(BaseHTTPRequestHandler):
                     {
                         "status": run_status(_manifest(run_dir)),
                         "specs": {
-                            k: {p: list(b) for p, b in v.items()} for k, v in control.ACTION_SPECS.items()
+                            k: {p: list(b) for p, b in v.items()} for k, v in mailbox.ACTION_SPECS.items()
                         },
-                        "requests": control.list_requests(run_dir),
+                        "requests": mailbox.list_requests(run_dir),
                     },
                 )
             if what == "artifacts" and len(segs) == 5:
@@ -550,10 +550,10 @@ class Handler(BaseHTTPRequestHandler):
         from holoprof.serve import ctl
 
         try:
-            action, params, target = control.validate(
+            action, params, target = mailbox.validate(
                 body.get("action"), body.get("params"), body.get("target")
             )
-        except control.RequestError as exc:
+        except mailbox.RequestError as exc:
             raise HttpError(400, str(exc))
         try:
             req, procs = ctl.request(run_dir, action, params, target)

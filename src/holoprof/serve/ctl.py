@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.collect import control
 from holoprof.errors import HoloprofError
+from holoprof.store import mailbox
 
 
 @dataclass(frozen=True)
@@ -117,12 +117,12 @@ def request(
 ) -> tuple[dict[str, Any], list[Proc]]:
     """Validate, check that the run is live, and write the request. Returns it and the processes asked."""
     try:
-        control.validate(action, params, target)
-    except control.RequestError as exc:
+        mailbox.validate(action, params, target)
+    except mailbox.RequestError as exc:
         raise HoloprofError(str(exc))
     procs = addressed(check_running(run_dir), target)
     try:
-        req = control.write_request(run_dir, action, params, target)
+        req = mailbox.write_request(run_dir, action, params, target)
     except OSError as exc:
         raise HoloprofError(
             f"cannot write the request into {os.path.join(run_dir, model.CONTROL_DIR)} "
@@ -132,14 +132,14 @@ def request(
 
 
 def outcome(run_dir: str, req: dict[str, Any], expected: list[Proc]) -> Outcome:
-    states = control.request_states(run_dir, str(req["id"]))
+    states = mailbox.request_states(run_dir, str(req["id"]))
     answered = {f"{s.get('host')}-{s.get('pid')}": s for s in states}
     waiting = [
         p
         for p in expected
-        if p.key not in answered or answered[p.key].get("state") not in control.FINAL_STATES
+        if p.key not in answered or answered[p.key].get("state") not in mailbox.FINAL_STATES
     ]
-    pending = [s for s in states if s.get("state") not in control.FINAL_STATES]
+    pending = [s for s in states if s.get("state") not in mailbox.FINAL_STATES]
     out = Outcome(req, states)
     out.waiting = waiting
     for s in pending:
@@ -188,7 +188,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from holoprof.cli import finite_float
 
     p.add_argument("run", help="the run directory of a running job")
-    p.add_argument("action", help=f"one of: {', '.join(control.ACTION_SPECS)}")
+    p.add_argument("action", help=f"one of: {', '.join(mailbox.ACTION_SPECS)}")
     p.add_argument("--steps", type=int, help="deep-profile: training steps to profile (1-100, default 5)")
     p.add_argument("--seconds", type=int, help="io-trace: seconds to trace (1-600, default 10)")
     g = p.add_mutually_exclusive_group()
