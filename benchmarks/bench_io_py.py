@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     from holoprof.agent.core import Agent
-    from holoprof.collect.io_py import IoCollector
+    from holoprof.collect.io_collector import IoCollector
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "data.bin")

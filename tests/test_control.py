@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from conftest import HOLOPROF, error_lines, job_env, report_json, run_holoprof
-from holoprof.collect import control
+from holoprof.store import mailbox
 
 #: A training loop that runs until a stop file appears (or a safety limit), then prints its step count.
 LIVE_TRAIN = """
@@ -24,8 +24,9 @@ stop_file, limit_s = sys.argv[1], float(sys.argv[2])
 
 # what another module may do: an allowed action without a handler yet, and a handler that raises
 from holoprof.collect import control
-control.ACTION_SPECS["test-unhandled"] = {}
-control.ACTION_SPECS["test-raises"] = {}
+from holoprof.store import mailbox
+mailbox.ACTION_SPECS["test-unhandled"] = {}
+mailbox.ACTION_SPECS["test-raises"] = {}
 def _raises(job):
     raise RuntimeError("boom")
 control.ACTIONS["test-raises"] = _raises
@@ -181,17 +182,17 @@ def _hand_request(live: LiveJob, req_id: str, action: str, params: dict[str, Any
     Path(live.run_dir, "control", f"req-{req_id}.json").write_text(json.dumps(req))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        states = control.request_states(live.run_dir, req_id)
-        if states and states[0]["state"] in control.FINAL_STATES:
+        states = mailbox.request_states(live.run_dir, req_id)
+        if states and states[0]["state"] in mailbox.FINAL_STATES:
             break
         time.sleep(0.2)
-    (state,) = control.request_states(live.run_dir, req_id)
+    (state,) = mailbox.request_states(live.run_dir, req_id)
     return state
 
 
 def test_an_allowed_action_without_a_handler_fails_with_a_reason(live: LiveJob) -> None:
     state = _hand_request(live, "unhandled-1", "test-unhandled", {})
-    assert state["state"] == "failed" and state["reason"] == control.NOT_AVAILABLE
+    assert state["state"] == "failed" and state["reason"] == mailbox.NOT_AVAILABLE
 
 
 def test_a_handler_that_raises_fails_the_request_not_the_job(live: LiveJob) -> None:
@@ -203,18 +204,18 @@ def test_a_handler_that_raises_fails_the_request_not_the_job(live: LiveJob) -> N
 
 def test_memory_snapshot_and_io_trace_answer(live: LiveJob) -> None:
     """Both are on the allow-list; where no module handles them yet they fail with a clear reason."""
-    other = control.write_request(live.run_dir, "memory-snapshot")
+    other = mailbox.write_request(live.run_dir, "memory-snapshot")
     proc, out = ctl_json(live, "io-trace", "--seconds", "1")
     (io,) = out["states"]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        states = control.request_states(live.run_dir, other["id"])
-        if states and states[0]["state"] in control.FINAL_STATES:
+        states = mailbox.request_states(live.run_dir, other["id"])
+        if states and states[0]["state"] in mailbox.FINAL_STATES:
             break
         time.sleep(0.2)
-    (mem,) = control.request_states(live.run_dir, other["id"])
+    (mem,) = mailbox.request_states(live.run_dir, other["id"])
     for state in (io, mem):
-        assert state["state"] in control.FINAL_STATES
+        assert state["state"] in mailbox.FINAL_STATES
         if state["state"] == "failed":
             assert state["reason"], state
     assert proc.returncode == (0 if io["state"] == "done" else 1)
@@ -248,8 +249,8 @@ def test_bad_input_is_one_line_and_status_2(live: LiveJob, args: tuple[str, ...]
 
 
 def test_validation_bounds_and_defaults() -> None:
-    assert control.validate("deep-profile", None) == ("deep-profile", {"steps": 5}, None)
-    assert control.validate("io-trace", {"seconds": 600}, {"rank": 1}) == (
+    assert mailbox.validate("deep-profile", None) == ("deep-profile", {"steps": 5}, None)
+    assert mailbox.validate("io-trace", {"seconds": 600}, {"rank": 1}) == (
         "io-trace",
         {"seconds": 600},
         {"rank": 1},
@@ -263,8 +264,8 @@ def test_validation_bounds_and_defaults() -> None:
         ("stacks", {}, {"role": "../x"}),
         ("memory-snapshot", {"max_entries": 10**9}, None),
     ):
-        with pytest.raises(control.RequestError):
-            control.validate(action, params, target)
+        with pytest.raises(mailbox.RequestError):
+            mailbox.validate(action, params, target)
 
 
 def test_the_job_is_unchanged_by_the_actions(live: LiveJob) -> None:

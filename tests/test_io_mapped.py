@@ -205,7 +205,7 @@ def test_io_bandwidth_and_small_reads_see_mapped_bytes() -> None:
 
 
 def test_python_installation_paths() -> None:
-    from holoprof.collect.io_py import PathPolicy, python_env_path
+    from holoprof.collect.io_paths import PathPolicy, python_env_path
 
     for p in (
         "/home/u/venv/lib/python3.12/site-packages/numpy/core/x.so",

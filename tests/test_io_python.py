@@ -256,7 +256,7 @@ def test_in_process_counters_and_uninstall(tmp_path: Path) -> None:
     import mmap
 
     from holoprof.agent.core import Agent
-    from holoprof.collect.io_py import IoCollector
+    from holoprof.collect.io_collector import IoCollector
 
     orig_open, orig_read = builtins.open, os.read
     agent = Agent(
@@ -329,7 +329,7 @@ def test_on_demand_trace_window(tmp_path: Path) -> None:
     import time
 
     from holoprof.agent.core import Agent
-    from holoprof.collect.io_py import IoCollector, io_trace_action
+    from holoprof.collect.io_collector import IoCollector, io_trace_action
 
     agent = Agent(str(tmp_path / "run"), options={"io_layer": "python"})
     col = IoCollector(agent)
@@ -395,8 +395,9 @@ def test_io_trace_job_reports_through_the_control_mailbox(tmp_path: Path) -> Non
     import time
 
     from holoprof.agent.core import Agent
-    from holoprof.collect.control import ControlCollector, Job, request_states
-    from holoprof.collect.io_py import IoCollector, io_trace_job
+    from holoprof.collect.control import ControlCollector, Job
+    from holoprof.collect.io_collector import IoCollector, io_trace_job
+    from holoprof.store.mailbox import request_states
 
     agent = Agent(str(tmp_path / "run"), options={"io_layer": "python"})
     col = IoCollector(agent)
@@ -428,7 +429,7 @@ def test_a_failing_collector_is_switched_off_and_undone(
     import builtins
 
     from holoprof.agent.core import Agent
-    from holoprof.collect.io_py import IoCollector
+    from holoprof.collect.io_collector import IoCollector
 
     monkeypatch.setenv("HOLOPROF_FAULT_INJECT", "io")
     orig = (builtins.open, os.read, os.stat)

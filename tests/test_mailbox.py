@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import holoprof
 from holoprof.agent.core import Agent
 from holoprof.collect import control
+from holoprof.store import mailbox
 from test_serve_api import Env, live_env
 
 
@@ -37,8 +38,8 @@ def control_dir(env: Env) -> Path:
 def wait_final(env: Env, req_id: str, timeout_s: float = 30) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        states = control.request_states(env.live.run_dir, req_id)
-        if states and states[0]["state"] in control.FINAL_STATES:
+        states = mailbox.request_states(env.live.run_dir, req_id)
+        if states and states[0]["state"] in mailbox.FINAL_STATES:
             (state,) = states
             return state
         time.sleep(0.1)
@@ -81,7 +82,7 @@ BAD_REQUESTS: dict[str, tuple[Callable[[Path], None], str]] = {
     "array": (_write(b'["stacks"]'), "must be a JSON object, not list"),
     "number": (_write(b"42"), "must be a JSON object, not int"),
     "nested": (_write(_nested(5000)), "nests deeper than 8 levels"),
-    "oversized": (_write(b'{"pad": "' + b"x" * (control.MAX_REQUEST_BYTES + 10) + b'"}'), "larger than"),
+    "oversized": (_write(b'{"pad": "' + b"x" * (mailbox.MAX_REQUEST_BYTES + 10) + b'"}'), "larger than"),
     "directory": (lambda p: p.mkdir(), "a directory; only regular files are read"),
     "fifo": (lambda p: os.mkfifo(p), "a FIFO; only regular files are read"),
     "wrong-id": (_request("another-id"), "is not the one in its file name"),
@@ -122,7 +123,7 @@ def test_a_linked_request_folder_never_redirects_the_state_files(env: Env) -> No
     (control_dir(env) / "req-redirect-1.json").write_text(json.dumps(request_doc("redirect-1")))
     a_stacks_request_is_answered(env)  # written after it: by now the process has taken redirect-1
     assert [p.name for p in outside.iterdir()] == ["planted.state"], "nothing written outside the run"
-    assert control.request_states(env.live.run_dir, "redirect-1") == []
+    assert mailbox.request_states(env.live.run_dir, "redirect-1") == []
     (req,) = [r for r in actions_answer(env)["requests"] if r["id"] == "redirect-1"]
     assert req["states"] == [], "the server does not read through the link"
 
@@ -163,10 +164,10 @@ def test_a_control_folder_that_is_a_link_is_neither_read_nor_written(tmp_path: P
     col.poll()
     assert col.enabled and not agent.errors
     assert [p.name for p in outside.iterdir()] == ["req-out-1.json"], "nothing read or written there"
-    assert control.list_requests(str(run)) == []
-    assert control.read_request(str(run), "out-1") is None
+    assert mailbox.list_requests(str(run)) == []
+    assert mailbox.read_request(str(run), "out-1") is None
     with pytest.raises(OSError):
-        control.write_request(str(run), "stacks")
+        mailbox.write_request(str(run), "stacks")
     assert [p.name for p in outside.iterdir()] == ["req-out-1.json"]
 
 
@@ -190,11 +191,11 @@ def _depth(doc: Any) -> int:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=control.MAX_REQUEST_BYTES + 64))
+@given(st.binary(max_size=mailbox.MAX_REQUEST_BYTES + 64))
 def test_any_bytes_parse_to_an_object_or_a_refusal(data: bytes) -> None:
     try:
-        doc = control.parse_request(data)
-    except control.RequestError as exc:
+        doc = mailbox.parse_request(data)
+    except mailbox.RequestError as exc:
         assert str(exc)
     else:
         assert isinstance(doc, dict)
@@ -205,11 +206,11 @@ def test_any_bytes_parse_to_an_object_or_a_refusal(data: bytes) -> None:
 def test_any_json_document_is_parsed_or_refused_by_its_nesting(doc: Any) -> None:
     data = json.dumps(doc).encode()
     try:
-        parsed = control.parse_request(data)
-    except control.RequestError as exc:
-        assert not isinstance(doc, dict) or _depth(doc) > control.MAX_REQUEST_DEPTH, exc
+        parsed = mailbox.parse_request(data)
+    except mailbox.RequestError as exc:
+        assert not isinstance(doc, dict) or _depth(doc) > mailbox.MAX_REQUEST_DEPTH, exc
     else:
-        assert parsed == doc and _depth(doc) <= control.MAX_REQUEST_DEPTH
+        assert parsed == doc and _depth(doc) <= mailbox.MAX_REQUEST_DEPTH
 
 
 @settings(max_examples=300, deadline=None)
@@ -217,16 +218,16 @@ def test_any_json_document_is_parsed_or_refused_by_its_nesting(doc: Any) -> None
 def test_deep_nesting_is_refused_before_parsing(depth: int, opener: bytes) -> None:
     close = b"]" if opener == b"[" else b"}"
     data = opener * depth + b"1" + close * depth
-    if len(data) > control.MAX_REQUEST_BYTES:
+    if len(data) > mailbox.MAX_REQUEST_BYTES:
         expected = "larger than"
-    elif depth > control.MAX_REQUEST_DEPTH:
+    elif depth > mailbox.MAX_REQUEST_DEPTH:
         expected = "nests deeper than"
     elif opener != b"[" and depth:
-        return assert_object(control.parse_request(data))
+        return assert_object(mailbox.parse_request(data))
     else:
         expected = "must be a JSON object"
-    with pytest.raises(control.RequestError, match=expected):
-        control.parse_request(data)
+    with pytest.raises(mailbox.RequestError, match=expected):
+        mailbox.parse_request(data)
 
 
 def assert_object(doc: Any) -> None:
@@ -237,9 +238,9 @@ def assert_object(doc: Any) -> None:
 @given(st.one_of(st.text(max_size=12), _json), _json, _json)
 def test_validation_returns_a_request_or_a_refusal(action: Any, params: Any, target: Any) -> None:
     try:
-        name, norm, tgt = control.validate(action, params, target)
-    except control.RequestError as exc:
+        name, norm, tgt = mailbox.validate(action, params, target)
+    except mailbox.RequestError as exc:
         assert str(exc)
     else:
-        assert name in control.ACTION_SPECS and isinstance(norm, dict)
+        assert name in mailbox.ACTION_SPECS and isinstance(norm, dict)
         assert tgt is None or (isinstance(tgt, dict) and len(tgt) == 1)

@@ -62,7 +62,7 @@ COLLECTORS: list[str] = [
     "holoprof.collect.control:ControlCollector",
     "holoprof.collect.memory:MemoryCollector",
     "holoprof.collect.comm:CommCollector",
-    "holoprof.collect.io_py:IoCollector",
+    "holoprof.collect.io_collector:IoCollector",
 ]
 
 

@@ -9,15 +9,15 @@ import sys
 from typing import Any
 
 from holoprof import model
-from holoprof.collect import control
 from holoprof.commands.common import finite_float
 from holoprof.errors import HoloprofError
 from holoprof.serve.ctl import request, wait
+from holoprof.store import mailbox
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="the run directory of a running job")
-    p.add_argument("action", help=f"one of: {', '.join(control.ACTION_SPECS)}")
+    p.add_argument("action", help=f"one of: {', '.join(mailbox.ACTION_SPECS)}")
     p.add_argument("--steps", type=int, help="deep-profile: training steps to profile (1-100, default 5)")
     p.add_argument("--seconds", type=int, help="io-trace: seconds to trace (1-600, default 10)")
     g = p.add_mutually_exclusive_group()

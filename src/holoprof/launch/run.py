@@ -143,7 +143,7 @@ def native_excludes(run_dir: str, options: dict[str, Any]) -> list[str]:
     (stdlib, site-packages: thousands of files opened by `import torch`), the run directory and the
     user's --io-exclude, minus whatever --io-include asks for. Filtering there, not after the fact,
     keeps the agent from decoding thousands of records it would drop."""
-    from holoprof.collect.io_py import default_excludes
+    from holoprof.collect.io_paths import default_excludes
 
     includes = [os.path.abspath(p) for p in options.get("io_include") or []]
     out: list[str] = []
@@ -164,7 +164,7 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> 
     """Counters that non-Python processes of the job wrote at exit, into their process folders
     (filtered like the agent's own: no interpreter files, pseudo file systems or the run itself)."""
     from holoprof.collect import io_native
-    from holoprof.collect.io_py import PathPolicy
+    from holoprof.collect.io_paths import PathPolicy
     from holoprof.store.chunks import write_chunk
 
     opts = options or {}

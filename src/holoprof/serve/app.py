@@ -12,7 +12,7 @@ Security model:
 * on a loopback address the ``Host`` header must name the loopback address (DNS rebinding);
 * POSTs also need the ``X-Holoprof-Token`` header (or ``Authorization: Bearer``), which a cross-site
   form or script cannot send, and a same-origin ``Origin`` when one is given; bodies are JSON of at
-  most 16 KiB, and actions come from the allow-list of :mod:`holoprof.collect.control`;
+  most 16 KiB, and actions come from the allow-list of :mod:`holoprof.store.mailbox`;
 * files are served only from the package's static folder (a fixed list made at start) and from a
   run's ``artifacts/`` folder (a plain name, resolved and checked to stay inside it).
 """
@@ -36,11 +36,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from holoprof import model
 from holoprof.analyze.report import build_report
-from holoprof.collect import control
 from holoprof.errors import HoloprofError
 from holoprof.present.prometheus import CONTENT_TYPE, prometheus_text
 from holoprof.serve import ctl
-from holoprof.store import layout, rundir
+from holoprof.store import layout, mailbox, rundir
 from holoprof.store.reader import load, process_alive
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -445,9 +444,9 @@ class Handler(BaseHTTPRequestHandler):
                     {
                         "status": run_status(_manifest(run_dir)),
                         "specs": {
-                            k: {p: list(b) for p, b in v.items()} for k, v in control.ACTION_SPECS.items()
+                            k: {p: list(b) for p, b in v.items()} for k, v in mailbox.ACTION_SPECS.items()
                         },
-                        "requests": control.list_requests(run_dir),
+                        "requests": mailbox.list_requests(run_dir),
                     },
                 )
             if what == "artifacts" and len(segs) == 5:
@@ -540,10 +539,10 @@ class Handler(BaseHTTPRequestHandler):
         if extra:
             raise HttpError(400, f"unknown field(s): {', '.join(sorted(extra))}")
         try:
-            action, params, target = control.validate(
+            action, params, target = mailbox.validate(
                 body.get("action"), body.get("params"), body.get("target")
             )
-        except control.RequestError as exc:
+        except mailbox.RequestError as exc:
             raise HttpError(400, str(exc))
         try:
             req, procs = ctl.request(run_dir, action, params, target)

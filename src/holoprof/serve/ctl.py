@@ -1,6 +1,6 @@
 """``holoprof ctl RUN ACTION``: ask the processes of a running job for a stack dump, a deep profile, ...
 
-The request goes through the run's control mailbox (see :mod:`holoprof.collect.control`); with
+The request goes through the run's control mailbox (the format: :mod:`holoprof.store.mailbox`); with
 ``--wait`` the command waits until every live traced process it was addressed to has answered.
 """
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.collect import control
 from holoprof.errors import HoloprofError
 from holoprof.store.reader import load
+from holoprof.store import mailbox
 
 
 @dataclass(frozen=True)
@@ -113,12 +113,12 @@ def request(
 ) -> tuple[dict[str, Any], list[Proc]]:
     """Validate, check that the run is live, and write the request. Returns it and the processes asked."""
     try:
-        control.validate(action, params, target)
-    except control.RequestError as exc:
+        mailbox.validate(action, params, target)
+    except mailbox.RequestError as exc:
         raise HoloprofError(str(exc))
     procs = addressed(check_running(run_dir), target)
     try:
-        req = control.write_request(run_dir, action, params, target)
+        req = mailbox.write_request(run_dir, action, params, target)
     except OSError as exc:
         raise HoloprofError(
             f"cannot write the request into {os.path.join(run_dir, model.CONTROL_DIR)} "
@@ -128,14 +128,14 @@ def request(
 
 
 def outcome(run_dir: str, req: dict[str, Any], expected: list[Proc]) -> Outcome:
-    states = control.request_states(run_dir, str(req["id"]))
+    states = mailbox.request_states(run_dir, str(req["id"]))
     answered = {f"{s.get('host')}-{s.get('pid')}": s for s in states}
     waiting = [
         p
         for p in expected
-        if p.key not in answered or answered[p.key].get("state") not in control.FINAL_STATES
+        if p.key not in answered or answered[p.key].get("state") not in mailbox.FINAL_STATES
     ]
-    pending = [s for s in states if s.get("state") not in control.FINAL_STATES]
+    pending = [s for s in states if s.get("state") not in mailbox.FINAL_STATES]
     out = Outcome(req, states)
     out.waiting = waiting
     for s in pending:
@@ -175,6 +175,3 @@ def wait(
                 if p in expected and p.key not in keys:
                     expected.remove(p)
                     gone.append(p)
-
-
-# --- command line --------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ static int ends_with(const char *p, size_t n, const char *suffix)
 /* A file of a Python installation, whichever interpreter it belongs to: a component
  * site-packages, dist-packages, __pycache__, *.dist-info or *.egg-info; the standard library
  * (lib/pythonX.Y, lib64/pythonX.Y); a pyvenv.cfg; Python sources and bytecode (.py .pyc .pyi .pth).
- * The same rules as holoprof.collect.io_py.python_env_path. */
+ * The same rules as holoprof.collect.io_paths.python_env_path. */
 static int python_env_path(const char *p, size_t n)
 {
     if (ends_with(p, n, ".py") || ends_with(p, n, ".pyc") || ends_with(p, n, ".pyi") ||

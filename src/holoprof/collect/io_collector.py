@@ -1,0 +1,339 @@
+"""I/O, always on: Darshan-style POSIX counters per file, per process, into ``io_files``.
+
+Two layers produce the same rows of the ``io_files`` table:
+
+* **native** — ``libholoprof_io.so`` (:mod:`holoprof.collect.io_native`), preloaded into the job,
+  counts at the C library. When it is loaded in this process, the collector only reads its counters
+  at each flush (:func:`holoprof.collect.io_native.changes`).
+* **python** — otherwise (or with the agent option ``io_layer="python"``), the collector patches the
+  file calls of the interpreter (:mod:`holoprof.collect.io_patches`) and counts with Darshan's POSIX
+  semantics (:mod:`holoprof.collect.io_counters`).
+
+Both layers leave out the files of the environment (:mod:`holoprof.collect.io_paths`). Rows are built
+on the writer thread, which writes a cumulative snapshot of the files that changed since the last
+flush. On demand (the ``io-trace`` action of the control mailbox, or the agent option ``io_trace``),
+every operation is also written into ``io_ops``.
+
+Standard library only: this module loads in every process of a job.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import io
+import json
+import mmap
+import os
+import threading
+import time
+from types import ModuleType
+from typing import Any, Final, Protocol
+
+from holoprof.agent.core import Agent, Collector
+from holoprof.agent.setup import post_import_finder
+from holoprof.collect import io_counters, io_patches
+from holoprof.collect.io_counters import TraceOp
+from holoprof.collect.io_paths import PathPolicy
+
+_perf = time.perf_counter_ns
+
+#: Agent option: "auto" (native when the library is loaded here, else python), "python", "native".
+OPTION_LAYER: Final = "io_layer"
+OPTION_INCLUDE: Final = "io_include"
+OPTION_EXCLUDE: Final = "io_exclude"
+OPTION_TRACE: Final = "io_trace"
+TRACE_MAX_SECONDS: Final = 600
+
+
+# --- the collector -----------------------------------------------------------------------------------
+def _native() -> ModuleType | None:
+    try:
+        # loads ctypes and the library: only where the native layer may be used (and it may fail)
+        from holoprof.collect import io_native
+
+        return io_native
+    except Exception:
+        return None
+
+
+class IoCollector(Collector):
+    """Per-file I/O counters of this process, from the native layer when loaded, else from Python."""
+
+    name = "io"
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(agent)
+        self._final_dumped = False
+        opts = agent.options
+        self.policy = PathPolicy(
+            list(opts.get(OPTION_INCLUDE) or []), list(opts.get(OPTION_EXCLUDE) or []), agent.run_dir
+        )
+        want = str(opts.get(OPTION_LAYER) or "auto")
+        self.native: ModuleType | None = None
+        if want != "python":
+            nat = _native()
+            try:
+                if nat is not None and nat.available():
+                    self.native = nat
+            except Exception:
+                self.native = None
+        self.layer = "native" if self.native is not None else "python"
+        self._since = 0
+        self._trace_until_ns: int | None = None  # monotonic deadline of an on-demand trace
+        self._trace_all = bool(opts.get(OPTION_TRACE))
+        self._trace_jobs: list[tuple[int, Any]] = []
+        self._tail: collections.deque[TraceOp] | None = None
+        self._lock = threading.Lock()
+
+    # -- install -----------------------------------------------------------------------------------
+    def install(self) -> None:
+        io_patches.activate(self)
+        self.agent.info["io_layer"] = self.layer
+        self.agent.pollers.append(self.poll)
+        self._claim_native()
+        if self.native is None:
+            io_patches.set_policy(self.policy)
+            opener = io_patches.make_open(builtins.open)
+            self._set(builtins, "open", opener)
+            self._set(io, "open", opener)
+            for name, fn in io_patches.os_patches().items():
+                self._set(os, name, fn)
+            self._set(mmap, "mmap", io_patches.make_mmap(mmap.mmap))
+            post_import_finder().add("numpy", self._on_numpy)
+        if self._trace_all:
+            self.trace_start()
+        self.inject("install")
+
+    def _on_numpy(self, numpy: ModuleType) -> None:
+        if not self.enabled or self.native is not None:
+            return
+        try:
+            orig = getattr(numpy, "fromfile", None)
+            if orig is not None and not hasattr(orig, "__wrapped__"):
+                self._set(numpy, "fromfile", io_patches.wrap_fromfile(orig))
+        except Exception as exc:
+            self.agent.fail(self, exc)
+
+    def turn_off(self) -> None:
+        super().turn_off()
+        io_patches.set_policy(None)
+        io_counters.trace_end()
+
+    def after_fork_child(self) -> None:
+        """The child starts with zero counters; files opened before the fork stay tracked."""
+        for f in io_patches.tracked_files():
+            f.reset()
+        ring = io_counters.trace_ring()
+        if ring is not None:
+            ring.clear()
+        self._trace_jobs = []
+        self._since = 0
+        self._claim_native()
+
+    def _claim_native(self) -> None:
+        """This process is read in process: the native library (when loaded) writes no dump at exit,
+        also when the Python layer was chosen (its counters would be counted twice)."""
+        nat = self.native or (_native() if self.layer == "python" else None)
+        if nat is None:
+            return
+        try:
+            if nat.available():
+                nat.set_owner(True)
+        except Exception:
+            pass
+
+    # -- per-op trace --------------------------------------------------------------------------------
+    def trace_start(self, seconds: float | None = None) -> None:
+        with self._lock:
+            if seconds is not None:
+                until = _perf() + int(seconds * 1e9)
+                if self._trace_until_ns is None or until > self._trace_until_ns:
+                    self._trace_until_ns = until
+            io_counters.trace_begin()
+            if self.native is not None:
+                self.native.trace_start(1_000_000)
+
+    def trace_stop(self) -> None:
+        with self._lock:
+            self._trace_until_ns = None
+            if self._trace_all:
+                return
+            if self.native is not None:
+                self.native.trace_stop()
+            # keep the ring until the next flush drains it
+            ring = io_counters.trace_end()
+            if ring is not None:
+                self._tail = ring
+
+    @property
+    def tracing(self) -> bool:
+        return io_counters.trace_ring() is not None or self._trace_all
+
+    def _drain_ops(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        off = self.agent.clock_offset_ns
+        rings = []
+        tail = self._tail
+        if tail is not None:
+            rings.append(tail)
+            self._tail = None
+        ring = io_counters.trace_ring()
+        if ring is not None:
+            rings.append(ring)
+        pol = self.policy
+        for ring in rings:
+            while ring:
+                path, op, o, n, t0, t1 = ring.popleft()
+                rows.append(
+                    {
+                        "module": "POSIX",
+                        "path": path,
+                        "op": op,
+                        "offset": o,
+                        "size_bytes": n,
+                        "start_ns": t0 + off,
+                        "end_ns": t1 + off,
+                    }
+                )
+        if self.native is not None:
+            while True:
+                got = self.native.trace_drain(65536)
+                rows += [r for r in got if pol.keep(str(r.get("path", "")))]
+                if len(got) < 65536:
+                    break
+        return rows
+
+    # -- the poller (writer thread) ----------------------------------------------------------------
+    def poll(self) -> list[tuple[str, dict[str, list[Any]]]]:
+        out: list[tuple[str, dict[str, list[Any]]]] = []
+        if not self.enabled:
+            return out
+        rows = self.native_rows() if self.native is not None else self.python_rows()
+        if rows:
+            out.append(("io_files", _columns(rows, ("ts_ns", "module", "layer", "path", "counters"))))
+        until = self._trace_until_ns
+        if until is not None and _perf() >= until:
+            self.trace_stop()
+            self._finish_jobs()
+        ops = self._drain_ops()
+        if ops:
+            out.append(
+                (
+                    "io_ops",
+                    _columns(ops, ("module", "path", "op", "offset", "size_bytes", "start_ns", "end_ns")),
+                )
+            )
+        return out
+
+    def _finish_jobs(self) -> None:
+        jobs, self._trace_jobs = self._trace_jobs, []
+        for _, job in jobs:
+            try:
+                job.done(layer=self.layer, dropped=io_counters.trace_dropped())
+            except Exception:
+                pass
+
+    def python_rows(self) -> list[dict[str, Any]]:
+        ts = time.time_ns()
+        off = self.agent.clock_offset_ns
+        rows = []
+        for f in io_patches.tracked_files():
+            if not f.dirty:
+                continue
+            f.dirty = False
+            rows.append(
+                {
+                    "ts_ns": ts,
+                    "module": "POSIX",
+                    "layer": "python",
+                    "path": f.path,
+                    "counters": json.dumps(f.counters(off)),
+                }
+            )
+        return rows
+
+    def native_rows(self) -> list[dict[str, Any]]:
+        assert self.native is not None
+        if self._final_dumped:
+            return []  # the library wrote the final counters itself (see finish)
+        got, self._since = self.native.changes(self._since)
+        pol = self.policy
+        return [{**r, "counters": json.dumps(r["counters"])} for r in got if pol.keep(str(r.get("path", "")))]
+
+    def finish(self) -> None:
+        if self._trace_jobs:
+            self.trace_stop()
+            self._finish_jobs()
+        # At exit the native library writes this process's final counters itself, in C: a DataLoader
+        # worker reading thousands of files must not spend its last moments (which the training loop
+        # waits for) serializing them in Python. The launcher (or holoprof.stop) imports the dump.
+        if self.native is not None and self.enabled:
+            try:
+                self._final_dumped = bool(self.native.dump())
+            except Exception:
+                self._final_dumped = False
+
+
+def _columns(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, list[Any]]:
+    return {k: [r.get(k) for r in rows] for k in names}
+
+
+def collector(agent: Agent) -> IoCollector:
+    return IoCollector(agent)
+
+
+# --- on-demand trace (the control mailbox) -----------------------------------------------------------
+def _io_collector(agent: Agent) -> IoCollector | None:
+    for c in agent.collectors:
+        if isinstance(c, IoCollector) and c.enabled:
+            return c
+    return None
+
+
+def _seconds(request: Any) -> int:
+    params = request.get("params") if isinstance(request, dict) else None
+    raw = (params or {}).get("seconds", request.get("seconds") if isinstance(request, dict) else None)
+    if raw is None:
+        raw = 10
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= TRACE_MAX_SECONDS:
+        raise ValueError(f"io-trace: seconds must be an integer from 1 to {TRACE_MAX_SECONDS}, got {raw!r}")
+    return raw
+
+
+def io_trace_action(agent: Agent, request: dict[str, Any]) -> dict[str, Any]:
+    """Trace every I/O operation of this process for ``params.seconds`` (1..600) into ``io_ops``.
+
+    Both layers: the native ring (``io_native.trace_start``) when the library is loaded, the Python
+    ring otherwise. The trace stops by itself after the window (checked at each flush, about once a
+    second); what was recorded is written as ``io_ops`` rows at the flushes. Returns a summary.
+    """
+    seconds = _seconds(request)
+    col = _io_collector(agent)
+    if col is None:
+        raise RuntimeError("the I/O collector is not running in this process")
+    col.trace_start(seconds)
+    return {"layer": col.layer, "seconds": seconds, "until_ns": time.time_ns() + seconds * 1_000_000_000}
+
+
+class TraceJob(Protocol):
+    """The request being answered (a :class:`holoprof.collect.control.Job`)."""
+
+    @property
+    def agent(self) -> Agent: ...
+
+    @property
+    def params(self) -> dict[str, int]: ...
+
+    def running(self, **info: Any) -> None: ...
+
+    def done(self, artifacts: list[str] | None = None, **info: Any) -> None: ...
+
+
+def io_trace_job(job: TraceJob) -> None:
+    """The ``io-trace`` handler for :data:`holoprof.collect.control.ACTIONS`: done when the window ends."""
+    info = io_trace_action(job.agent, {"params": dict(job.params)})
+    job.running(**info)
+    col = _io_collector(job.agent)
+    if col is not None:
+        col._trace_jobs.append((info["until_ns"], job))

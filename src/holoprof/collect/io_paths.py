@@ -1,0 +1,134 @@
+"""Which files count as the job's I/O, and which are the environment's (both I/O layers).
+
+Left out by default: the interpreter's own files (``sys.prefix``, ``sys.base_prefix``, site-packages,
+the standard library), the files of any other Python installation (:func:`python_env_path`:
+site-packages, dist-info, ``__pycache__``, ``lib/pythonX.Y``, Python sources ``.py``/``.pyc``
+anywhere: the program being imported), ``/proc``, ``/sys``, ``/dev``, holoprof itself and the run
+directory, unless ``--io-include PREFIX`` brings them back; ``--io-exclude PREFIX`` leaves out more.
+
+Standard library only: this module loads in every process of a job.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from typing import Any, Final
+
+
+def _norm_prefix(p: str) -> str:
+    p = os.path.abspath(os.path.expanduser(p))
+    return p.rstrip("/") or "/"
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p if p.endswith("/") else p + "/") for p in prefixes)
+
+
+def default_excludes(run_dir: str | None = None) -> list[str]:
+    """Prefixes left out by default: the interpreter's own files, pseudo file systems, the run."""
+    out = ["/proc", "/sys", "/dev"]
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
+        if p:
+            out.append(p)
+    try:
+        paths = sysconfig.get_paths()
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            if paths.get(key):
+                out.append(paths[key])
+    except Exception:
+        pass
+    try:
+        out += list(site.getsitepackages())
+        user = site.getusersitepackages()
+        if isinstance(user, str):
+            out.append(user)
+    except Exception:
+        pass
+    for p in sys.path:  # other site-packages on the path (a venv's, a --user install's)
+        if p and ("site-packages" in p or "dist-packages" in p):
+            out.append(p)
+    out.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holoprof itself
+    if run_dir:
+        out.append(run_dir)
+    seen: list[str] = []
+    for p in out:
+        q = _norm_prefix(p)
+        if q not in seen:
+            seen.append(q)
+    return seen
+
+
+#: Python source and bytecode: the interpreter reading the program itself (the script, its imports).
+_SOURCE_SUFFIXES: Final = (".py", ".pyc", ".pyi", ".pth")
+#: Directories that only Python installations have.
+_ENV_DIRS: Final = frozenset(("site-packages", "dist-packages", "__pycache__"))
+_ENV_DIR_SUFFIXES: Final = (".dist-info", ".egg-info")
+
+
+def python_env_path(path: str) -> bool:
+    """A file of a Python installation, whichever interpreter it belongs to (a job's own virtual
+    environment, a conda env, the system Python): under a ``site-packages``, ``dist-packages``,
+    ``__pycache__``, ``*.dist-info`` or ``*.egg-info`` directory, in a standard library
+    (``lib/pythonX.Y``, ``lib64/pythonX.Y``), a ``pyvenv.cfg``, or Python source and bytecode.
+    The native library applies the same rules (``python_env_path`` in ``io_native/hp_paths.c``)."""
+    if path.endswith(_SOURCE_SUFFIXES) or path.endswith("/pyvenv.cfg"):
+        return True
+    prev = ""
+    for c in path.split("/")[:-1]:
+        if c in _ENV_DIRS or c.endswith(_ENV_DIR_SUFFIXES):
+            return True
+        if prev in ("lib", "lib64") and len(c) > 6 and c.startswith("python") and c[6].isdigit():
+            return True
+        prev = c
+    return False
+
+
+class PathPolicy:
+    """Which paths are counted: user excludes > user includes > default excludes > everything else."""
+
+    def __init__(
+        self, include: list[str] | None = None, exclude: list[str] | None = None, run_dir: str | None = None
+    ) -> None:
+        self.include = tuple(_norm_prefix(p) for p in include or [])
+        self.exclude = tuple(_norm_prefix(p) for p in exclude or [])
+        self.defaults = tuple(default_excludes(run_dir))
+        self._cache: dict[str, bool] = {}
+
+    def keep(self, path: str) -> bool:
+        k = self._cache.get(path)
+        if k is None:
+            k = self._decide(path)
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[path] = k
+        return k
+
+    def _decide(self, path: str) -> bool:
+        if _under(path, self.exclude):
+            return False
+        if _under(path, self.include):
+            return True
+        return not (python_env_path(path) or _under(path, self.defaults))
+
+
+def path_key(file: Any) -> str | None:
+    """The normalised text of a path argument (as the native layer writes it), or None."""
+    try:
+        p = os.fspath(file)
+    except TypeError:
+        return None
+    if isinstance(p, bytes):
+        raw = p
+        p = os.fsdecode(p)
+    else:
+        raw = None
+    if not p:
+        return None
+    p = os.path.abspath(p)
+    if not p.isascii():
+        raw = os.fsencode(p)
+        return raw.decode("utf-8", "backslashreplace")
+    return p
