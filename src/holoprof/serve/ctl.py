@@ -14,8 +14,8 @@ from typing import Any
 
 from holoprof import model
 from holoprof.errors import HoloprofError
-from holoprof.store.reader import load
 from holoprof.store import mailbox
+from holoprof.store.reader import load
 
 
 @dataclass(frozen=True)
