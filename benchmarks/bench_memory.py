@@ -156,9 +156,9 @@ def inprocess_bench(args: argparse.Namespace) -> None:
         def set_mode(mode: str) -> None:
             col.mode = mode
             if mode == "full" or (mode == "sampled" and is_sampled(agent.steps.index + 1, mode)):
-                col._arm()
+                col.tracker.arm()
             else:
-                col._disarm()
+                col.tracker.disarm()
 
         set_mode("off")
         steps(60)  # warm-up (the first sampled steps happen here)

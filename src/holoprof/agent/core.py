@@ -517,42 +517,25 @@ class Agent:
         off = self.clock_offset_ns
         writes: list[tuple[str, dict[str, list[Any]]]] = []
         if spans:
-            n = len(spans)
-            tid, sid, parent, kind, name, start, end, step, attrs = (
-                list(c) for c in zip(*spans, strict=True)
-            )
-            writes.append(
-                (
-                    "spans",
-                    {
-                        **{k: [v] * n for k, v in base.items()},
-                        "tid": tid,
-                        "span_id": sid,
-                        "parent_id": parent,
-                        "kind": kind,
-                        "name": name,
-                        "start_ns": [s + off for s in start],
-                        "end_ns": [e + off for e in end],
-                        "step": step,
-                        "attrs": [None if a is None else json.dumps(a, default=str) for a in attrs],
-                    },
-                )
-            )
+            writes.append(("spans", _span_columns(spans, base, off)))
         if samples:
-            n = len(samples)
-            ts, sname, value, target = (list(c) for c in zip(*samples, strict=True))
-            writes.append(
-                (
-                    "samples",
-                    {
-                        **{k: [v] * n for k, v in base.items()},
-                        "ts_ns": [t + off for t in ts],
-                        "name": sname,
-                        "value": value,
-                        "target_pid": target,
-                    },
-                )
-            )
+            writes.append(("samples", _sample_columns(samples, base, off)))
+        writes.extend(self._poll(base))
+        key = (
+            tuple(sorted(ident.items())),
+            self.dropped,
+            len(self.errors),
+            json.dumps(self.info, sort_keys=True, default=str),
+        )
+        if final or key != self._last_identity:
+            self._last_identity = key
+            writes.append(("processes", self._process_row(ident, final)))
+        self._write_tables(writes)
+        self._flushed_any = True
+
+    def _poll(self, base: dict[str, Any]) -> list[tuple[str, dict[str, list[Any]]]]:
+        """The rows of every poller (a poller that fails is removed, and its collector turned off)."""
+        writes: list[tuple[str, dict[str, list[Any]]]] = []
         for poll in list(self.pollers):
             try:
                 for table, cols in poll():
@@ -563,15 +546,13 @@ class Agent:
                 owner = getattr(poll, "__self__", None)
                 self.fail(owner if isinstance(owner, Collector) else getattr(owner, "name", "poller"), exc)
                 self.pollers.remove(poll)
-        key = (
-            tuple(sorted(ident.items())),
-            self.dropped,
-            len(self.errors),
-            json.dumps(self.info, sort_keys=True, default=str),
-        )
-        if final or key != self._last_identity:
-            self._last_identity = key
-            writes.append(("processes", self._process_row(ident, final)))
+        return writes
+
+    def _write_tables(self, writes: list[tuple[str, dict[str, list[Any]]]]) -> None:
+        """Each table's rows as a raw chunk; a disk that fails drops the events, counted, and warns once."""
+        # the store's writer, loaded at the first flush rather than when the agent starts
+        from holoprof.store.raw import write_raw
+
         for table, cols in writes:
             try:
                 write_raw(self.folder, table, cols, seq=next(self._seq))
@@ -589,7 +570,6 @@ class Agent:
             else:
                 if table == "processes":
                     self.dropped_recorded = int(cols["dropped_events"][0])
-        self._flushed_any = True
 
     def _process_row(self, ident: dict[str, Any], final: bool) -> dict[str, list[Any]]:
         now_wall = time.time_ns()
@@ -741,6 +721,37 @@ def stop_agent() -> None:
         except Exception:
             pass
     _AGENT = None
+
+
+def _span_columns(spans: list[Any], base: dict[str, Any], off: int) -> dict[str, list[Any]]:
+    """The ``spans`` table's columns of buffered span tuples, times moved by the clock offset ``off``."""
+    n = len(spans)
+    tid, sid, parent, kind, name, start, end, step, attrs = (list(c) for c in zip(*spans, strict=True))
+    return {
+        **{k: [v] * n for k, v in base.items()},
+        "tid": tid,
+        "span_id": sid,
+        "parent_id": parent,
+        "kind": kind,
+        "name": name,
+        "start_ns": [s + off for s in start],
+        "end_ns": [e + off for e in end],
+        "step": step,
+        "attrs": [None if a is None else json.dumps(a, default=str) for a in attrs],
+    }
+
+
+def _sample_columns(samples: list[Any], base: dict[str, Any], off: int) -> dict[str, list[Any]]:
+    """The ``samples`` table's columns of buffered sample tuples, times moved by the clock offset ``off``."""
+    n = len(samples)
+    ts, sname, value, target = (list(c) for c in zip(*samples, strict=True))
+    return {
+        **{k: [v] * n for k, v in base.items()},
+        "ts_ns": [t + off for t in ts],
+        "name": sname,
+        "value": value,
+        "target_pid": target,
+    }
 
 
 def now_ns() -> int:

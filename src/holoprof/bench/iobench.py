@@ -365,88 +365,128 @@ def _read_units(
     budget: _Budget,
 ) -> _Tally:
     """Read ``units`` with ``threads`` readers; blocks go through a queue of ``prefetch`` to a consumer."""
-    work: queue.SimpleQueue[_Unit] = queue.SimpleQueue()
-    for u in units:
-        work.put(u)
-    stop = threading.Event()
-    tallies = [_Tally() for _ in range(threads)]
-    handoff: queue.Queue[tuple[bytearray, int] | None] | None = None
-    free: queue.SimpleQueue[bytearray] | None = None
-    if prefetch > 0:
-        handoff = queue.Queue(maxsize=prefetch)
-        free = queue.SimpleQueue()
-        for _ in range(prefetch + threads):
-            free.put(bytearray(block_size))
+    return _Readers(units, threads, block_size, prefetch, deadline, budget).run()
 
-    def reader(tally: _Tally) -> None:
-        own = bytearray(block_size) if free is None else None
+
+class _Readers:
+    """Reader threads taking units from a shared queue; with ``prefetch`` > 0 their blocks go through a
+    bounded queue of ``prefetch`` blocks to a consumer (the calling thread), which hands the buffers back."""
+
+    def __init__(
+        self,
+        units: Sequence[_Unit],
+        threads: int,
+        block_size: int,
+        prefetch: int,
+        deadline: float,
+        budget: _Budget,
+    ) -> None:
+        self.work: queue.SimpleQueue[_Unit] = queue.SimpleQueue()
+        for u in units:
+            self.work.put(u)
+        self.stop = threading.Event()
+        self.threads = threads
+        self.block_size = block_size
+        self.deadline = deadline
+        self.budget = budget
+        self.handoff: queue.Queue[tuple[bytearray, int] | None] | None = None
+        self.free: queue.SimpleQueue[bytearray] | None = None
+        if prefetch > 0:
+            self.handoff = queue.Queue(maxsize=prefetch)
+            self.free = queue.SimpleQueue()
+            for _ in range(prefetch + threads):
+                self.free.put(bytearray(block_size))
+
+    def run(self) -> _Tally:
+        """Read everything (or until the deadline or the budget) with the readers: the totals."""
+        tallies = [_Tally() for _ in range(self.threads)]
+        workers = [threading.Thread(target=self._reader, args=(t,), daemon=True) for t in tallies]
+        for w in workers:
+            w.start()
+        consumed = self._consume()
+        for w in workers:
+            w.join()
+        return _Tally(
+            bytes=consumed + sum(t.bytes for t in tallies),
+            reads=sum(t.reads for t in tallies),
+            files_opened=sum(t.files_opened for t in tallies),
+            stopped_early=any(t.stopped_early for t in tallies),
+            error=next((t.error for t in tallies if t.error is not None), None),
+        )
+
+    def _consume(self) -> int:
+        """The consumer: take blocks until every reader is done; returns the bytes taken (0: no queue)."""
+        handoff, free = self.handoff, self.free
+        consumed = 0
+        if handoff is not None and free is not None:
+            finished = 0
+            while finished < self.threads:
+                item = handoff.get()
+                if item is None:
+                    finished += 1
+                    continue
+                buf, n = item
+                consumed += n  # the consumer's work: account for the block and hand the buffer back
+                free.put(buf)
+        return consumed
+
+    def _reader(self, tally: _Tally) -> None:
+        own = bytearray(self.block_size) if self.free is None else None
         try:
-            while not stop.is_set():
+            while not self.stop.is_set():
                 try:
-                    unit = work.get_nowait()
+                    unit = self.work.get_nowait()
                 except queue.Empty:
                     return
-                fd = os.open(unit.path, os.O_RDONLY)
-                tally.files_opened += 1
-                try:
-                    pos, end = unit.offset, unit.offset + unit.length
-                    while pos < end:
-                        if time.monotonic() >= deadline:
-                            tally.stopped_early = True
-                            stop.set()
-                            return
-                        want = budget.take(min(block_size, end - pos))
-                        if want <= 0:
-                            tally.stopped_early = True
-                            stop.set()
-                            return
-                        if own is not None:
-                            buf = own
-                        else:
-                            assert free is not None
-                            buf = free.get()
-                        n = os.preadv(fd, [memoryview(buf)[:want]], pos)
-                        tally.reads += 1
-                        if handoff is not None:
-                            handoff.put((buf, n))
-                        else:
-                            tally.bytes += n
-                        if n < want:  # the file shrank
-                            break
-                        pos += n
-                finally:
-                    os.close(fd)
+                if not self._read_unit(unit, tally, own):
+                    return
         except BaseException as exc:
             tally.error = exc
-            stop.set()
+            self.stop.set()
         finally:
-            if handoff is not None:
-                handoff.put(None)
+            if self.handoff is not None:
+                self.handoff.put(None)
 
-    workers = [threading.Thread(target=reader, args=(t,), daemon=True) for t in tallies]
-    for w in workers:
-        w.start()
-    consumed = 0
-    if handoff is not None and free is not None:
-        finished = 0
-        while finished < threads:
-            item = handoff.get()
-            if item is None:
-                finished += 1
-                continue
-            buf, n = item
-            consumed += n  # the consumer's work: account for the block and hand the buffer back
-            free.put(buf)
-    for w in workers:
-        w.join()
-    total = _Tally(
-        bytes=consumed + sum(t.bytes for t in tallies),
-        reads=sum(t.reads for t in tallies),
-        files_opened=sum(t.files_opened for t in tallies),
-        stopped_early=any(t.stopped_early for t in tallies),
-        error=next((t.error for t in tallies if t.error is not None), None),
-    )
-    return total
+    def _read_unit(self, unit: _Unit, tally: _Tally, own: bytearray | None) -> bool:
+        """Read one unit in blocks; False when the deadline or the budget stopped the reading."""
+        block_size, deadline, budget, free, handoff = (
+            self.block_size,
+            self.deadline,
+            self.budget,
+            self.free,
+            self.handoff,
+        )
+        fd = os.open(unit.path, os.O_RDONLY)
+        tally.files_opened += 1
+        try:
+            pos, end = unit.offset, unit.offset + unit.length
+            while pos < end:
+                if time.monotonic() >= deadline:
+                    tally.stopped_early = True
+                    self.stop.set()
+                    return False
+                want = budget.take(min(block_size, end - pos))
+                if want <= 0:
+                    tally.stopped_early = True
+                    self.stop.set()
+                    return False
+                if own is not None:
+                    buf = own
+                else:
+                    assert free is not None
+                    buf = free.get()
+                n = os.preadv(fd, [memoryview(buf)[:want]], pos)
+                tally.reads += 1
+                if handoff is not None:
+                    handoff.put((buf, n))
+                else:
+                    tally.bytes += n
+                if n < want:  # the file shrank
+                    break
+                pos += n
+        finally:
+            os.close(fd)
+        return True
 
 
 _WORKER_CODE = "from holoprof.bench.iobench import _worker_main; _worker_main()"
@@ -590,6 +630,81 @@ def run_iobench(
     max_bytes: int | None = None,
 ) -> IoBenchResult:
     """Measure every combination of the given settings on the dataset at ``path``."""
+    _check_settings(threads, processes, block_sizes, prefetch, cache, max_seconds, max_bytes)
+    files = scan_dataset(path)
+    total = sum(size for _, size in files)
+    warnings: list[str] = []
+    can_evict = cache == "cold"
+    if cache == "warm":
+        # one untimed pass so that every configuration starts from the same (cached) state
+        _read_units(
+            make_units(files, 1, DEFAULT_BLOCK_SIZE), 1, DEFAULT_BLOCK_SIZE, 0, math.inf, _Budget(max_bytes)
+        )
+    rows: list[IoBenchRow] = []
+    settings = itertools.product(
+        sorted(set(block_sizes)), sorted(set(processes)), sorted(set(threads)), sorted(set(prefetch))
+    )
+    for bs, procs, th, pf in settings:
+        row_cache: Cache = "warm"
+        resident: float | None = None
+        if can_evict:
+            row_cache, resident, can_evict = _evict_before_row(files, str(path), warnings)
+        elif cache == "warm":
+            resident = resident_fraction(files)
+        units = make_units(files, th * procs, bs)
+        seconds, tally = _measure(units, th, procs, bs, pf, max_seconds, max_bytes)
+        rows.append(_row((th, procs, bs, pf), max(seconds, 1e-9), tally, row_cache, resident, total))
+    warnings.extend(_closing_warnings(rows, cache, can_evict, total))
+    return IoBenchResult(
+        path=str(path),
+        files=len(files),
+        total_bytes=total,
+        cache_requested=cache,
+        max_seconds=max_seconds,
+        max_bytes=max_bytes,
+        rows=rows,
+        recommendation=recommend(rows),
+        warnings=warnings,
+    )
+
+
+def _row(
+    setting: tuple[int, int, int, int],
+    seconds: float,
+    tally: _Tally,
+    cache: Cache,
+    resident: float | None,
+    total: int,
+) -> IoBenchRow:
+    """The row of one setting (threads, processes, block size, prefetch) read in ``seconds``."""
+    th, procs, bs, pf = setting
+    return IoBenchRow(
+        threads=th,
+        processes=procs,
+        block_size=bs,
+        prefetch=pf,
+        bytes=tally.bytes,
+        seconds=seconds,
+        bandwidth_bytes_per_s=tally.bytes / seconds,
+        iops=tally.reads / seconds,
+        cache=cache,
+        reads=tally.reads,
+        files_opened=tally.files_opened,
+        complete=not tally.stopped_early and tally.bytes == total,
+        resident_fraction=resident,
+    )
+
+
+def _check_settings(
+    threads: Sequence[int],
+    processes: Sequence[int],
+    block_sizes: Sequence[int],
+    prefetch: Sequence[int],
+    cache: str,
+    max_seconds: float,
+    max_bytes: int | None,
+) -> None:
+    """Raise a :class:`HoloprofError` naming the first setting of :func:`run_iobench` out of range."""
     for what, values, minimum in (
         ("threads", threads, 1),
         ("processes", processes, 1),
@@ -605,64 +720,33 @@ def run_iobench(
     if cache not in ("cold", "warm"):
         raise HoloprofError(f"cache must be 'cold' or 'warm', got {cache!r}")
 
-    files = scan_dataset(path)
-    total = sum(size for _, size in files)
-    warnings: list[str] = []
-    can_evict = cache == "cold"
-    if cache == "warm":
-        # one untimed pass so that every configuration starts from the same (cached) state
-        _read_units(
-            make_units(files, 1, DEFAULT_BLOCK_SIZE), 1, DEFAULT_BLOCK_SIZE, 0, math.inf, _Budget(max_bytes)
+
+def _evict_before_row(
+    files: Sequence[tuple[str, int]], path: str, warnings: list[str]
+) -> tuple[Cache, float | None, bool]:
+    """Evict the dataset before a cold row: (the row's cache state, the share still cached, whether
+    eviction works and is worth trying before the next row); says why in ``warnings`` when it does not."""
+    why = evict(files)
+    resident = resident_fraction(files)
+    if why is None and resident is not None and resident > COLD_RESIDENT_MAX:
+        why = evict(files, write_back=True)  # recently written (dirty) data
+        resident = resident_fraction(files)
+    if why is not None:
+        warnings.append(f"cannot evict the dataset from the page cache ({why}): warm-cache numbers only")
+        return "warm", resident, False
+    if resident is not None and resident > COLD_RESIDENT_MAX:
+        warnings.append(
+            f"evicting the dataset from the page cache left {resident:.0%} of it cached "
+            f"(file system {_fs_type(path)!r} keeps file data in memory, e.g. tmpfs): "
+            "warm-cache numbers only; run on the storage the training job reads from"
         )
-    rows: list[IoBenchRow] = []
-    for bs in sorted(set(block_sizes)):
-        for procs in sorted(set(processes)):
-            for th in sorted(set(threads)):
-                for pf in sorted(set(prefetch)):
-                    row_cache: Cache = "warm"
-                    resident: float | None = None
-                    if can_evict:
-                        why = evict(files)
-                        resident = resident_fraction(files)
-                        if why is None and resident is not None and resident > COLD_RESIDENT_MAX:
-                            why = evict(files, write_back=True)  # recently written (dirty) data
-                            resident = resident_fraction(files)
-                        if why is not None:
-                            can_evict = False
-                            warnings.append(
-                                f"cannot evict the dataset from the page cache ({why}): warm-cache numbers only"
-                            )
-                        elif resident is not None and resident > COLD_RESIDENT_MAX:
-                            can_evict = False
-                            warnings.append(
-                                f"evicting the dataset from the page cache left {resident:.0%} of it cached "
-                                f"(file system {_fs_type(str(path))!r} keeps file data in memory, e.g. tmpfs): "
-                                "warm-cache numbers only; run on the storage the training job reads from"
-                            )
-                        else:
-                            row_cache = "cold"
-                    elif cache == "warm":
-                        resident = resident_fraction(files)
-                    units = make_units(files, th * procs, bs)
-                    seconds, tally = _measure(units, th, procs, bs, pf, max_seconds, max_bytes)
-                    seconds = max(seconds, 1e-9)
-                    rows.append(
-                        IoBenchRow(
-                            threads=th,
-                            processes=procs,
-                            block_size=bs,
-                            prefetch=pf,
-                            bytes=tally.bytes,
-                            seconds=seconds,
-                            bandwidth_bytes_per_s=tally.bytes / seconds,
-                            iops=tally.reads / seconds,
-                            cache=row_cache,
-                            reads=tally.reads,
-                            files_opened=tally.files_opened,
-                            complete=not tally.stopped_early and tally.bytes == total,
-                            resident_fraction=resident,
-                        )
-                    )
+        return "warm", resident, False
+    return "cold", resident, True
+
+
+def _closing_warnings(rows: Sequence[IoBenchRow], cache: Cache, can_evict: bool, total: int) -> list[str]:
+    """The warnings that hold for the whole table of rows."""
+    warnings: list[str] = []
     if cache == "cold" and not can_evict and any(r.cache == "cold" for r in rows):
         warnings.append("some rows are cold and later ones warm: compare rows of the same cache state only")
     if cache == "warm":
@@ -672,17 +756,7 @@ def run_iobench(
             "some configurations stopped at --max-seconds/--max-bytes before reading all data "
             f"({fmt_bytes(total)}); their bandwidth covers the part they read"
         )
-    return IoBenchResult(
-        path=str(path),
-        files=len(files),
-        total_bytes=total,
-        cache_requested=cache,
-        max_seconds=max_seconds,
-        max_bytes=max_bytes,
-        rows=rows,
-        recommendation=recommend(rows),
-        warnings=warnings,
-    )
+    return warnings
 
 
 def recommend(rows: Sequence[IoBenchRow]) -> Recommendation | None:

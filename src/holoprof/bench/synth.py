@@ -101,135 +101,218 @@ def generate_run(
     ``memory_every`` memory snapshots (see the module's docstring): 6 more spans and two more
     phases per step with ``comm``.
     """
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    t0 = T0_NS
     if only_ranks is None:
         run_dir = rundir.create_run_dir(out)
     else:
         run_dir = out if os.path.isfile(os.path.join(out, model.MANIFEST)) else create_run(out)
     totals = SynthTotals(steps_per_rank=steps, ranks=ranks)
-    schema = model.arrow_schema("spans")
-    end = t0
+    opts = _Options(
+        steps, ranks, chunk_steps, seed, host, comm, io_files, checkpoint_every, io_ops, memory_every
+    )
+    end = T0_NS
     for rank in only_ranks if only_ranks is not None else range(ranks):
-        rng = np.random.default_rng(seed + rank)
-        mine: dict[str, Any] = {"spans": 0, "steps": steps, "step_ns": 0, "phase_ns": {}}
-        totals.per_rank[rank] = mine
-        pid = 10_000 + rank
-        folder = run_dir  # write_chunk puts each table's rows into the run's table folders
-        spans_dir = layout.partition_dir(run_dir, "spans", host, pid)
-        os.makedirs(spans_dir, mode=0o700)
-        seq = 0
-        clock = t0
-        offset = 0  # with io_ops: where the rank's next read starts in its training file
-        io_rng = np.random.default_rng((seed + rank, 1))  # its own: the steps are the same without it
-        mem_rng = np.random.default_rng((seed + rank, 2))
-        for c0 in range(0, steps, chunk_steps):
-            n = min(chunk_steps, steps - c0)
-            durs = {
-                p: rng.integers(m // 2, m * 3 // 2, size=n, dtype=np.int64) for p, m in PHASE_MEANS_NS.items()
-            }
-            if comm:
-                m_c = COMM_PHASE_MEAN_NS
-                durs["communication"] = rng.integers(m_c // 2, m_c * 3 // 2, size=n, dtype=np.int64)
-            other = rng.integers(0, 2 * OTHER_NS, size=n, dtype=np.int64)
-            step_len = sum(durs.values()) + other
-            step_idx = np.arange(c0, c0 + n, dtype=np.int64)
-            ckpt = np.zeros(n, dtype=np.int64)  # the checkpoint after each step (0: none)
-            if checkpoint_every:
-                at = (step_idx + 1) % checkpoint_every == 0
-                m_k = CHECKPOINT_MEAN_NS
-                ckpt[at] = rng.integers(m_k // 2, m_k * 3 // 2, size=int(at.sum()), dtype=np.int64)
-            starts = clock + np.concatenate([[0], np.cumsum(step_len + ckpt)[:-1]])
-            clock = int(starts[-1] + step_len[-1] + ckpt[-1])
-            kinds, pnames, s_all, e_all, st_all = [], [], [], [], []
-            attrs: list[Any] = []
-            kinds.append(np.full(n, "step", dtype=object))
-            pnames.append(np.full(n, "step", dtype=object))
-            s_all.append(starts)
-            e_all.append(starts + step_len)
-            st_all.append(step_idx)
-            off = starts.copy()
-            phase_start = {}
-            for p in durs:
-                # with comm, backward's phase ends when DDP's last bucket is ready; the rest of the
-                # backward call (waiting for the allreduce) is a `communication` phase, as recorded
-                pieces = [(p, off, durs[p])]
-                if comm and p == "backward":
-                    compute = len(BUCKET_BYTES) * (durs[p] // 5)
-                    pieces = [(p, off, compute), ("communication", off + compute, durs[p] - compute)]
-                for name, at, dur in pieces:
-                    kinds.append(np.full(n, "phase", dtype=object))
-                    pnames.append(np.full(n, name, dtype=object))
-                    s_all.append(at)
-                    e_all.append(at + dur)
-                    st_all.append(step_idx)
-                    mine["phase_ns"][name] = mine["phase_ns"].get(name, 0) + int(dur.sum())
-                phase_start[p] = off
-                off = off + durs[p]
-            attrs.append(pa.nulls(sum(len(k) for k in kinds), pa.string()))
-            if memory_every:
-                _memory(
-                    mem_rng, totals, rank, memory_every, phase_start, durs, step_idx,
-                    (kinds, pnames, s_all, e_all, st_all, attrs),
-                )  # fmt: skip
-            if checkpoint_every:
-                _checkpoints(
-                    totals,
-                    rank,
-                    starts + step_len,
-                    ckpt,
-                    step_idx,
-                    (kinds, pnames, s_all, e_all, st_all, attrs),
-                )
-            if comm:
-                _comm_spans(
-                    rng, totals, mine, phase_start["backward"], durs["backward"], phase_start["communication"],
-                    durs["communication"], step_idx, ranks, (kinds, pnames, s_all, e_all, st_all, attrs),
-                )  # fmt: skip
-            if io_ops:
-                offset = _io_ops(
-                    folder, io_rng, totals, host, pid, rank if ranks > 1 else -1, phase_start["data_wait"],
-                    durs["data_wait"], offset, seq,
-                )  # fmt: skip
-            mine["step_ns"] += int(step_len.sum())
-            start = np.concatenate(s_all)
-            m = len(start)
-            order = np.argsort(start, kind="stable")
-            tbl = pa.Table.from_arrays(
-                [
-                    pa.array(np.full(m, host, dtype=object), pa.string()),
-                    pa.array(np.full(m, pid, dtype=np.int64)),
-                    pa.array(np.full(m, rank if ranks > 1 else -1, dtype=np.int32)),
-                    pa.array(np.full(m, pid, dtype=np.int64)),
-                    pa.array(np.arange(seq * 10**9, seq * 10**9 + m, dtype=np.int64)),
-                    pa.array(np.zeros(m, dtype=np.int64)),
-                    pa.array(np.concatenate(kinds)[order], pa.string()),
-                    pa.array(np.concatenate(pnames)[order], pa.string()),
-                    pa.array(start[order]),
-                    pa.array(np.concatenate(e_all)[order]),
-                    pa.array(np.concatenate(st_all)[order]),
-                    pa.concat_arrays(attrs).take(pa.array(order)),
-                ],
-                schema=schema,
-            )
-            pq.write_table(tbl, os.path.join(spans_dir, layout.part_name(seq)), compression="zstd")
-            seq += 1
-            totals.spans += m
-            mine["spans"] += m
-        _write_process(folder, host, pid, rank if ranks > 1 else -1, ranks, t0, clock, seq)
-        _write_samples(folder, host, pid, rank if ranks > 1 else -1, t0, clock, seq + 1)
-        if io_files:
-            _write_io(folder, rng, totals, host, pid, rank if ranks > 1 else -1, io_files, t0, clock, seq + 2)
-        end = max(end, clock)
+        end = max(end, _RankWriter(run_dir, rank, opts, totals).write())
     if 0 in totals.per_rank:
         totals.phase_ns = dict(totals.per_rank[0]["phase_ns"])
         totals.step_ns = int(totals.per_rank[0]["step_ns"])
     if only_ranks is None:
         _write_manifest(run_dir, end)
     return totals
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The arguments of :func:`generate_run` that shape every rank."""
+
+    steps: int
+    ranks: int
+    chunk_steps: int
+    seed: int
+    host: str
+    comm: bool
+    io_files: int
+    checkpoint_every: int
+    io_ops: bool
+    memory_every: int
+
+
+class _RankWriter:
+    """One rank of a generated run: its spans chunk by chunk, then its process row, samples and I/O."""
+
+    def __init__(self, run_dir: str, rank: int, opts: _Options, totals: SynthTotals) -> None:
+        import numpy as np  # loaded only when a run is generated
+
+        self.opts = opts
+        self.totals = totals
+        self.folder = run_dir  # write_chunk puts each table's rows into the run's table folders
+        self.rng = np.random.default_rng(opts.seed + rank)
+        self.mine: dict[str, Any] = {"spans": 0, "steps": opts.steps, "step_ns": 0, "phase_ns": {}}
+        totals.per_rank[rank] = self.mine
+        self.rank = rank
+        self.rank_col = rank if opts.ranks > 1 else -1  # the rank column: -1 in a single-process run
+        self.pid = 10_000 + rank
+        self.spans_dir = layout.partition_dir(run_dir, "spans", opts.host, self.pid)
+        os.makedirs(self.spans_dir, mode=0o700)
+        self.seq = 0
+        self.clock = T0_NS
+        self.offset = 0  # with io_ops: where the rank's next read starts in its training file
+        self.io_rng = np.random.default_rng(
+            (opts.seed + rank, 1)
+        )  # its own: the steps are the same without it
+        self.mem_rng = np.random.default_rng((opts.seed + rank, 2))
+
+    def write(self) -> int:
+        """Write the rank; returns the end of its last step (ns)."""
+        opts = self.opts
+        for c0 in range(0, opts.steps, opts.chunk_steps):
+            self._chunk(c0, min(opts.chunk_steps, opts.steps - c0))
+        t0, t1, host, folder = T0_NS, self.clock, opts.host, self.folder
+        _write_process(folder, host, self.pid, self.rank_col, opts.ranks, t0, t1, self.seq)
+        _write_samples(folder, host, self.pid, self.rank_col, t0, t1, self.seq + 1)
+        if opts.io_files:
+            _write_io(
+                folder,
+                self.rng,
+                self.totals,
+                host,
+                self.pid,
+                self.rank_col,
+                opts.io_files,
+                t0,
+                t1,
+                self.seq + 2,
+            )
+        return self.clock
+
+    def _chunk(self, c0: int, n: int) -> None:
+        """Steps ``c0`` to ``c0 + n - 1``: their spans as one Parquet chunk."""
+        durs, step_len, step_idx, ckpt, starts = _draw_steps(self.rng, self.opts, c0, n, self.clock)
+        self.clock = int(starts[-1] + step_len[-1] + ckpt[-1])
+        out, phase_start = _step_and_phase_spans(durs, starts, step_len, step_idx, self.opts.comm, self.mine)
+        self._add_records(out, phase_start, durs, starts + step_len, ckpt, step_idx)
+        self.mine["step_ns"] += int(step_len.sum())
+        m = _write_spans(self.spans_dir, self.seq, out, self.opts.host, self.pid, self.rank_col)
+        self.seq += 1
+        self.totals.spans += m
+        self.mine["spans"] += m
+
+    def _add_records(
+        self,
+        out: tuple[list[Any], ...],
+        phase_start: dict[str, Any],
+        durs: dict[str, Any],
+        step_end: Any,
+        ckpt: Any,
+        step_idx: Any,
+    ) -> None:
+        """The chunk's optional records: memory snapshots, checkpoints, comm spans, per-operation reads."""
+        opts, totals, rank = self.opts, self.totals, self.rank
+        if opts.memory_every:
+            _memory(self.mem_rng, totals, rank, opts.memory_every, phase_start, durs, step_idx, out)
+        if opts.checkpoint_every:
+            _checkpoints(totals, rank, step_end, ckpt, step_idx, out)
+        if opts.comm:
+            _comm_spans(
+                self.rng, totals, self.mine, phase_start["backward"], durs["backward"], phase_start["communication"],
+                durs["communication"], step_idx, opts.ranks, out,
+            )  # fmt: skip
+        if opts.io_ops:
+            self.offset = _io_ops(
+                self.folder, self.io_rng, totals, opts.host, self.pid, self.rank_col, phase_start["data_wait"],
+                durs["data_wait"], self.offset, self.seq,
+            )  # fmt: skip
+
+
+def _draw_steps(
+    rng: Any, opts: _Options, c0: int, n: int, clock: int
+) -> tuple[dict[str, Any], Any, Any, Any, Any]:
+    """The durations of ``n`` steps from ``c0`` starting at ``clock``: (phase durations, step lengths,
+    step indices, the checkpoint after each step (0: none), step starts)."""
+    import numpy as np  # loaded only when a run is generated
+
+    durs = {p: rng.integers(m // 2, m * 3 // 2, size=n, dtype=np.int64) for p, m in PHASE_MEANS_NS.items()}
+    if opts.comm:
+        m_c = COMM_PHASE_MEAN_NS
+        durs["communication"] = rng.integers(m_c // 2, m_c * 3 // 2, size=n, dtype=np.int64)
+    other = rng.integers(0, 2 * OTHER_NS, size=n, dtype=np.int64)
+    step_len = sum(durs.values()) + other
+    step_idx = np.arange(c0, c0 + n, dtype=np.int64)
+    ckpt = np.zeros(n, dtype=np.int64)  # the checkpoint after each step (0: none)
+    if opts.checkpoint_every:
+        at = (step_idx + 1) % opts.checkpoint_every == 0
+        m_k = CHECKPOINT_MEAN_NS
+        ckpt[at] = rng.integers(m_k // 2, m_k * 3 // 2, size=int(at.sum()), dtype=np.int64)
+    starts = clock + np.concatenate([[0], np.cumsum(step_len + ckpt)[:-1]])
+    return durs, step_len, step_idx, ckpt, starts
+
+
+def _step_and_phase_spans(
+    durs: dict[str, Any], starts: Any, step_len: Any, step_idx: Any, comm: bool, mine: dict[str, Any]
+) -> tuple[tuple[list[Any], ...], dict[str, Any]]:
+    """The chunk's step and phase spans (kinds, names, starts, ends, steps, attrs), and where each
+    phase starts; adds the phases' time to ``mine["phase_ns"]``."""
+    import numpy as np  # loaded only when a run is generated
+    import pyarrow as pa
+
+    n = len(step_idx)
+    kinds, pnames, s_all, e_all, st_all = [], [], [], [], []
+    attrs: list[Any] = []
+    kinds.append(np.full(n, "step", dtype=object))
+    pnames.append(np.full(n, "step", dtype=object))
+    s_all.append(starts)
+    e_all.append(starts + step_len)
+    st_all.append(step_idx)
+    off = starts.copy()
+    phase_start = {}
+    for p in durs:
+        # with comm, backward's phase ends when DDP's last bucket is ready; the rest of the
+        # backward call (waiting for the allreduce) is a `communication` phase, as recorded
+        pieces = [(p, off, durs[p])]
+        if comm and p == "backward":
+            compute = len(BUCKET_BYTES) * (durs[p] // 5)
+            pieces = [(p, off, compute), ("communication", off + compute, durs[p] - compute)]
+        for name, at, dur in pieces:
+            kinds.append(np.full(n, "phase", dtype=object))
+            pnames.append(np.full(n, name, dtype=object))
+            s_all.append(at)
+            e_all.append(at + dur)
+            st_all.append(step_idx)
+            mine["phase_ns"][name] = mine["phase_ns"].get(name, 0) + int(dur.sum())
+        phase_start[p] = off
+        off = off + durs[p]
+    attrs.append(pa.nulls(sum(len(k) for k in kinds), pa.string()))
+    return (kinds, pnames, s_all, e_all, st_all, attrs), phase_start
+
+
+def _write_spans(spans_dir: str, seq: int, out: tuple[list[Any], ...], host: str, pid: int, rank: int) -> int:
+    """The chunk's spans, sorted by start, as Parquet part ``seq``; returns their number."""
+    import numpy as np  # loaded only when a run is generated
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kinds, pnames, s_all, e_all, st_all, attrs = out
+    start = np.concatenate(s_all)
+    m = len(start)
+    order = np.argsort(start, kind="stable")
+    tbl = pa.Table.from_arrays(
+        [
+            pa.array(np.full(m, host, dtype=object), pa.string()),
+            pa.array(np.full(m, pid, dtype=np.int64)),
+            pa.array(np.full(m, rank, dtype=np.int32)),
+            pa.array(np.full(m, pid, dtype=np.int64)),
+            pa.array(np.arange(seq * 10**9, seq * 10**9 + m, dtype=np.int64)),
+            pa.array(np.zeros(m, dtype=np.int64)),
+            pa.array(np.concatenate(kinds)[order], pa.string()),
+            pa.array(np.concatenate(pnames)[order], pa.string()),
+            pa.array(start[order]),
+            pa.array(np.concatenate(e_all)[order]),
+            pa.array(np.concatenate(st_all)[order]),
+            pa.concat_arrays(attrs).take(pa.array(order)),
+        ],
+        schema=model.arrow_schema("spans"),
+    )
+    pq.write_table(tbl, os.path.join(spans_dir, layout.part_name(seq)), compression="zstd")
+    return m
 
 
 def _comm_spans(

@@ -57,6 +57,7 @@ class TensorFlowCollector(Collector):
         self._train_fns: set[int] = set()
         self._gpu_names: list[str] | None = None
         self._in_graph_noted = False
+        self._ckpt_wrapping = False  # TensorFlow's checkpoints are wrapped: wrap Keras's too
 
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -102,15 +103,26 @@ class TensorFlowCollector(Collector):
 
     # -- TensorFlow: custom loops, checkpoints, GPU memory -----------------------------------------
     def _patch_tf(self, tf: ModuleType) -> None:
+        # tensorflow's own modules: tensorflow is loaded by the job (this runs after it imports it)
         from tensorflow.python.data.ops import iterator_ops
         from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
 
+        inside_function = tf.inside_function
+        self._wrap_dataset_next(iterator_ops.OwnedIterator, inside_function)
+        self._wrap_gradient(tf.GradientTape, inside_function)
+        self._wrap_function_call(pf.Function, inside_function)
+        for meth, op in (("save", "save"), ("write", "save"), ("restore", "load"), ("read", "load")):
+            self._wrap_ckpt(tf.train.Checkpoint, meth, op)
+        self._ckpt_wrapping = True
+        self.agent.pollers.append(self._poll_gpu_memory)
+        self.agent.info.setdefault("frameworks", []).append(f"tensorflow {tf.__version__}")
+
+    def _wrap_dataset_next(self, iterator_cls: Any, inside_function: Any) -> None:
+        """Iterating a ``tf.data`` dataset eagerly (outside Keras's calls) is ``data_wait``."""
         col = self
         agent = self.agent
         steps = agent.steps
-        inside_function = tf.inside_function
-
-        orig_next = iterator_ops.OwnedIterator.__next__
+        orig_next = iterator_cls.__next__
 
         def __next__(it: Any) -> Any:
             t = agent.tls
@@ -133,9 +145,14 @@ class TensorFlowCollector(Collector):
                 except Exception as exc:
                     agent.fail(col, exc)
 
-        self._set(iterator_ops.OwnedIterator, "__next__", __next__)
+        self._set(iterator_cls, "__next__", __next__)
 
-        orig_gradient = tf.GradientTape.gradient
+    def _wrap_gradient(self, tape_cls: Any, inside_function: Any) -> None:
+        """``GradientTape.gradient`` (eager) is ``backward``."""
+        col = self
+        agent = self.agent
+        steps = agent.steps
+        orig_gradient = tape_cls.gradient
 
         def gradient(tape: Any, *args: Any, **kwargs: Any) -> Any:
             t = agent.tls
@@ -155,9 +172,14 @@ class TensorFlowCollector(Collector):
                 except Exception as exc:
                     agent.fail(col, exc)
 
-        self._set(tf.GradientTape, "gradient", gradient)
+        self._set(tape_cls, "gradient", gradient)
 
-        orig_call = pf.Function.__call__
+    def _wrap_function_call(self, function_cls: Any, inside_function: Any) -> None:
+        """A call of a ``tf.function`` whose trace applied gradients is ``compute`` and ends a step."""
+        col = self
+        agent = self.agent
+        steps = agent.steps
+        orig_call = function_cls.__call__
 
         def fn_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
             t = agent.tls
@@ -180,45 +202,42 @@ class TensorFlowCollector(Collector):
                 except Exception as exc:
                     agent.fail(col, exc)
 
-        self._set(pf.Function, "__call__", fn_call)
+        self._set(function_cls, "__call__", fn_call)
 
-        def wrap_ckpt(cls: Any, meth: str, op: str) -> None:
-            orig = getattr(cls, meth)
+    def _wrap_ckpt(self, cls: Any, meth: str, op: str) -> None:
+        """``cls.meth`` (a save or load) is a ``checkpoint`` phase, with its path and bytes."""
+        col = self
+        agent = self.agent
+        orig = getattr(cls, meth)
 
-            def ckpt(obj: Any, *args: Any, **kwargs: Any) -> Any:
-                t = agent.tls
-                if t.active is not None or not col.enabled:
-                    return orig(obj, *args, **kwargs)
-                t0 = now_ns()
-                t.active = "checkpoint"
-                result = None
+        def ckpt(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            t = agent.tls
+            if t.active is not None or not col.enabled:
+                return orig(obj, *args, **kwargs)
+            t0 = now_ns()
+            t.active = "checkpoint"
+            result = None
+            try:
+                result = orig(obj, *args, **kwargs)
+                return result
+            finally:
+                t.active = None
                 try:
-                    result = orig(obj, *args, **kwargs)
-                    return result
-                finally:
-                    t.active = None
-                    try:
-                        if col.fault_at:
-                            col.inject("checkpoint")
-                        target = args[0] if args else next(iter(kwargs.values()), None)
-                        path = result if isinstance(result, str) else target
-                        attrs: dict[str, Any] = {"op": op, "api": f"{cls.__name__}.{meth}"}
-                        if isinstance(path, (str, os.PathLike)):
-                            attrs["path"] = os.path.abspath(os.fspath(path))
-                            b = _path_bytes(attrs["path"])
-                            if b is not None:
-                                attrs["bytes"] = b
-                        col._phase("checkpoint", t0, now_ns(), attrs)
-                    except Exception as exc:
-                        agent.fail(col, exc)
+                    if col.fault_at:
+                        col.inject("checkpoint")
+                    target = args[0] if args else next(iter(kwargs.values()), None)
+                    path = result if isinstance(result, str) else target
+                    attrs: dict[str, Any] = {"op": op, "api": f"{cls.__name__}.{meth}"}
+                    if isinstance(path, (str, os.PathLike)):
+                        attrs["path"] = os.path.abspath(os.fspath(path))
+                        b = _path_bytes(attrs["path"])
+                        if b is not None:
+                            attrs["bytes"] = b
+                    col._phase("checkpoint", t0, now_ns(), attrs)
+                except Exception as exc:
+                    agent.fail(col, exc)
 
-            self._set(cls, meth, ckpt)
-
-        for meth, op in (("save", "save"), ("write", "save"), ("restore", "load"), ("read", "load")):
-            wrap_ckpt(tf.train.Checkpoint, meth, op)
-        self._wrap_ckpt = wrap_ckpt
-        agent.pollers.append(self._poll_gpu_memory)
-        agent.info.setdefault("frameworks", []).append(f"tensorflow {tf.__version__}")
+        self._set(cls, meth, ckpt)
 
     def _poll_gpu_memory(self) -> list[tuple[str, dict[str, list[Any]]]]:
         tf = sys.modules.get("tensorflow")
@@ -240,51 +259,61 @@ class TensorFlowCollector(Collector):
 
     # -- Keras 3 -----------------------------------------------------------------------------------
     def _patch_keras(self, keras: ModuleType) -> None:
-        col = self
-        agent = self.agent
-        steps = agent.steps
         callback_cls = _make_callback(keras, self)
+        self._wrap_keras_entry(keras, "fit", "fit", callback_cls)
+        self._wrap_keras_entry(keras, "evaluate", "evaluate", callback_cls)
+        self._wrap_keras_entry(keras, "predict", "predict", callback_cls)
 
-        def wrap_entry(meth: str, mode: str) -> None:
-            orig = getattr(keras.Model, meth)
-
-            def entry(model: Any, *args: Any, **kwargs: Any) -> Any:
-                if not col.enabled:
-                    return orig(model, *args, **kwargs)
-                try:
-                    if col.fault_at:
-                        col.inject("keras_" + mode)
-                    cbs = kwargs.get("callbacks")
-                    # fit passes its own CallbackList to the evaluate() it runs for validation:
-                    # that list already holds our callback, so leave it alone.
-                    if cbs is None or isinstance(cbs, (list, tuple)):
-                        kwargs["callbacks"] = [*(cbs or []), callback_cls(mode)]
-                except Exception as exc:
-                    agent.fail(col, exc)
-                col._mode.append(mode)
-                try:
-                    return orig(model, *args, **kwargs)
-                finally:
-                    col._mode.pop()
-                    if mode == "fit":
-                        try:
-                            steps.end_loop(steps.last_update_ns or now_ns())
-                        except Exception as exc:
-                            agent.fail(col, exc)
-
-            self._set(keras.Model, meth, entry)
-
-        wrap_entry("fit", "fit")
-        wrap_entry("evaluate", "evaluate")
-        wrap_entry("predict", "predict")
-
-        if hasattr(self, "_wrap_ckpt"):
+        if self._ckpt_wrapping:
             for meth, op in (("save", "save"), ("save_weights", "save"), ("load_weights", "load")):
                 self._wrap_ckpt(keras.Model, meth, op)
 
-        # optimizer.apply_gradients: custom loops (eager) and step functions (traced)
+        self._wrap_apply_gradients()
+        if self.input_timing:
+            self._wrap_epoch_iterator()
+        self.agent.info.setdefault("frameworks", []).append(f"keras {getattr(keras, '__version__', '?')}")
+
+    def _wrap_keras_entry(self, keras: ModuleType, meth: str, mode: str, callback_cls: Any) -> None:
+        """``keras.Model.<meth>`` runs with our callback added to the job's, in ``mode``."""
+        col = self
+        agent = self.agent
+        steps = agent.steps
+        orig = getattr(keras.Model, meth)
+
+        def entry(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if not col.enabled:
+                return orig(model, *args, **kwargs)
+            try:
+                if col.fault_at:
+                    col.inject("keras_" + mode)
+                cbs = kwargs.get("callbacks")
+                # fit passes its own CallbackList to the evaluate() it runs for validation:
+                # that list already holds our callback, so leave it alone.
+                if cbs is None or isinstance(cbs, (list, tuple)):
+                    kwargs["callbacks"] = [*(cbs or []), callback_cls(mode)]
+            except Exception as exc:
+                agent.fail(col, exc)
+            col._mode.append(mode)
+            try:
+                return orig(model, *args, **kwargs)
+            finally:
+                col._mode.pop()
+                if mode == "fit":
+                    try:
+                        steps.end_loop(steps.last_update_ns or now_ns())
+                    except Exception as exc:
+                        agent.fail(col, exc)
+
+        self._set(keras.Model, meth, entry)
+
+    def _wrap_apply_gradients(self) -> None:
+        """``optimizer.apply_gradients``: custom loops (eager) and step functions (traced)."""
+        # keras's own module: keras is loaded by the job (this runs after it imports it)
         from keras.src.optimizers.base_optimizer import BaseOptimizer
 
+        col = self
+        agent = self.agent
+        steps = agent.steps
         orig_apply = BaseOptimizer.apply_gradients
 
         def apply_gradients(opt: Any, *args: Any, **kwargs: Any) -> Any:
@@ -315,22 +344,25 @@ class TensorFlowCollector(Collector):
 
         self._set(BaseOptimizer, "apply_gradients", apply_gradients)
 
-        if self.input_timing:
-            from keras.src.backend.tensorflow import trainer as tf_trainer
+    def _wrap_epoch_iterator(self) -> None:
+        """``--tf-input-timing on``: Keras iterates a timed plain Python iterator over the dataset."""
+        # keras's own module: keras is loaded by the job (this runs after it imports it)
+        from keras.src.backend.tensorflow import trainer as tf_trainer
 
-            orig_get_iterator = tf_trainer.TFEpochIterator._get_iterator
+        col = self
+        agent = self.agent
+        orig_get_iterator = tf_trainer.TFEpochIterator._get_iterator
 
-            def _get_iterator(it: Any) -> Any:
-                ds = orig_get_iterator(it)
-                try:
-                    if getattr(it, "steps_per_execution", 1) == 1 and col.enabled:
-                        return _TimedIterable(ds, col)
-                except Exception as exc:
-                    agent.fail(col, exc)
-                return ds
+        def _get_iterator(it: Any) -> Any:
+            ds = orig_get_iterator(it)
+            try:
+                if getattr(it, "steps_per_execution", 1) == 1 and col.enabled:
+                    return _TimedIterable(ds, col)
+            except Exception as exc:
+                agent.fail(col, exc)
+            return ds
 
-            self._set(tf_trainer.TFEpochIterator, "_get_iterator", _get_iterator)
-        agent.info.setdefault("frameworks", []).append(f"keras {getattr(keras, '__version__', '?')}")
+        self._set(tf_trainer.TFEpochIterator, "_get_iterator", _get_iterator)
 
 
 class _TimedIterable:

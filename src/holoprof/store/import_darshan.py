@@ -229,21 +229,10 @@ def convert(report: Any, log_path: str) -> dict[str, Any]:
     """
     meta = report.metadata
     job = meta.get("job", {})
-    start_ns = int(job.get("start_time_sec", 0)) * NS + int(job.get("start_time_nsec", 0) or 0)
-    end_ns = int(job.get("end_time_sec", 0)) * NS + int(job.get("end_time_nsec", 0) or 0)
-    if end_ns <= start_ns:
-        end_ns = start_ns + int(float(job.get("run_time", 0) or 0) * NS)
+    start_ns, end_ns = _job_times(job)
     nprocs = int(job.get("nprocs", 1) or 1)
-    exe = str(meta.get("exe") or "").strip()
-    try:
-        argv = shlex.split(exe) if exe else []
-    except ValueError:
-        argv = exe.split()
+    argv = _command(meta)
     names = report.name_records
-
-    def name_of(rec: dict[str, Any]) -> str:
-        return str(names.get(rec["id"], f"<unknown record {rec['id']}>"))
-
     io_files: dict[str, list[Any]] = {
         k: [] for k in ("host", "pid", "rank", "ts_ns", "module", "layer", "path", "counters")
     }
@@ -255,53 +244,126 @@ def convert(report: Any, log_path: str) -> dict[str, Any]:
     for module in report.records:
         records = _records(report, module)
         if module in DXT_MODULES:
-            base = DXT_MODULES[module]
-            for rec in records:
-                rank = int(rec.get("rank", -1))
-                path = name_of(rec)
-                for op, key in (("read", "read_segments"), ("write", "write_segments")):
-                    for seg in _segments(rec.get(key)):
-                        io_ops["host"].append(HOST)
-                        io_ops["pid"].append(rank)
-                        io_ops["rank"].append(rank)
-                        io_ops["module"].append(base)
-                        io_ops["path"].append(path)
-                        io_ops["op"].append(op)
-                        io_ops["offset"].append(int(seg["offset"]))
-                        io_ops["size_bytes"].append(int(seg["length"]))
-                        io_ops["start_ns"].append(start_ns + int(float(seg["start_time"]) * NS))
-                        io_ops["end_ns"].append(start_ns + int(float(seg["end_time"]) * NS))
+            _add_segments(io_ops, names, records, DXT_MODULES[module], start_ns)
             imported_modules[module] = len(records)
             continue
-        names_c = list(report.counters.get(module, {}).get("counters", []))
-        names_f = list(report.counters.get(module, {}).get("fcounters", []))
-        if module == "LUSTRE":
-            rows = [(rec, _lustre_counters(rec, names_c)) for rec in records]
-        elif records and "counters" in records[0] and names_c:
-            rows = []
-            for rec in records:
-                counters: dict[str, Any] = {}
-                for n, v in zip(names_c, rec["counters"], strict=False):
-                    counters[n] = int(v)
-                for n, v in zip(names_f, rec.get("fcounters", []), strict=False):
-                    counters[n] = float(v)
-                if "file_rec_id" in rec:  # H5D, PNETCDF_VAR: the file record the dataset is in
-                    counters[f"{COUNTER_PREFIX.get(module, module)}_FILE_REC_ID"] = int(rec["file_rec_id"])
-                rows.append((rec, counters))
-        else:
+        rows = _counter_rows(report, module, records)
+        if rows is None:
             continue  # no counters: named below as not imported
-        for rec, counters in rows:
-            rank = int(rec.get("rank", -1))
-            io_files["host"].append(HOST)
-            io_files["pid"].append(rank)
-            io_files["rank"].append(rank)
-            io_files["ts_ns"].append(end_ns)
-            io_files["module"].append(module)
-            io_files["layer"].append("darshan")
-            io_files["path"].append(name_of(rec))
-            io_files["counters"].append(json.dumps(counters))
+        _add_counters(io_files, names, rows, module, end_ns)
         imported_modules[module] = len(rows)
+    notes, not_imported = _module_notes(report, imported_modules)
+    return {
+        "tables": {
+            "io_files": io_files,
+            "io_ops": io_ops,
+            "processes": _processes(job, nprocs, argv, start_ns, end_ns, log_path),
+        },
+        "command": argv,
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "notes": notes,
+        "source": {
+            "format": "darshan",
+            "log": log_path,
+            "jobid": job.get("jobid"),
+            "nprocs": nprocs,
+            "log_version": job.get("log_ver"),
+            "modules": sorted(report.modules.keys()),
+            "imported_records": imported_modules,
+            "not_imported": not_imported,
+        },
+    }
 
+
+def _job_times(job: dict[str, Any]) -> tuple[int, int]:
+    """(start, end) of the job in ns since the epoch; the end from the run time when the record has none."""
+    start_ns = int(job.get("start_time_sec", 0)) * NS + int(job.get("start_time_nsec", 0) or 0)
+    end_ns = int(job.get("end_time_sec", 0)) * NS + int(job.get("end_time_nsec", 0) or 0)
+    if end_ns <= start_ns:
+        end_ns = start_ns + int(float(job.get("run_time", 0) or 0) * NS)
+    return start_ns, end_ns
+
+
+def _command(meta: dict[str, Any]) -> list[str]:
+    """The job's command line, from the executable line of the log."""
+    exe = str(meta.get("exe") or "").strip()
+    try:
+        return shlex.split(exe) if exe else []
+    except ValueError:
+        return exe.split()
+
+
+def _name_of(names: Any, rec: dict[str, Any]) -> str:
+    return str(names.get(rec["id"], f"<unknown record {rec['id']}>"))
+
+
+def _add_segments(
+    io_ops: dict[str, list[Any]], names: Any, records: list[dict[str, Any]], module: str, start_ns: int
+) -> None:
+    """The read and write segments of DXT ``records`` as ``io_ops`` rows of ``module``."""
+    for rec in records:
+        rank = int(rec.get("rank", -1))
+        path = _name_of(names, rec)
+        for op, key in (("read", "read_segments"), ("write", "write_segments")):
+            for seg in _segments(rec.get(key)):
+                io_ops["host"].append(HOST)
+                io_ops["pid"].append(rank)
+                io_ops["rank"].append(rank)
+                io_ops["module"].append(module)
+                io_ops["path"].append(path)
+                io_ops["op"].append(op)
+                io_ops["offset"].append(int(seg["offset"]))
+                io_ops["size_bytes"].append(int(seg["length"]))
+                io_ops["start_ns"].append(start_ns + int(float(seg["start_time"]) * NS))
+                io_ops["end_ns"].append(start_ns + int(float(seg["end_time"]) * NS))
+
+
+def _counter_rows(
+    report: Any, module: str, records: list[dict[str, Any]]
+) -> list[tuple[dict[str, Any], dict[str, Any]]] | None:
+    """[(record, its counters by Darshan's names)] of a module, or None when its records carry none."""
+    names_c = list(report.counters.get(module, {}).get("counters", []))
+    names_f = list(report.counters.get(module, {}).get("fcounters", []))
+    if module == "LUSTRE":
+        return [(rec, _lustre_counters(rec, names_c)) for rec in records]
+    if not (records and "counters" in records[0] and names_c):
+        return None
+    rows = []
+    for rec in records:
+        counters: dict[str, Any] = {}
+        for n, v in zip(names_c, rec["counters"], strict=False):
+            counters[n] = int(v)
+        for n, v in zip(names_f, rec.get("fcounters", []), strict=False):
+            counters[n] = float(v)
+        if "file_rec_id" in rec:  # H5D, PNETCDF_VAR: the file record the dataset is in
+            counters[f"{COUNTER_PREFIX.get(module, module)}_FILE_REC_ID"] = int(rec["file_rec_id"])
+        rows.append((rec, counters))
+    return rows
+
+
+def _add_counters(
+    io_files: dict[str, list[Any]],
+    names: Any,
+    rows: list[tuple[dict[str, Any], dict[str, Any]]],
+    module: str,
+    end_ns: int,
+) -> None:
+    """The counters of ``module``'s records as ``io_files`` rows, taken at the end of the job."""
+    for rec, counters in rows:
+        rank = int(rec.get("rank", -1))
+        io_files["host"].append(HOST)
+        io_files["pid"].append(rank)
+        io_files["rank"].append(rank)
+        io_files["ts_ns"].append(end_ns)
+        io_files["module"].append(module)
+        io_files["layer"].append("darshan")
+        io_files["path"].append(_name_of(names, rec))
+        io_files["counters"].append(json.dumps(counters))
+
+
+def _module_notes(report: Any, imported_modules: dict[str, int]) -> tuple[list[str], dict[str, Any]]:
+    """The notes on the modules (imported, not imported, partial), and the modules not imported."""
     notes: list[str] = [
         "modules imported (records): " + ", ".join(f"{m} ({n})" for m, n in imported_modules.items())
     ]
@@ -320,10 +382,16 @@ def convert(report: Any, log_path: str) -> dict[str, Any]:
             )
     if getattr(report, "heatmaps", None):
         notes.append("the HEATMAP module is not imported: holoprof has no table for it")
+    return notes, not_imported
 
+
+def _processes(
+    job: dict[str, Any], nprocs: int, argv: list[str], start_ns: int, end_ns: int, log_path: str
+) -> dict[str, list[Any]]:
+    """One ``processes`` row per MPI rank of the job."""
     ranks = list(range(nprocs))
     info = json.dumps({"source": "darshan", "log": log_path})
-    processes = {
+    return {
         "host": [HOST] * nprocs,
         "pid": ranks,
         "rank": ranks,
@@ -342,23 +410,6 @@ def convert(report: Any, log_path: str) -> dict[str, Any]:
         "dropped_events": [0] * nprocs,
         "errors": ["[]"] * nprocs,
         "info": [info] * nprocs,
-    }
-    return {
-        "tables": {"io_files": io_files, "io_ops": io_ops, "processes": processes},
-        "command": argv,
-        "start_ns": start_ns,
-        "end_ns": end_ns,
-        "notes": notes,
-        "source": {
-            "format": "darshan",
-            "log": log_path,
-            "jobid": job.get("jobid"),
-            "nprocs": nprocs,
-            "log_version": job.get("log_ver"),
-            "modules": sorted(report.modules.keys()),
-            "imported_records": imported_modules,
-            "not_imported": not_imported,
-        },
     }
 
 

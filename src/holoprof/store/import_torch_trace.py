@@ -456,7 +456,6 @@ def import_torch_trace(
     ``if __name__ == "__main__"`` would rerun). ``bar`` (a progress bar that starts no thread)
     counts the bytes of the files read when they are imported here, one at a time.
     """
-    global _on_read
     try:
         import ijson  # noqa: F401
     except ImportError:
@@ -476,42 +475,7 @@ def import_torch_trace(
             (run_dir, f, head, idx, len(files))
             for idx, (f, head) in enumerate(zip(files, heads, strict=True))
         ]
-        fork = _single_threaded()
-        if jobs is None:
-            size = sum(os.path.getsize(f) for f in files)
-            big = size >= (FORK_MIN_BYTES if fork else PARALLEL_MIN_BYTES)
-            jobs = (os.cpu_count() or 1) if big else 1
-        jobs = max(1, min(jobs, len(files)))
-        if jobs == 1:
-            if bar is not None and bar.active:
-                bar.add_total(sum(os.path.getsize(f) for f in files))
-                _on_read = bar.advance
-            try:
-                results = [_import_file(*t) for t in tasks]
-            finally:
-                _on_read = None
-        elif fork:
-            results = _in_forks(tasks, jobs)
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            from holoprof.store.chunks import pyarrow_without_pandas
-
-            spawn = multiprocessing.get_context(
-                "spawn"
-            )  # the caller holds threads: fork could copy a held lock
-            with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=pyarrow_without_pandas) as pool:
-                results = list(pool.map(_import_file, *zip(*tasks, strict=True)))
-        spans = [(a, b) for a, b, _ in results if a is not None]
-        t_min = min((a for a, _ in spans), default=0)
-        t_max = max((b for _, b in spans), default=0)
-        breakdowns = [b for _, _, b in results if b is not None]
-        if not spans:
-            raise HoloprofError(
-                f'{path} holds no trace events (no complete "X" events in traceEvents); nothing to import — '
-                f"{NOT_A_TRACE}"
-            )
+        t_min, t_max, breakdowns = _totals(_import_files(tasks, files, jobs, bar), path)
         compact_run(run_dir)
         manifest = rundir.new_manifest([f"torch-trace {path}"], name, {})
         manifest.update(
@@ -532,6 +496,53 @@ def import_torch_trace(
         remove_failed_run(run_dir, keep_dir=existed)
         raise
     return run_dir
+
+
+def _totals(results: list[_Result], path: str) -> tuple[int, int, list[dict[str, Any]]]:
+    """(first start, last end, temporal breakdowns) of the imported files; refuses a trace with no event."""
+    spans = [(a, b) for a, b, _ in results if a is not None]
+    t_min = min((a for a, _ in spans), default=0)
+    t_max = max((b for _, b in spans), default=0)
+    breakdowns = [b for _, _, b in results if b is not None]
+    if not spans:
+        raise HoloprofError(
+            f'{path} holds no trace events (no complete "X" events in traceEvents); nothing to import — '
+            f"{NOT_A_TRACE}"
+        )
+    return t_min, t_max, breakdowns
+
+
+def _import_files(
+    tasks: list[tuple[Any, ...]], files: list[str], jobs: int | None, bar: Bar | None
+) -> list[_Result]:
+    """``_import_file(*task)`` for every task: here, in forked children or in spawned workers (see
+    :func:`import_torch_trace` for ``jobs``); the results in the order of ``tasks``."""
+    global _on_read
+    fork = _single_threaded()
+    if jobs is None:
+        size = sum(os.path.getsize(f) for f in files)
+        big = size >= (FORK_MIN_BYTES if fork else PARALLEL_MIN_BYTES)
+        jobs = (os.cpu_count() or 1) if big else 1
+    jobs = max(1, min(jobs, len(files)))
+    if jobs == 1:
+        if bar is not None and bar.active:
+            bar.add_total(sum(os.path.getsize(f) for f in files))
+            _on_read = bar.advance
+        try:
+            return [_import_file(*t) for t in tasks]
+        finally:
+            _on_read = None
+    if fork:
+        return _in_forks(tasks, jobs)
+    # the standard library's process pool, and the store's pyarrow set-up: only when workers are spawned
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from holoprof.store.chunks import pyarrow_without_pandas
+
+    spawn = multiprocessing.get_context("spawn")  # the caller holds threads: fork could copy a held lock
+    with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=pyarrow_without_pandas) as pool:
+        return list(pool.map(_import_file, *zip(*tasks, strict=True)))
 
 
 def _single_threaded() -> bool:
@@ -602,89 +613,165 @@ def _in_forks(tasks: list[tuple[Any, ...]], jobs: int) -> list[_Result]:
 
 def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: int) -> _Result:
     """One trace file into one process of the run; returns (first start, last end, temporal breakdown)."""
-    from holoprof.store.chunks import write_chunk
-    from holoprof.store.layout import partition_dir
-
-    rank = int(head.get("rank", idx if nfiles > 1 else -1))
-    world = int(head.get("world_size", nfiles if nfiles > 1 else -1))
-    base_ns = int(head.get("baseTimeNanoseconds", 0))
-    pid_main = None
-    folder = None
-    writer: _Writer | None = None
-    t_min: int | None = None
-    t_max = 0
-    step_starts: dict[int, int] = {}
-    steps: dict[int, list[tuple[int, int, int]]] = {}  # tid -> [(start, end, step)]
-    pending: list[tuple[int, str, int, int, str]] = []  # data_wait/optimizer phases, step unknown yet
-    device = _Device()
+    trace = _TraceFile(run_dir, head, idx, nfiles)
     for ev in _events(f):
+        trace.add(ev)
+    return trace.finish(f)
+
+
+_OP_CATS = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "python_function")
+
+
+class _TraceFile:
+    """The import of one trace file, event by event: spans written as they come, the phases whose step
+    is known only at the end kept until then, and the device timeline kept compact."""
+
+    def __init__(self, run_dir: str, head: dict[str, Any], idx: int, nfiles: int) -> None:
+        self.run_dir = run_dir
+        self.head = head
+        self.rank = int(head.get("rank", idx if nfiles > 1 else -1))
+        self.world = int(head.get("world_size", nfiles if nfiles > 1 else -1))
+        self.base_ns = int(head.get("baseTimeNanoseconds", 0))
+        self.pid_main: int | None = None
+        self.folder: str | None = None
+        self.writer: _Writer | None = None
+        self.t_min: int | None = None
+        self.t_max = 0
+        self.step_starts: dict[int, int] = {}
+        self.steps: dict[int, list[tuple[int, int, int]]] = {}  # tid -> [(start, end, step)]
+        self.pending: list[
+            tuple[int, str, int, int, str]
+        ] = []  # data_wait/optimizer phases, step unknown yet
+        self.device = _Device()
+
+    def add(self, ev: dict[str, Any]) -> None:
+        """One trace event: complete ("X") events become spans, phases or device activities."""
         if ev.get("ph") != "X":
-            continue
+            return
         name = str(ev.get("name", ""))
         cat = str(ev.get("cat", ""))
         cat = _LEGACY_CATS.get(cat, cat)
         try:
-            s = _ns(ev["ts"]) + base_ns
+            s = _ns(ev["ts"]) + self.base_ns
             e = s + _ns(ev.get("dur", 0))
         except (KeyError, TypeError, ValueError, OverflowError):
-            continue
+            return
         if not (-I64 < s < I64 and -I64 < e < I64):
-            continue
+            return
         pid = _int(_thread_id(ev.get("pid", 0))) or 0
         tid = _int(_thread_id(ev.get("tid", 0))) or 0
-        if writer is None:
-            pid_main = pid
-            folder = partition_dir(run_dir, "spans", HOST, rank if rank >= 0 else pid)
-            writer = _Writer(run_dir, {"host": HOST, "pid": rank if rank >= 0 else pid, "rank": rank})
-        t_min = s if t_min is None else min(t_min, s)
-        t_max = max(t_max, e)
+        writer = self.writer if self.writer is not None else self._open(pid)
+        self.t_min = s if self.t_min is None else min(self.t_min, s)
+        self.t_max = max(self.t_max, e)
         if name.startswith("ProfilerStep#"):
-            try:
-                n = int(name.split("#", 1)[1])
-            except ValueError:
-                continue
-            if not -I64 < n < I64:
-                continue
-            step_starts[n] = s
-            steps.setdefault(tid, []).append((s, e, n))
-            writer.add(tid, "step", "step", s, e, n, None)
-            continue
+            self._step(writer, tid, name, s, e)
+            return
         phase = _phase_of(name, cat)
         if phase is not None:
-            pending.append((tid, phase, s, e, name.split("#")[0]))
-            continue
+            self.pending.append((tid, phase, s, e, name.split("#")[0]))
+            return
         if cat not in ("cpu_op", "user_annotation", "python_function"):
-            device.add(ev, cat, name, s, e)
+            self.device.add(ev, cat, name, s, e)
         if cat == "user_annotation" and name.startswith("gloo:"):
             # gloo's worker thread: the time the collective's data really took to move
             writer.add(tid, "comm", name, s, e, -1, {"cat": cat})
-            continue
-        if cat in ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "python_function"):
-            args = ev.get("args")
-            args = args if isinstance(args, dict) else {}
-            attrs: dict[str, Any] = {"cat": cat}
-            if cat == "kernel":
-                attrs["device"] = args.get("device")
-                attrs["stream"] = args.get("stream")
-            elif "Input Dims" in args:
-                attrs["shapes"] = args.get("Input Dims")
-            writer.add(tid, "comm" if _is_comm(name, cat) else "op", name, s, e, -1, attrs)
-    if writer is None or folder is None:
-        return None, 0, None
-    # a phase belongs to the step of its thread that started last before it, if it starts in it
-    for tid_steps in steps.values():
-        tid_steps.sort()
-    for tid, phase, a, b, source in pending:
-        tid_steps = steps.get(tid, [])
-        i = bisect.bisect_right(tid_steps, (a, 2**63, 2**63)) - 1
-        n = tid_steps[i][2] if i >= 0 and a < tid_steps[i][1] else -1
-        writer.add(tid, "phase", phase, a, b, n, {"source": source})
-    writer.flush()
-    for tid, phase, a, b, n, how in _derived_phases(folder):
-        writer.add(tid, "phase", phase, a, b, n, {"derived": how})
-    writer.flush()
-    breakdown = device.temporal_breakdown(max(step_starts.values()) if len(step_starts) >= 2 else None)
-    del device
+            return
+        if cat in _OP_CATS:
+            writer.add(tid, "comm" if _is_comm(name, cat) else "op", name, s, e, -1, _op_attrs(ev, cat))
+
+    def _open(self, pid: int) -> _Writer:
+        """The writer of this file's process, made at its first event (whose ``pid`` names it when the
+        trace has no rank)."""
+        # the store's layout (pyarrow): loaded only when a trace is imported
+        from holoprof.store.layout import partition_dir
+
+        rank = self.rank
+        self.pid_main = pid
+        self.folder = partition_dir(self.run_dir, "spans", HOST, rank if rank >= 0 else pid)
+        self.writer = _Writer(self.run_dir, {"host": HOST, "pid": rank if rank >= 0 else pid, "rank": rank})
+        return self.writer
+
+    def _step(self, writer: _Writer, tid: int, name: str, s: int, e: int) -> None:
+        """A ``ProfilerStep#N`` event: the step span N of its thread."""
+        try:
+            n = int(name.split("#", 1)[1])
+        except ValueError:
+            return
+        if not -I64 < n < I64:
+            return
+        self.step_starts[n] = s
+        self.steps.setdefault(tid, []).append((s, e, n))
+        writer.add(tid, "step", "step", s, e, n, None)
+
+    def finish(self, f: str) -> _Result:
+        """Write the pending and derived phases and the process row: (first start, last end, breakdown)."""
+        writer, folder = self.writer, self.folder
+        if writer is None or folder is None:
+            return None, 0, None
+        self._write_pending(writer)
+        writer.flush()
+        for tid, phase, a, b, n, how in _derived_phases(folder):
+            writer.add(tid, "phase", phase, a, b, n, {"derived": how})
+        writer.flush()
+        step_starts = self.step_starts
+        breakdown = self.device.temporal_breakdown(
+            max(step_starts.values()) if len(step_starts) >= 2 else None
+        )
+        del self.device
+        _write_process(
+            self.run_dir,
+            f,
+            self.head,
+            self.rank,
+            self.world,
+            self.pid_main,
+            self.t_min,
+            self.t_max,
+            breakdown,
+        )
+        return self.t_min, self.t_max, None if breakdown is None else {"rank": self.rank, **breakdown}
+
+    def _write_pending(self, writer: _Writer) -> None:
+        """The phases kept until the end: each belongs to the step of its thread that started last
+        before it, if it starts in it."""
+        steps = self.steps
+        for tid_steps in steps.values():
+            tid_steps.sort()
+        for tid, phase, a, b, source in self.pending:
+            tid_steps = steps.get(tid, [])
+            i = bisect.bisect_right(tid_steps, (a, 2**63, 2**63)) - 1
+            n = tid_steps[i][2] if i >= 0 and a < tid_steps[i][1] else -1
+            writer.add(tid, "phase", phase, a, b, n, {"source": source})
+
+
+def _op_attrs(ev: dict[str, Any], cat: str) -> dict[str, Any]:
+    """An op span's attributes: its category, and its device and stream (kernels) or input shapes."""
+    args = ev.get("args")
+    args = args if isinstance(args, dict) else {}
+    attrs: dict[str, Any] = {"cat": cat}
+    if cat == "kernel":
+        attrs["device"] = args.get("device")
+        attrs["stream"] = args.get("stream")
+    elif "Input Dims" in args:
+        attrs["shapes"] = args.get("Input Dims")
+    return attrs
+
+
+def _write_process(
+    run_dir: str,
+    f: str,
+    head: dict[str, Any],
+    rank: int,
+    world: int,
+    pid_main: int | None,
+    t_min: int | None,
+    t_max: int,
+    breakdown: dict[str, float] | None,
+) -> None:
+    """The ``processes`` row of the process that trace file ``f`` became."""
+    # the store's chunk writer (pyarrow): loaded only when a trace is imported
+    from holoprof.store.chunks import write_chunk
+
     now = time.time_ns()
     write_chunk(
         run_dir,
@@ -721,7 +808,6 @@ def _import_file(run_dir: str, f: str, head: dict[str, Any], idx: int, nfiles: i
         },
         seq=10**7,
     )
-    return t_min, t_max, None if breakdown is None else {"rank": rank, **breakdown}
 
 
 def _span_parts(folder: str) -> str:

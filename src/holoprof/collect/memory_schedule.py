@@ -1,0 +1,16 @@
+"""Which steps the memory collector measures: the modes of ``holoprof run --memory`` and the schedule."""
+
+from __future__ import annotations
+
+MODES: tuple[str, ...] = ("sampled", "full", "off")
+#: Sampled mode: the first ``FIRST_STEPS`` steps, then every ``EVERY``-th step.
+FIRST_STEPS = 3
+EVERY = 200
+
+
+def is_sampled(step: int, mode: str, every: int = EVERY) -> bool:
+    if mode == "full":
+        return True
+    if mode != "sampled":
+        return False
+    return step < FIRST_STEPS or (every > 0 and step % every == 0)
