@@ -22,6 +22,7 @@ import tempfile
 
 from holoprof.collect import io_native
 from holoprof.collect.io_native import build
+from holoprof.store import native_dumps
 
 LOOP = r"""
 import sys, time
@@ -82,7 +83,9 @@ def main() -> None:
                     check=True,
                 )
                 times[case].append(float(out.stdout))
-        dumps = [r for f in io_native.dump_files(run) for r in io_native.read_dump(f) if r["path"] == path]
+        dumps = [
+            r for f in native_dumps.dump_files(run) for r in native_dumps.read_dump(f) if r["path"] == path
+        ]
     med = {k: statistics.median(v) for k, v in times.items()}
     c = dumps[-1]["counters"] if dumps else {}
     result = {

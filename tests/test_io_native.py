@@ -24,6 +24,7 @@ import pytest
 
 from holoprof.collect import io_native
 from holoprof.collect.io_native import build
+from holoprof.store import native_dumps
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="LD_PRELOAD capture is Linux-only"
@@ -314,8 +315,8 @@ class Run:
 
     def dump_rows(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        for f in io_native.dump_files(str(self.run_dir)):
-            rows.extend(io_native.read_dump(f))
+        for f in native_dumps.dump_files(str(self.run_dir)):
+            rows.extend(native_dumps.read_dump(f))
         return rows
 
 
@@ -704,11 +705,11 @@ def test_fork_while_threads_do_io(lib: str, cprogs: dict[str, str], tmp_path: Pa
     run = run_preloaded(
         [cprogs["fork"], str(a), str(b), str(scratch), "150"], lib, tmp_path, strace=False, timeout=60
     )
-    dumps = io_native.dump_files(str(run.run_dir))
+    dumps = native_dumps.dump_files(str(run.run_dir))
     children = 0
     for f in dumps:
-        head = io_native.read_dump_header(f)
-        got = totals(io_native.read_dump(f))
+        head = native_dumps.read_dump_header(f)
+        got = totals(native_dumps.read_dump(f))
         if ("POSIX", str(b)) in got:
             children += 1
             # a child starts with zero counters: only its own open+read of b, nothing of a
@@ -760,7 +761,7 @@ def test_python_fork_child_counters_and_owner(lib: str, tmp_path: Path) -> None:
     )
     run = run_preloaded([sys.executable, prog, str(a), str(b)], lib, tmp_path, strace=False)
     assert json.loads(run.stdout) == [[2, False]] * 20  # read() of the data, then EOF
-    pids = {io_native.read_dump_header(f)["pid"] for f in io_native.dump_files(str(run.run_dir))}
+    pids = {native_dumps.read_dump_header(f)["pid"] for f in native_dumps.dump_files(str(run.run_dir))}
     assert len(pids) == 20  # the children dump (not owned); the owning parent does not
 
 
@@ -919,7 +920,10 @@ def test_table_full_is_counted(lib: str, tmp_path: Path) -> None:
     )
     out = json.loads(run.stdout)
     assert out["mine"] < 40 and out["dropped"] >= 40 - out["mine"] > 0
-    assert io_native.read_dump_header(io_native.dump_files(str(run.run_dir))[0])["dropped"] >= out["dropped"]
+    assert (
+        native_dumps.read_dump_header(native_dumps.dump_files(str(run.run_dir))[0])["dropped"]
+        >= out["dropped"]
+    )
 
 
 def test_excluded_paths_and_run_directory(lib: str, tmp_path: Path) -> None:
@@ -972,12 +976,12 @@ def test_incremental_changes_and_disable(lib: str, tmp_path: Path) -> None:
         env={io_native.ENV_DISABLE: "1"},
     )
     assert json.loads(off.stdout) == [False, [], []]
-    assert io_native.dump_files(str(off.run_dir)) == []
+    assert native_dumps.dump_files(str(off.run_dir)) == []
 
 
 def test_read_dump_tolerates_truncation(tmp_path: Path) -> None:
     head = {
-        "format": io_native.DUMP_FORMAT,
+        "format": native_dumps.DUMP_FORMAT,
         "host": "h",
         "pid": 5,
         "ts_ns": 9,
@@ -986,7 +990,7 @@ def test_read_dump_tolerates_truncation(tmp_path: Path) -> None:
     rec = {"module": "POSIX", "path": "/d/\udcff.bin", "counters": {"POSIX_READS": 3}}
     p = tmp_path / "io_native-5.jsonl"
     p.write_text(json.dumps(head) + "\n" + json.dumps(rec) + "\n" + '{"module": "POSIX", "pa')
-    rows = io_native.read_dump(str(p))
+    rows = native_dumps.read_dump(str(p))
     assert rows == [
         {
             "host": "h",
@@ -1002,4 +1006,4 @@ def test_read_dump_tolerates_truncation(tmp_path: Path) -> None:
     bad = tmp_path / "other.jsonl"
     bad.write_text('{"format": "x"}\n')
     with pytest.raises(ValueError, match="not a holoprof native I/O dump"):
-        io_native.read_dump(str(bad))
+        native_dumps.read_dump(str(bad))

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from holoprof.collect import io_native
+from holoprof.store import native_dumps
 from holoprof.store.reader import load
 
 pytestmark = pytest.mark.skipif(
@@ -49,7 +50,7 @@ def test_cat_in_a_traced_pipeline_has_its_reads_counted(tmp_path: os.PathLike[st
     assert rows, "the cat process's dump was not imported"
     assert all(layer == "native" for layer, _ in rows)
     assert sum(b for _, b in rows) == 1_500_000
-    assert not [f for f in io_native.dump_files(out)], "dumps are imported once, then set aside"
+    assert not [f for f in native_dumps.dump_files(out)], "dumps are imported once, then set aside"
 
 
 def test_python_layer_only_when_asked(tmp_path: os.PathLike[str]) -> None:

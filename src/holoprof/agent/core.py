@@ -550,9 +550,6 @@ class Agent:
 
     def _write_tables(self, writes: list[tuple[str, dict[str, list[Any]]]]) -> None:
         """Each table's rows as a raw chunk; a disk that fails drops the events, counted, and warns once."""
-        # the store's writer, loaded at the first flush rather than when the agent starts
-        from holoprof.store.raw import write_raw
-
         for table, cols in writes:
             try:
                 write_raw(self.folder, table, cols, seq=next(self._seq))

@@ -34,6 +34,7 @@ from typing import Any
 from holoprof import model
 from holoprof.analyze.engine_dask import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
+from holoprof.store import native_dumps
 from holoprof.store.reader import Run
 
 NS = 1e9
@@ -277,15 +278,11 @@ def dump_rows(run: Run, known: set[tuple[str, int]]) -> list[FileRow]:
 
     A process whose counters are already in ``io_files`` is skipped (never counted twice).
     """
-    try:
-        from holoprof.collect import io_native
-    except Exception:
-        return []
     keys = [a for a, _ in _SUMS] + [a for a, _ in _FLOATS]
     out = []
-    for path in io_native.dump_files(run.path):
+    for path in native_dumps.dump_files(run.path):
         try:
-            rows = io_native.read_dump(path)
+            rows = native_dumps.read_dump(path)
         except (OSError, ValueError):
             continue
         for r in rows:

@@ -19,14 +19,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from holoprof import model
+from holoprof.agent.core import Agent
+from holoprof.collect import io_native
+from holoprof.collect.io_paths import PathPolicy, default_excludes
+from holoprof.collect.system import SystemSampler
 from holoprof.errors import HoloprofError
-from holoprof.store import rundir
+from holoprof.store import native_dumps, rundir
+from holoprof.store.chunks import write_chunk
+from holoprof.store.compact import compact_run
+from holoprof.store.convert import Converter, remove_empty_staging
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -109,8 +117,6 @@ def job_environment(run_dir: str, options: dict[str, Any]) -> dict[str, str]:
     if options.get("io_layer", "auto") != "python":
         # The native I/O layer reaches every process of the job, Python or not (LD_PRELOAD).
         try:
-            from holoprof.collect import io_native
-
             env = io_native.preload_env(env)
             env.setdefault(io_native.ENV_EXCLUDE, ":".join(native_excludes(run_dir, options)))
             includes = [os.path.abspath(p) for p in options.get("io_include") or []]
@@ -143,8 +149,6 @@ def native_excludes(run_dir: str, options: dict[str, Any]) -> list[str]:
     (stdlib, site-packages: thousands of files opened by `import torch`), the run directory and the
     user's --io-exclude, minus whatever --io-include asks for. Filtering there, not after the fact,
     keeps the agent from decoding thousands of records it would drop."""
-    from holoprof.collect.io_paths import default_excludes
-
     includes = [os.path.abspath(p) for p in options.get("io_include") or []]
     out: list[str] = []
     for p in [*NATIVE_DEFAULT_EXCLUDES, *default_excludes(run_dir), *(options.get("io_exclude") or [])]:
@@ -163,17 +167,13 @@ IMPORTED_SEQ = 90_000_000
 def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> int:
     """Counters that non-Python processes of the job wrote at exit, into their process folders
     (filtered like the agent's own: no interpreter files, pseudo file systems or the run itself)."""
-    from holoprof.collect import io_native
-    from holoprof.collect.io_paths import PathPolicy
-    from holoprof.store.chunks import write_chunk
-
     opts = options or {}
     policy = PathPolicy(opts.get("io_include"), opts.get("io_exclude"), run_dir)
     n = 0
-    for i, path in enumerate(io_native.dump_files(run_dir)):
+    for i, path in enumerate(native_dumps.dump_files(run_dir)):
         try:
-            rows = [r for r in io_native.read_dump(path) if policy.keep(r["path"])]
-            header = io_native.read_dump_header(path)
+            rows = [r for r in native_dumps.read_dump(path) if policy.keep(r["path"])]
+            header = native_dumps.read_dump_header(path)
         except Exception:
             continue
         folder = os.path.dirname(path)
@@ -240,8 +240,6 @@ def run(
         manifest["unrecorded_dropped_events"] = storage.unrecorded_dropped
     if storage.error is None:
         try:
-            from holoprof.store.compact import compact_run
-
             compact_run(run_dir)
         except Exception as exc:  # compaction is an optimization; the chunks are still there
             sys.stderr.write(f"holoprof: could not compact the run ({exc}); it loads as it is\n")
@@ -279,12 +277,8 @@ class Storage:
 def _warm_up_converter() -> None:
     """Convert a one-row chunk before the job starts: pyarrow's lazy imports (pandas among them, when
     installed: a second of CPU) are then paid here, not on the job's cores in the middle of its run."""
-    import tempfile
-
     try:
-        import psutil  # noqa: F401
-
-        from holoprof.store.chunks import write_chunk
+        import psutil  # noqa: F401  lazy: its import paid here, before the job starts
 
         with tempfile.TemporaryDirectory(prefix="holoprof-warm-") as d:
             write_chunk(
@@ -305,10 +299,6 @@ def _from_terminal() -> bool:
 
 
 def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[int, Storage]:
-    from holoprof.agent.core import Agent
-    from holoprof.collect.system import SystemSampler
-    from holoprof.store.convert import Converter, remove_empty_staging
-
     env = job_environment(run_dir, options)
     _warm_up_converter()
     use_wait = hasattr(signal, "sigtimedwait")

@@ -23,13 +23,14 @@ Only the standard library is imported here: this module loads in every process o
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import struct
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Final
+
+from holoprof.store.native_dumps import LAYER, path_text
 
 __all__ = [
     "ENV_DISABLE",
@@ -42,12 +43,9 @@ __all__ = [
     "changes",
     "dropped",
     "dump",
-    "dump_files",
     "library_path",
     "path_text",
     "preload_env",
-    "read_dump",
-    "read_dump_header",
     "set_owner",
     "snapshot",
     "trace_drain",
@@ -69,12 +67,8 @@ ENV_INCLUDE: Final = "HOLOPROF_IO_INCLUDE"
 #: Lower the number of file records the library keeps (default and maximum 65536).
 ENV_MAX_FILES: Final = "HOLOPROF_IO_MAX_FILES"
 
-LAYER: Final = "native"
 MODULES: Final[tuple[str, str]] = ("POSIX", "STDIO")
 OPS: Final[tuple[str, ...]] = ("", "open", "close", "read", "write", "seek", "stat", "sync", "mmap", "flush")
-DUMP_PREFIX: Final = "io_native-"
-DUMP_SUFFIX: Final = ".jsonl"
-DUMP_FORMAT: Final = "holoprof.io_native/1"
 
 _TRACE_REC: Final = struct.Struct("<IBBHqqqq")
 _HDR: Final = struct.Struct("<IIHHI")
@@ -110,16 +104,6 @@ def preload_env(env: Mapping[str, str] | None = None, lib: str | None = None) ->
     current = [p for p in out.get("LD_PRELOAD", "").replace(":", " ").split() if p and p != lib]
     out["LD_PRELOAD"] = " ".join([lib, *current])
     return out
-
-
-def path_text(raw: bytes) -> str:
-    """The text form of a path as the native layer reports it: UTF-8, other bytes as ``\\xNN``.
-
-    Valid UTF-8 (spaces, newlines, any Unicode) comes back unchanged. Other layers should pass their
-    paths through ``path_text(os.fsencode(p))`` to match native rows (the result is always safe to
-    store as an Arrow string, unlike :func:`os.fsdecode`'s surrogates).
-    """
-    return raw.decode("utf-8", "backslashreplace")
 
 
 # -- the loaded library ---------------------------------------------------------------------------
@@ -363,92 +347,4 @@ def trace_drain(max_records: int = 65536) -> list[dict[str, Any]]:
                 )
             if n < want:
                 break
-    return rows
-
-
-# -- dump files -----------------------------------------------------------------------------------
-def dump_files(run_dir: str) -> list[str]:
-    """The dump files in a run directory (``<run>/<host>-<pid>/io_native-<pid>.jsonl``), sorted."""
-    out: list[str] = []
-    try:
-        entries = list(os.scandir(run_dir))
-    except OSError:
-        return out
-    for d in entries:
-        if not d.is_dir(follow_symlinks=False):
-            continue
-        try:
-            for f in os.scandir(d.path):
-                if f.name.startswith(DUMP_PREFIX) and f.name.endswith(DUMP_SUFFIX) and f.is_file():
-                    out.append(f.path)
-        except OSError:
-            continue
-    return sorted(out)
-
-
-def _dump_text(s: str) -> str:
-    # the library writes non-UTF-8 bytes as \udcXX escapes; turn them back into bytes first
-    try:
-        s.encode("utf-8")
-        return s
-    except UnicodeEncodeError:
-        return path_text(s.encode("utf-8", "surrogateescape"))
-
-
-def read_dump_header(path: str) -> dict[str, Any]:
-    """The first line of a dump file: host, pid, ppid, exe, reason (exit, _exit, request), start_ns,
-    ts_ns, dropped (files not recorded: table full), trace_dropped, counter_names (per module)."""
-    with open(path, "rb") as f:
-        first = f.readline()
-    head = json.loads(first)
-    if head.get("format") != DUMP_FORMAT:
-        raise ValueError(f"{path}: not a holoprof native I/O dump (format {head.get('format')!r})")
-    for key in ("host", "exe"):
-        if isinstance(head.get(key), str):
-            head[key] = _dump_text(head[key])
-    return head
-
-
-def read_dump(path: str) -> list[dict[str, Any]]:
-    """The ``io_files`` rows of a dump file (host, pid and rank -1 filled in from its header).
-
-    A truncated last line (the process died while writing) is skipped.
-    """
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    if not lines or not lines[0].strip():
-        return []
-    head = json.loads(lines[0])
-    if head.get("format") != DUMP_FORMAT:
-        raise ValueError(f"{path}: not a holoprof native I/O dump (format {head.get('format')!r})")
-    host = _dump_text(str(head.get("host", "")))
-    pid = int(head.get("pid", -1))
-    ts = int(head.get("ts_ns", 0))
-    # counters that are zero are left out of the records: fill them in, in the header's order
-    zeros: dict[str, dict[str, Any]] = {
-        module: {name: (0.0 if "_F_" in name else 0) for name in names}
-        for module, names in (head.get("counter_names") or {}).items()
-    }
-    rows: list[dict[str, Any]] = []
-    for line in lines[1:]:
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        counters = dict(zeros.get(rec["module"], {}))
-        counters.update(rec["counters"])
-        rows.append(
-            {
-                "host": host,
-                "pid": pid,
-                "rank": -1,
-                "ts_ns": ts,
-                "module": rec["module"],
-                "layer": LAYER,
-                "path": _dump_text(rec["path"]),
-                "counters": counters,
-            }
-        )
     return rows
