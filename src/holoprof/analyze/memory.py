@@ -368,12 +368,20 @@ def accumulation_steps(run: Run, proc: ProcKey, ctx: dict[str, Any] | None = Non
     return max(1, int(statistics.median(counts))) if counts else 1
 
 
+#: What the ``other`` category is, by what the collector measured it against (``other_basis``).
+OTHER_NOTE = {
+    "rss": "other (CPU): resident memory not attributed to tensors: interpreter, libraries, allocator caches",
+    "cuda_reserved": (
+        "other (GPU): memory reserved by the CUDA caching allocator that no category accounts for: "
+        "workspaces, temporaries, cached and fragmented blocks"
+    ),
+}
+
+
 # --- the report section ------------------------------------------------------------------------------
 def section(ms: MemoryStats | None, loader: dict[str, Any]) -> dict[str, Any]:
     if ms is None:
         return {}
-    from holoprof.collect.memory import OTHER_NOTE
-
     return {
         "peak_bytes": ms.peak_bytes,
         "device": ms.device,

@@ -53,14 +53,6 @@ from holoprof.collect.memory_phases import PhaseSnapshots
 from holoprof.collect.memory_process import rss_bytes
 from holoprof.collect.memory_schedule import EVERY, MODES, is_sampled
 
-OTHER_NOTE = {
-    "rss": "other (CPU): resident memory not attributed to tensors: interpreter, libraries, allocator caches",
-    "cuda_reserved": (
-        "other (GPU): memory reserved by the CUDA caching allocator that no category accounts for: "
-        "workspaces, temporaries, cached and fragmented blocks"
-    ),
-}
-
 
 class MemoryCollector(Collector):
     """The hooks (:class:`ForwardTracker`), the counts (:class:`TensorAccounts`) and the snapshots

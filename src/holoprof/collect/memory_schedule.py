@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-MODES: tuple[str, ...] = ("sampled", "full", "off")
+from holoprof import model
+
+MODES: tuple[str, ...] = model.MEMORY_MODES
 #: Sampled mode: the first ``FIRST_STEPS`` steps, then every ``EVERY``-th step.
 FIRST_STEPS = 3
 EVERY = 200
