@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from holoprof import model
+from holoprof.analyze.report import build_report
 from holoprof.analyze.stats import (
     ALPHA,
     MIN_EFFECT,
@@ -40,7 +41,8 @@ from holoprof.analyze.stats import (
 )
 from holoprof.analyze.steps import step_durations
 from holoprof.errors import HoloprofError
-from holoprof.store.reader import Run
+from holoprof.store.pack import open_run
+from holoprof.store.reader import Run, load
 
 DIFF_SCHEMA = "holoprof.diff/1"
 MIN_STEPS = 2
@@ -136,8 +138,6 @@ MEMORY_KEYS = ("peak_bytes",)
 
 def compare(run_a: Run, run_b: Run, alpha: float = ALPHA, min_effect: float = MIN_EFFECT) -> Diff:
     """Compare two loaded runs (pure: reads the runs, returns the comparison)."""
-    from holoprof.analyze.report import build_report
-
     doc_a, doc_b = build_report(run_a), build_report(run_b)
     da, db = step_durations(run_a), step_durations(run_b)
     a, b = _side(run_a, doc_a, da), _side(run_b, doc_b, db)
@@ -206,9 +206,6 @@ def diff_runs(
     min_effect: float = MIN_EFFECT,
 ) -> Diff:
     """Load and compare two runs (directories or packs); refuses a run compared with itself."""
-    from holoprof.store.pack import open_run
-    from holoprof.store.reader import load
-
     ra, rb = os.path.realpath(os.fspath(path_a)), os.path.realpath(os.fspath(path_b))
     for p in (ra, rb):
         if not os.path.exists(p):

@@ -21,6 +21,7 @@ written by :mod:`holoprof.collect.memory` at phase boundaries of sampled steps).
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -362,8 +363,6 @@ def _accumulation_agg(proc: ProcKey) -> Aggregation:
 def accumulation_steps(run: Run, proc: ProcKey, ctx: dict[str, Any] | None = None) -> int:
     """Micro-batches per optimizer step (gradient accumulation): the median number of batches the
     loop fetched per step, 1 when it fetched none (no DataLoader)."""
-    import statistics
-
     counts = [int(n) for _, n in aggregate(run, ctx, _accumulation_agg(proc))]
     return max(1, int(statistics.median(counts))) if counts else 1
 

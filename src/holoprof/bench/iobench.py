@@ -24,6 +24,7 @@ import os
 import platform
 import queue
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -201,7 +202,6 @@ def scan_dataset(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
 
 
 def _is_regular(mode: int) -> bool:
-    import stat
 
     return stat.S_ISREG(mode)
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from holoprof import model
 from holoprof.store import layout, rundir
+from holoprof.store.chunks import write_chunk
+from holoprof.store.convert import find_chunks
 
 #: mean phase durations (ns) of a generated step
 PHASE_MEANS_NS = {"data_wait": 2_000_000, "forward": 3_000_000, "backward": 5_000_000, "optimizer": 1_000_000}
@@ -140,7 +142,7 @@ class _RankWriter:
     """One rank of a generated run: its spans chunk by chunk, then its process row, samples and I/O."""
 
     def __init__(self, run_dir: str, rank: int, opts: _Options, totals: SynthTotals) -> None:
-        import numpy as np  # loaded only when a run is generated
+        import numpy as np  # lazy: loaded only when a run is generated
 
         self.opts = opts
         self.totals = totals
@@ -228,7 +230,7 @@ def _draw_steps(
 ) -> tuple[dict[str, Any], Any, Any, Any, Any]:
     """The durations of ``n`` steps from ``c0`` starting at ``clock``: (phase durations, step lengths,
     step indices, the checkpoint after each step (0: none), step starts)."""
-    import numpy as np  # loaded only when a run is generated
+    import numpy as np  # lazy: loaded only when a run is generated
 
     durs = {p: rng.integers(m // 2, m * 3 // 2, size=n, dtype=np.int64) for p, m in PHASE_MEANS_NS.items()}
     if opts.comm:
@@ -251,8 +253,8 @@ def _step_and_phase_spans(
 ) -> tuple[tuple[list[Any], ...], dict[str, Any]]:
     """The chunk's step and phase spans (kinds, names, starts, ends, steps, attrs), and where each
     phase starts; adds the phases' time to ``mine["phase_ns"]``."""
-    import numpy as np  # loaded only when a run is generated
-    import pyarrow as pa
+    import numpy as np  # lazy: loaded only when a run is generated
+    import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     n = len(step_idx)
     kinds, pnames, s_all, e_all, st_all = [], [], [], [], []
@@ -286,9 +288,9 @@ def _step_and_phase_spans(
 
 def _write_spans(spans_dir: str, seq: int, out: tuple[list[Any], ...], host: str, pid: int, rank: int) -> int:
     """The chunk's spans, sorted by start, as Parquet part ``seq``; returns their number."""
-    import numpy as np  # loaded only when a run is generated
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import numpy as np  # lazy: loaded only when a run is generated
+    import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
+    import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     kinds, pnames, s_all, e_all, st_all, attrs = out
     start = np.concatenate(s_all)
@@ -335,9 +337,9 @@ def _comm_spans(
     of backward after the last bucket was ready (which holds the last bucket's allreduce). Its
     communication is the union of those phases and of the comm spans: the phases and the buckets
     before the last."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    import numpy as np  # lazy: numpy loads only where arrays are built
+    import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
+    import pyarrow.compute as pc  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     kinds, pnames, s_all, e_all, st_all, attrs = out
     n = len(step_idx)
@@ -374,8 +376,8 @@ def _checkpoints(
     totals: SynthTotals, rank: int, after: Any, dur: Any, step_idx: Any, out: tuple[list[Any], ...]
 ) -> None:
     """A chunk's checkpoint phases (``dur`` > 0 after a step ending at ``after``), appended to ``out``."""
-    import numpy as np
-    import pyarrow as pa
+    import numpy as np  # lazy: numpy loads only where arrays are built
+    import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     kinds, pnames, s_all, e_all, st_all, attrs = out
     at = dur > 0
@@ -419,8 +421,8 @@ def _memory(
 ) -> None:
     """A chunk's memory snapshots (every ``every``-th step), appended to ``out``; ``totals.memory``
     keeps the rank's peak as the report computes it (see :mod:`holoprof.analyze.memory`)."""
-    import numpy as np
-    import pyarrow as pa
+    import numpy as np  # lazy: numpy loads only where arrays are built
+    import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     kinds, pnames, s_all, e_all, st_all, attrs = out
     at = step_idx % every == 0
@@ -476,9 +478,7 @@ def _io_ops(
 ) -> int:
     """A chunk's per-operation reads (one per step, within its data wait), written as an ``io_ops``
     chunk; returns the offset after the last one."""
-    import numpy as np
-
-    from holoprof.store.chunks import write_chunk
+    import numpy as np  # lazy: numpy loads only where arrays are built
 
     n = len(wait_start)
     sizes = rng.choice(np.array(READ_SIZES, dtype=np.int64), size=n)
@@ -520,9 +520,7 @@ def _write_io(
 ) -> None:
     """``files`` shard files of this rank and the shared file, each read with one size: a snapshot of
     its counters half-way through the run (half its reads done) and the final one at the end."""
-    import numpy as np
-
-    from holoprof.store.chunks import write_chunk
+    import numpy as np  # lazy: numpy loads only where arrays are built
 
     tag = rank if rank >= 0 else 0
     paths = [f"/data/shard-{tag:05d}-{i:05d}.bin" for i in range(files)] + [SHARED_FILE]
@@ -581,9 +579,7 @@ def create_run(out: str) -> str:
 
 def finish_run(out: str) -> None:
     """Record the end of a run generated in pieces (the latest end of its processes)."""
-    import pyarrow.parquet as pq
-
-    from holoprof.store.convert import find_chunks
+    import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     end = max(
         (
@@ -607,7 +603,6 @@ def _write_manifest(run_dir: str, end: int | None) -> None:
 def _write_process(
     folder: str, host: str, pid: int, rank: int, world: int, t0: int, t1: int, seq: int
 ) -> None:
-    from holoprof.store.chunks import write_chunk
 
     row: dict[str, list[Any]] = {
         "host": [host],
@@ -633,7 +628,6 @@ def _write_process(
 
 
 def _write_samples(folder: str, host: str, pid: int, rank: int, t0: int, t1: int, seq: int) -> None:
-    from holoprof.store.chunks import write_chunk
 
     n = max(1, min(100_000, (t1 - t0) // 10**9))
     ts = [t0 + i * 10**9 for i in range(n)]

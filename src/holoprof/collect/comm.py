@@ -101,6 +101,7 @@ class CommCollector(Collector):
         except Exception as exc:
             self.agent.fail(self, exc)
         try:
+            # lazy: loaded only when this runs, not when the agent starts
             from holoprof.collect.layers import LayerSampler
 
             self._sampler = LayerSampler(self.agent, self)
@@ -286,6 +287,7 @@ class CommCollector(Collector):
     # -- DistributedDataParallel -------------------------------------------------------------------
     def _patch_ddp(self, torch: ModuleType, dist: Any) -> None:
         try:
+            # lazy: the job's framework, imported by the job, never by the agent
             from torch.nn.parallel import distributed as ddp_mod
         except Exception:
             return
@@ -331,6 +333,7 @@ class CommCollector(Collector):
             assert orig_builtin is not None
             if slot is None or slot.user is not None or not col.enabled:
                 return orig_builtin(ddp, comm_hook_type)
+            # lazy: the job's framework, imported by the job, never by the agent
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             kind = str(getattr(comm_hook_type, "name", comm_hook_type))

@@ -83,7 +83,7 @@ Handler = Callable[[Job], None]
 
 def _stacks(job: Job) -> None:
     """Every Python thread's stack, as text."""
-    import traceback  # only when stacks are asked for: not loaded at the agent's start-up
+    import traceback  # lazy: only when stacks are asked for: not loaded at the agent's start-up
 
     names = {t.ident: t.name for t in threading.enumerate()}
     lines = [

@@ -148,10 +148,13 @@ class DeepProfiler:
     def _make_profiler(self, steps: int) -> Any:
         if sys.modules.get("torch") is None and sys.modules.get("tensorflow") is not None:
             # only a TensorFlow job's profile needs it: the agent does not load it at start-up
+            # lazy: loaded only when this runs, not when the agent starts
             from holoprof.collect.tf_profile import TFProfile
 
             return TFProfile(os.path.join(self.collector.agent.run_dir, "artifacts"))
-        import torch  # optional dependency, loaded by the job already (arm checks)
+        import torch  # lazy: optional dependency, loaded by the job already (arm checks)
+
+        # lazy: the job's framework, imported by the job, never by the agent
         import torch.profiler as tp
 
         activities = [tp.ProfilerActivity.CPU]
@@ -212,7 +215,7 @@ class DeepProfiler:
 
 def _export_trace(job: ProfileJob, prof: Any) -> str:
     """Write the profile's Chrome trace (gzip-compressed when large); return its path."""
-    import gzip  # only when a profile is exported: not loaded at the agent's start-up
+    import gzip  # lazy: only when a profile is exported: not loaded at the agent's start-up
 
     trace = job.artifact_path(".json")
     tmp = trace + ".tmp"

@@ -50,6 +50,7 @@ TRACE_MAX_SECONDS: Final = 600
 def _native() -> ModuleType | None:
     try:
         # loads ctypes and the library: only where the native layer may be used (and it may fail)
+        # lazy: loaded only when this runs, not when the agent starts
         from holoprof.collect import io_native
 
         return io_native

@@ -103,6 +103,7 @@ class KnobCollector(Collector):
 
     # -- PyTorch ---------------------------------------------------------------------------------
     def _on_torch(self, torch: ModuleType) -> None:
+        # lazy: the job's framework, imported by the job, never by the agent
         import torch.utils.data.dataloader as dl_mod
 
         knobs = self.knobs
@@ -145,6 +146,7 @@ class KnobCollector(Collector):
     def _loader_kwargs(
         self, orig_init: Any, dataset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> dict[str, Any]:
+        # lazy: loaded only when this runs
         import inspect
 
         bound = inspect.signature(orig_init).bind(None, dataset, *args, **kwargs)
@@ -199,6 +201,7 @@ class KnobCollector(Collector):
 
             def map(self_: Any, *args: Any, **kwargs: Any) -> Any:
                 if col.enabled:
+                    # lazy: loaded only when this runs
                     import inspect
 
                     bound = inspect.signature(orig_map).bind(self_, *args, **kwargs)

@@ -40,6 +40,7 @@ class LayerSampler:
     def attach(self, torch: ModuleType) -> None:
         if self.done:
             return
+        # lazy: the job's framework, imported by the job, never by the agent
         import torch.optim.optimizer as optim_mod
 
         self._torch = torch
@@ -77,6 +78,7 @@ class LayerSampler:
         torch = self._torch
         if torch is None or self._pre_handle is not None:
             return
+        # lazy: the job's framework, imported by the job, never by the agent
         from torch.nn.modules.module import register_module_forward_pre_hook
 
         self._pre_handle = register_module_forward_pre_hook(self._on_forward)

@@ -99,7 +99,7 @@ class MemoryCollector(Collector):
         super().uninstall()
 
     def _setup(self, torch: ModuleType) -> None:
-        import torch.optim.optimizer as optim_mod  # torch is loaded by the job, never by the agent
+        import torch.optim.optimizer as optim_mod  # lazy: torch is loaded by the job, never by the agent
 
         self.tracker.setup(torch)
         self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._opt_pre))

@@ -34,7 +34,7 @@ def rss_bytes() -> int:
             _statm = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY))
         return int(_pread(_statm[1], 128, 0).split()[1]) * _PAGE  # type: ignore[misc]
     except (OSError, ValueError, IndexError, AttributeError, TypeError):
-        import resource  # not on every platform: only where /proc cannot be read
+        import resource  # lazy: not on every platform: only where /proc cannot be read
 
         r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return int(r if sys.platform == "darwin" else r * 1024)

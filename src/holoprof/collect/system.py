@@ -46,6 +46,7 @@ class _Gpus:
         self.nvml: Any = None
         self.note = ""
         try:
+            # lazy: only where an NVIDIA driver is there to ask
             import pynvml
 
             pynvml.nvmlInit()
@@ -83,6 +84,7 @@ class SystemSampler:
     def __init__(self, agent: Agent, root_pid: int, interval_s: float = 1.0) -> None:
         self.fault_at = fault_point(self.name, "start")
         check_fault(self.fault_at, self.name, "start")
+        # lazy: loaded by the sampler, not at the agent's start-up in every process
         import psutil
 
         self.psutil = psutil

@@ -104,6 +104,7 @@ class TensorFlowCollector(Collector):
     # -- TensorFlow: custom loops, checkpoints, GPU memory -----------------------------------------
     def _patch_tf(self, tf: ModuleType) -> None:
         # tensorflow's own modules: tensorflow is loaded by the job (this runs after it imports it)
+        # lazy: the job's framework, imported by the job, never by the agent
         from tensorflow.python.data.ops import iterator_ops
         from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
 
@@ -309,6 +310,7 @@ class TensorFlowCollector(Collector):
     def _wrap_apply_gradients(self) -> None:
         """``optimizer.apply_gradients``: custom loops (eager) and step functions (traced)."""
         # keras's own module: keras is loaded by the job (this runs after it imports it)
+        # lazy: the job's framework, imported by the job, never by the agent
         from keras.src.optimizers.base_optimizer import BaseOptimizer
 
         col = self
@@ -347,6 +349,7 @@ class TensorFlowCollector(Collector):
     def _wrap_epoch_iterator(self) -> None:
         """``--tf-input-timing on``: Keras iterates a timed plain Python iterator over the dataset."""
         # keras's own module: keras is loaded by the job (this runs after it imports it)
+        # lazy: the job's framework, imported by the job, never by the agent
         from keras.src.backend.tensorflow import trainer as tf_trainer
 
         col = self
@@ -394,6 +397,7 @@ class _TimedIterator:
             return next(self.it)
         except StopIteration:
             # Keras's loop expects TensorFlow's end-of-data error from inside the step function.
+            # lazy: the job's framework, imported by the job, never by the agent
             import tensorflow as tf
 
             raise tf.errors.OutOfRangeError(None, None, "End of sequence")

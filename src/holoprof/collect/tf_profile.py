@@ -32,6 +32,7 @@ class TFProfile:
     def step(self) -> None:
         self.steps_seen += 1
         if self.steps_seen == 1 and not self.recording:  # after one warm-up step
+            # lazy: the job's framework, imported by the job, never by the agent
             import tensorflow as tf
 
             tf.profiler.experimental.start(self.logdir)
@@ -39,6 +40,7 @@ class TFProfile:
 
     def stop(self) -> None:
         if self.recording:
+            # lazy: the job's framework, imported by the job, never by the agent
             import tensorflow as tf
 
             tf.profiler.experimental.stop()
@@ -46,6 +48,7 @@ class TFProfile:
 
     # -- export (on the exporter thread) -----------------------------------------------------------
     def _xspace(self) -> Any:
+        # lazy: the job's framework, imported by the job, never by the agent
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
         files = sorted(glob.glob(os.path.join(self.logdir, "**", "*.xplane.pb"), recursive=True))

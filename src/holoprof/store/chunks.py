@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import sys
 import threading
@@ -56,7 +57,7 @@ def pyarrow_without_pandas() -> None:
     the job's pandas.
     """
     with without_pandas():
-        import pyarrow as pa
+        import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
         pa.scalar(0)  # the first array-like check: pyarrow's one lazy probe for pandas
 
@@ -83,8 +84,8 @@ def write_chunk(
     the schema are an error. Each part is written under a hidden temporary name and renamed, so a
     reader sees it whole or not at all. Nothing is written when there are no rows.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
+    import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     schema = model.arrow_schema(table)
     unknown = set(columns) - set(schema.names)
@@ -140,7 +141,6 @@ def write_chunk(
 def typed_counters(counters: Sequence[Any]) -> dict[str, list[Any]]:
     """The typed counter columns of ``io_files`` rows from their ``counters`` (JSON text or dicts):
     one list per counter of :data:`holoprof.model.IO_COUNTERS`, None where a row lacks it."""
-    import json
 
     out: dict[str, list[Any]] = {name: [] for name, _ in model.IO_COUNTERS}
     for c in counters:

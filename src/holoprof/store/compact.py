@@ -18,6 +18,7 @@ is compacted into files of a million rows, each sorted by start time, never load
 from __future__ import annotations
 
 import os
+import time
 
 from holoprof.store.layout import ChunkDir, chunk_dirs, is_complete_parquet
 from holoprof.store.raw import discard
@@ -33,7 +34,7 @@ LIVE_GRACE_S = 10.0
 
 
 def _rows(path: str) -> int:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     return int(pq.ParquetFile(path).metadata.num_rows)
 
@@ -62,8 +63,8 @@ def _groups(files: list[tuple[int, int, str]], max_rows: int) -> list[list[tuple
 def _merge(cd: ChunkDir, group: list[tuple[int, int, str]], grace_s: float = 0.0) -> int:
     """Write the files of ``group`` as one compacted file, then remove them (at once, or by a later
     pass once it is ``grace_s`` seconds old); the files merged."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
+    import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     tables = []
     for _, _, p in group:
@@ -99,7 +100,6 @@ def _tidy(
     """Remove the files inside a compacted range (merged, or left by an interrupted compaction) once
     the compacted file is ``grace_s`` seconds old; the complete compacted files and parts that are
     not inside one, as (first, last, path), in order."""
-    import time
 
     done = sorted(c for c in cd.compacted if is_complete_parquet(c[2]))
     now = time.time()

@@ -25,15 +25,23 @@ Importers are registered in :data:`IMPORTERS` (format -> module, help); each mod
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import pickle
+import resource
 import shlex
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import limits
+from holoprof.store import limits, rundir
+from holoprof.store.chunks import write_chunk
 
 HOST = "darshan"
 #: DXT modules -> the module their segments are operations of (``io_ops.module``)
@@ -69,12 +77,6 @@ def parse_log(log: str) -> dict[str, Any]:
     child runs under the memory and time limits of :mod:`holoprof.store.limits`; its crash, a limit
     crossed, or any error the library printed is a HoloprofError here, naming the log.
     """
-    import importlib.util
-    import pickle
-    import resource
-    import signal
-    import subprocess
-    import tempfile
 
     path = _check_path(log)
     if importlib.util.find_spec("darshan") is None:  # looked up, not imported: the child imports it
@@ -140,13 +142,11 @@ def parse_log(log: str) -> dict[str, Any]:
 
 def _child() -> None:
     """The child process of :func:`parse_log`: ``argv`` = log, result file, memory limit (bytes)."""
-    import pickle
-    import resource
 
     path, result, memory = sys.argv[1], sys.argv[2], int(sys.argv[3])
     payload: tuple[str, Any]
     try:
-        import darshan  # noqa: F401  (the libraries are loaded before the limit: it bounds the parse)
+        import darshan  # noqa: F401  lazy: the libraries load before the limit, which bounds the parse
 
         try:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -182,7 +182,7 @@ def read_log(log: str) -> Any:
     """A PyDarshan report with every module read; HoloprofError when the file is not a Darshan log.
     The Darshan C library may crash on a damaged log: call this in a child process (see
     :func:`parse_log`)."""
-    import darshan
+    import darshan  # lazy: the optional darshan extra, in the parsing child only
 
     try:
         return darshan.DarshanReport(log, read_all=True)
@@ -424,8 +424,6 @@ def import_darshan_log(log: str, out: str | None = None) -> tuple[str, list[str]
     The log is parsed completely (in a child process) before the run directory is created; a failure
     while writing removes the directory again, so that a failed import leaves nothing behind.
     """
-    from holoprof.store import rundir
-    from holoprof.store.chunks import write_chunk
 
     doc = parse_log(log)
     path = os.path.abspath(log)
@@ -462,7 +460,6 @@ def import_darshan(log: str, out: str | None = None) -> str:
 
 def remove_failed_run(run_dir: str, keep_dir: bool) -> None:
     """Remove what a failed import wrote (the directory itself unless it was there, empty, before)."""
-    import shutil
 
     if keep_dir:
         for entry in os.listdir(run_dir):

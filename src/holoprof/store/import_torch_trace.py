@@ -39,17 +39,24 @@ import bisect
 import gzip
 import json
 import math
+import multiprocessing
 import os
+import pickle
 import re
 import sys
 import time
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import limits
+from holoprof.store import limits, rundir
+from holoprof.store.chunks import pyarrow_without_pandas, write_chunk
+from holoprof.store.compact import compact_run
+from holoprof.store.import_darshan import remove_failed_run
+from holoprof.store.layout import partition_dir, scan_dir
 
 if TYPE_CHECKING:
     from holoprof.progress import Bar
@@ -122,7 +129,7 @@ _on_read: Callable[[int], None] | None = None
 
 def _events(path: str) -> Iterator[dict[str, Any]]:
     """The objects of ``traceEvents``; anything else there refuses the file."""
-    import ijson
+    import ijson  # lazy: a streaming parser loaded only for a trace being imported
 
     with _open(path) as f:
         inner = getattr(f, "raw", f)  # the file under the limits' checks
@@ -160,7 +167,7 @@ def _int(v: Any, bound: int = I64) -> int | None:
 def _header(path: str) -> dict[str, Any]:
     """Top-level fields before traceEvents (Kineto writes them first). A file that is not a JSON
     object with a ``traceEvents`` array is refused here, before anything is written."""
-    import ijson
+    import ijson  # lazy: a streaming parser loaded only for a trace being imported
 
     head: dict[str, Any] = {}
     found = False
@@ -348,8 +355,8 @@ class _Device:
         communication, memory or other activities run)."""
         if not self.start:
             return None
-        import duckdb
-        import pyarrow as pa
+        import duckdb  # lazy: DuckDB loads only where a run is queried
+        import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
         def col(a: array[int], t: pa.DataType) -> pa.Array:
             return pa.Array.from_buffers(t, len(a), [None, pa.py_buffer(a)])
@@ -427,7 +434,6 @@ class _Writer:
             self.flush()
 
     def flush(self) -> None:
-        from holoprof.store.chunks import write_chunk
 
         if not self.rows:
             return
@@ -457,12 +463,9 @@ def import_torch_trace(
     counts the bytes of the files read when they are imported here, one at a time.
     """
     try:
-        import ijson  # noqa: F401
+        import ijson  # noqa: F401  lazy: checks the optional parser is there before any work
     except ImportError:
         raise MissingExtraError("importing PyTorch profiler traces", "torch", "ijson")
-    from holoprof.store import rundir
-    from holoprof.store.compact import compact_run
-    from holoprof.store.import_darshan import remove_failed_run
 
     files = _trace_files(path)
     heads = [_header(f) for f in files]
@@ -535,10 +538,6 @@ def _import_files(
     if fork:
         return _in_forks(tasks, jobs)
     # the standard library's process pool, and the store's pyarrow set-up: only when workers are spawned
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from holoprof.store.chunks import pyarrow_without_pandas
 
     spawn = multiprocessing.get_context("spawn")  # the caller holds threads: fork could copy a held lock
     with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=pyarrow_without_pandas) as pool:
@@ -559,7 +558,6 @@ _Result = tuple[int | None, int, dict[str, Any] | None]
 def _in_forks(tasks: list[tuple[Any, ...]], jobs: int) -> list[_Result]:
     """``_import_file(*task)`` for every task in ``jobs`` forked children (largest files first, each to
     the least loaded child); the results in the order of ``tasks``. Call only with a single thread."""
-    import pickle
 
     groups: list[list[int]] = [[] for _ in range(jobs)]
     load = [0] * jobs
@@ -683,7 +681,6 @@ class _TraceFile:
         """The writer of this file's process, made at its first event (whose ``pid`` names it when the
         trace has no rank)."""
         # the store's layout (pyarrow): loaded only when a trace is imported
-        from holoprof.store.layout import partition_dir
 
         rank = self.rank
         self.pid_main = pid
@@ -770,7 +767,6 @@ def _write_process(
 ) -> None:
     """The ``processes`` row of the process that trace file ``f`` became."""
     # the store's chunk writer (pyarrow): loaded only when a trace is imported
-    from holoprof.store.chunks import write_chunk
 
     now = time.time_ns()
     write_chunk(
@@ -811,7 +807,6 @@ def _write_process(
 
 
 def _span_parts(folder: str) -> str:
-    from holoprof.store.layout import scan_dir
 
     found = scan_dir(folder, "spans").get("spans")
     parts = [p for _, p in sorted(found.parts)] if found else []
@@ -824,7 +819,7 @@ def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
     format, which has no such wrapper, the grad_fn ops ``*Backward*`` and ``AccumulateGrad``) that starts or ends in
     the step, on the step's thread or on a thread with no steps (CUDA backward runs on autograd's
     device thread); forward spans the other CPU ops of the step that end before backward starts."""
-    import duckdb
+    import duckdb  # lazy: DuckDB loads only where a run is queried
 
     lst = _span_parts(folder)
     if not lst:
@@ -867,7 +862,6 @@ def temporal_breakdown(run_dir: str) -> list[dict[str, Any]]:
     ``rank``, ``kernel_time_s`` (first activity's start to last one's end), ``idle_s``, ``compute_s``,
     ``non_compute_s`` and their ``*_fraction`` of ``kernel_time_s``, as Holistic Trace Analysis's
     ``get_temporal_breakdown`` defines them."""
-    from holoprof.store import rundir
 
     source = rundir.read_manifest(run_dir).get("source") or {}
     return list(source.get("temporal_breakdown") or [])

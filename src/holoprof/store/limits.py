@@ -142,7 +142,7 @@ class BoundedJSON:
         self.close()
 
     def _scan(self, data: bytes) -> None:
-        import numpy as np
+        import numpy as np  # lazy: numpy loads only where arrays are built
 
         a = np.frombuffer(data, dtype=np.uint8)
         n = len(a)
@@ -201,7 +201,7 @@ _BRACKETS: list[Any] = []
 def _brackets() -> Any:
     """Byte -> change of nesting: +1 for ``[`` and ``{``, -1 for ``]`` and ``}``, else 0."""
     if not _BRACKETS:
-        import numpy as np
+        import numpy as np  # lazy: numpy loads only where arrays are built
 
         t = np.zeros(256, dtype=np.int8)
         t[[0x5B, 0x7B]] = 1

@@ -116,7 +116,7 @@ def validate(
 
 
 def new_request_id() -> str:
-    import secrets  # only where a request is written (ctl, serve), not in every traced process
+    import secrets  # lazy: only where a request is written (ctl, serve), not in every traced process
 
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 

@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 
 from holoprof import model
 from holoprof.errors import HoloprofError
-from holoprof.store import limits
+from holoprof.store import limits, rundir
+from holoprof.store.compact import compact_run
+from holoprof.store.convert import find_chunks
 
 if TYPE_CHECKING:
     from holoprof.progress import Bar
@@ -49,9 +51,6 @@ atexit.register(_cleanup)
 def pack_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], bar: Bar | None = None) -> str:
     """Write ``run_dir`` as one pack file ``out``; returns the path written. ``bar`` (a progress bar)
     counts the bytes packed."""
-    from holoprof.store import rundir
-    from holoprof.store.compact import compact_run
-    from holoprof.store.convert import find_chunks
 
     src = os.path.abspath(os.fspath(run_dir))
     if os.path.isfile(src):
@@ -155,7 +154,7 @@ def _check_parquet(p: str, dest: str, members: list[tarfile.TarInfo]) -> None:
     (a GZIP or ZSTD page of zeros inflates a thousandfold when the run is read): their footers are
     read (a few hundred bytes each) and the declared size of their row groups checked. A footer that
     cannot be read is left to the reader, which skips unreadable chunks."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     for m in members:
         if not (m.isfile() and m.name.endswith(model.CHUNK_SUFFIX)):

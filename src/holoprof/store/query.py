@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from holoprof import model
 from holoprof.errors import HoloprofError
+from holoprof.store.reader import VIEWS
 
 #: statement types DuckDB may run here (anything else is refused before it runs)
 _READ_ONLY = ("SELECT", "EXPLAIN")
@@ -20,7 +22,7 @@ _READ_ONLY = ("SELECT", "EXPLAIN")
 
 def query(run: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one read-only statement over the loaded run ``run``; its column names and rows."""
-    import duckdb
+    import duckdb  # lazy: DuckDB loads only where a run is queried
 
     con = run.con
     try:
@@ -45,8 +47,6 @@ def query(run: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
 
 
 def _names(run: Any) -> str:
-    from holoprof import model
-    from holoprof.store.reader import VIEWS
 
     return ", ".join((*model.TABLES, *VIEWS))
 

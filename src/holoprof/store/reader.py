@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from holoprof import model
 from holoprof.errors import HoloprofError, MissingExtraError
 from holoprof.store import convert, layout, rundir
+from holoprof.store.pack import open_run
 
 T = TypeVar("T")
 
@@ -79,7 +81,7 @@ class Run:
         where: Filter | None = None,
     ) -> None:
         try:
-            import duckdb
+            import duckdb  # lazy: DuckDB loads only where a run is queried
         except ImportError:  # pragma: no cover - duckdb is a core dependency
             raise MissingExtraError("loading a run", "duckdb", "duckdb")
         self.path = path
@@ -107,7 +109,6 @@ class Run:
             raise HoloprofError(
                 f"HOLOPROF_MEMORY_LIMIT={limit!r} is not a memory size ({exc}); use e.g. 512MB or 2GB"
             )
-        import tempfile
 
         self._tmp = tempfile.TemporaryDirectory(prefix="holoprof-duckdb-")
         self.con.execute(f"SET temp_directory = {_sql_str(self._tmp.name)}")
@@ -163,7 +164,7 @@ class Run:
     def _readable(self, table: str, files: list[str]) -> list[str]:
         """The files whose footer reads and whose columns have the schema's types; the others are
         skipped, with a warning (a corrupt chunk: a damaged disk, a copy cut short)."""
-        import duckdb
+        import duckdb  # lazy: DuckDB loads only where a run is queried
 
         types = {n: model.duckdb_type(t) for n, t in model.COLUMNS[table]}
 
@@ -397,7 +398,7 @@ class Batch:
     load pyarrow (about 27 MiB). The arrays are views of DuckDB's buffers: no copy is made."""
 
     def __init__(self, array: Any) -> None:
-        import numpy as np
+        import numpy as np  # lazy: numpy loads only where arrays are built
 
         self.num_rows = int(array.length)
         self.names: list[str] = []
@@ -428,7 +429,7 @@ class Batch:
 
 def numpy_batches(cur: Any, sql: str, params: dict[str, Any] | None = None) -> Iterator[Batch]:
     """The rows of ``sql`` (numeric columns only) streamed as :class:`Batch` es of NumPy arrays."""
-    import nanoarrow as na
+    import nanoarrow as na  # lazy: loaded only where Arrow streams are read
 
     stream = na.c_array_stream(cur.sql(sql, params=params))
     try:
@@ -487,7 +488,7 @@ class Filter:
 def corrupt_chunks(path: str) -> list[str]:
     """The chunks of the run ``path`` whose data cannot be decoded, each read whole (slow: for an
     error message)."""
-    import duckdb
+    import duckdb  # lazy: DuckDB loads only where a run is queried
 
     try:
         run = load(path)
@@ -516,7 +517,6 @@ def load(
     ``start_s``/``end_s`` (seconds from the start of the run), ``ranks`` and ``steps`` (an inclusive
     range) restrict what is read; the filters are pushed down into the Parquet scans.
     """
-    from holoprof.store.pack import open_run
 
     p = open_run(os.path.abspath(os.fspath(path)))  # a packed run is unpacked to a private temp dir
     manifest = rundir.read_manifest(p)

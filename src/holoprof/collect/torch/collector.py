@@ -50,6 +50,7 @@ class TorchCollector(Collector):
         """Install every patch, in this order (``turn_off`` undoes them in reverse)."""
         # torch's submodules that the installers patch (torch is loaded only when the job imports
         # it), all loaded before the first patch: one that fails to load leaves none behind
+        # lazy: the job's framework, imported by the job, never by the agent
         import torch.autograd
         import torch.optim.optimizer as optim_mod
         import torch.utils.data.dataloader as dl_mod

@@ -125,7 +125,7 @@ class LoaderPhases:
 
     def _install_fetch(self, runq: _RunQueue) -> None:
         """One batch's loading work, in the training process and in DataLoader workers."""
-        import torch.utils.data._utils.fetch as fetch_mod  # torch loads only when the job imports it
+        import torch.utils.data._utils.fetch as fetch_mod  # lazy: torch loads only when the job imports it
 
         col = self.col
         agent = col.agent

@@ -114,7 +114,7 @@ class OptimizerPhases:
         cls = type(optimizer)
         at = self.closure_pos.get(cls)
         if at is None:
-            import inspect  # only once a step runs: not at the agent's start-up
+            import inspect  # lazy: only once a step runs: not at the agent's start-up
 
             try:
                 names = list(inspect.signature(cls.step).parameters)

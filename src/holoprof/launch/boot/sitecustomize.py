@@ -10,6 +10,7 @@ import sys
 
 def _start_agent() -> None:
     try:
+        # lazy: loaded only when this runs, not when the agent starts
         from holoprof.collect.startup import start_from_env
 
         start_from_env()
@@ -21,6 +22,7 @@ def _start_agent() -> None:
 
 
 def _chain_user_sitecustomize() -> None:
+    # lazy: loaded only when this runs
     import importlib.machinery
     import importlib.util
 
