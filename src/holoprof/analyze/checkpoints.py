@@ -48,66 +48,13 @@ _CHECKPOINT_ROWS = Aggregation(
 
 
 def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    main = ctx.get("main")
     rows = aggregate(run, ctx, _CHECKPOINT_ROWS)
     if not rows:
         return {}, []
-    items: list[dict[str, Any]] = []
-    burst_saves: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for host, pid, tid, s, e, attrs in rows:
-        try:
-            a = json.loads(attrs) if attrs else {}
-        except ValueError:
-            a = {}
-        if not isinstance(a, dict):
-            a = {}
-        blocking = main is None or (host == main.host and pid == main.pid and tid == main.tid)
-        dur = max(0, e - s) / 1e9
-        if a.get("part_of") and _fold(items, host, pid, a, dur):
-            continue
-        b = a.get("bytes")
-        api = a.get("api", "torch.save" if a.get("op") != "load" else "torch.load")
-        key = (host, pid, a.get("checkpoint"), a.get("seq"))
-        owner = burst_saves.get(key) if api in _BURST_BACKGROUND_APIS else None
-        if owner is not None:  # the background part of a BurstBuffer save: counted with that save
-            owner["background_s"] = round(owner["background_s"] + dur, 6)
-            if api == "holoprof.BurstBuffer.write" and isinstance(b, int):
-                owner["bytes"] = b
-            if a.get("path"):
-                owner["path"] = a["path"]
-            continue
-        item: dict[str, Any] = {
-            "op": a.get("op", "save"),
-            "api": api,
-            "path": a.get("path"),
-            "bytes": b,
-            "seconds": round(dur, 6),
-            "bandwidth_bytes_per_s": None,
-            "blocking": blocking,
-            "blocking_s": round(dur, 6) if blocking else 0.0,
-            "background_s": 0.0 if blocking else round(dur, 6),
-            "pid": pid,
-            "start_ns": s,
-            "host": host,
-        }
-        if a.get("files") is not None:
-            item["files"] = a["files"]
-        if api == _BURST_SAVE_API:
-            burst_saves[key] = item
-        items.append(item)
-    for i in items:
-        b, dur = i["bytes"], i["seconds"]
-        i["bandwidth_bytes_per_s"] = (
-            round(b / dur, 1) if isinstance(b, (int, float)) and b and dur > 0 else None
-        )
+    items = _items(rows, ctx.get("main"))
     saves = [i for i in items if i["op"] == "save"]
     blocked_s = sum(i["blocking_s"] for i in items)
-    st = ctx.get("steps")
-    # training time: the main loop from its first step to its last, plus blocking checkpoints after it
-    train_s = 0.0
-    if st is not None and st.count:
-        train_s = (st.last_end_ns - st.first_start_ns) / 1e9
-        train_s += sum(i["seconds"] for i in items if i["blocking"] and i["start_ns"] >= st.last_end_ns)
+    train_s = _training_s(ctx.get("steps"), items)
     share = blocked_s / train_s if train_s > 0 else 0.0
     save_cost = sorted(i["seconds"] for i in saves if i["blocking"])
     median_cost = save_cost[len(save_cost) // 2] if save_cost else 0.0
@@ -128,39 +75,133 @@ def checkpoints_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], 
         section["mtbf_s"] = mtbf_s
     findings: list[Finding] = []
     if share >= CHECKPOINT_BOUND_MEDIUM and saves:
-        bw = [i["bandwidth_bytes_per_s"] for i in saves if i["bandwidth_bytes_per_s"]]
-        rec = (
-            "save asynchronously so training goes on while the checkpoint is written: "
-            "holoprof.checkpoint.BurstBuffer(fast_dir='/dev/shm/ckpt', durable_dir=...) writes to a fast "
-            "tier and drains to durable storage in the background (or torch.distributed.checkpoint.async_save)"
-        )
-        if mtbf_s and "young_daly_interval_s" in section:
-            rec += f"; with an MTBF of {mtbf_s / 3600:.1f} h, checkpoint every {section['young_daly_interval_s']:.0f} s (Young/Daly)"
-        else:
-            rec += "; give `holoprof run --mtbf HOURS` to get the optimal checkpoint interval (Young/Daly)"
-        findings.append(
-            Finding(
-                id="checkpoint_bound",
-                severity="high" if share >= CHECKPOINT_BOUND_HIGH else "medium",
-                title=f"checkpoint-bound: checkpoints block {100 * share:.0f}% of training time",
-                evidence={
-                    "blocking_fraction": round(share, 4),
-                    "blocking_s": round(blocked_s, 3),
-                    "saves": len(saves),
-                    "median_save_s": round(median_cost, 4),
-                    "bytes_per_save": (section["bytes_written"] // len(saves)) if saves else 0,
-                    "median_bandwidth_bytes_per_s": sorted(bw)[len(bw) // 2] if bw else None,
-                },
-                recommendation=rec,
-                estimated_gain=round(share, 4),
-                threshold={
-                    "medium": CHECKPOINT_BOUND_MEDIUM,
-                    "high": CHECKPOINT_BOUND_HIGH,
-                    "measure": "blocking checkpoint time / training time",
-                },
-            )
-        )
+        findings.append(_checkpoint_bound(section, saves, share, blocked_s, median_cost, mtbf_s))
     return section, findings
+
+
+def _attrs(raw: Any) -> dict[str, Any]:
+    """A span's attributes, or {} when they are not a JSON object."""
+    try:
+        a = json.loads(raw) if raw else {}
+    except ValueError:
+        a = {}
+    return a if isinstance(a, dict) else {}
+
+
+def _items(rows: list[tuple[Any, ...]], main: Any) -> list[dict[str, Any]]:
+    """One item per checkpoint call, in time order: the parts of a save (the job's own fsync or
+    rename, a BurstBuffer's background write and drain) folded into it; with its bandwidth."""
+    items: list[dict[str, Any]] = []
+    burst_saves: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for host, pid, tid, s, e, attrs in rows:
+        a = _attrs(attrs)
+        blocking = main is None or (host == main.host and pid == main.pid and tid == main.tid)
+        dur = max(0, e - s) / 1e9
+        if a.get("part_of") and _fold(items, host, pid, a, dur):
+            continue
+        api = a.get("api", "torch.save" if a.get("op") != "load" else "torch.load")
+        key = (host, pid, a.get("checkpoint"), a.get("seq"))
+        owner = burst_saves.get(key) if api in _BURST_BACKGROUND_APIS else None
+        if owner is not None:  # the background part of a BurstBuffer save: counted with that save
+            _add_background(owner, api, a, dur)
+            continue
+        item = _item(a, api, dur, blocking, host, pid, s)
+        if api == _BURST_SAVE_API:
+            burst_saves[key] = item
+        items.append(item)
+    for i in items:
+        b, dur = i["bytes"], i["seconds"]
+        i["bandwidth_bytes_per_s"] = (
+            round(b / dur, 1) if isinstance(b, (int, float)) and b and dur > 0 else None
+        )
+    return items
+
+
+def _item(
+    a: dict[str, Any], api: str, dur: float, blocking: bool, host: str, pid: int, s: int
+) -> dict[str, Any]:
+    """The item of one checkpoint call (its bandwidth comes once its parts are folded in)."""
+    item: dict[str, Any] = {
+        "op": a.get("op", "save"),
+        "api": api,
+        "path": a.get("path"),
+        "bytes": a.get("bytes"),
+        "seconds": round(dur, 6),
+        "bandwidth_bytes_per_s": None,
+        "blocking": blocking,
+        "blocking_s": round(dur, 6) if blocking else 0.0,
+        "background_s": 0.0 if blocking else round(dur, 6),
+        "pid": pid,
+        "start_ns": s,
+        "host": host,
+    }
+    if a.get("files") is not None:
+        item["files"] = a["files"]
+    return item
+
+
+def _add_background(owner: dict[str, Any], api: str, a: dict[str, Any], dur: float) -> None:
+    """Count the background write or drain of a BurstBuffer save with that save."""
+    b = a.get("bytes")
+    owner["background_s"] = round(owner["background_s"] + dur, 6)
+    if api == "holoprof.BurstBuffer.write" and isinstance(b, int):
+        owner["bytes"] = b
+    if a.get("path"):
+        owner["path"] = a["path"]
+
+
+def _training_s(st: Any, items: list[dict[str, Any]]) -> float:
+    """Training time: the main loop from its first step to its last, plus blocking checkpoints after
+    it."""
+    train_s = 0.0
+    if st is not None and st.count:
+        train_s = (st.last_end_ns - st.first_start_ns) / 1e9
+        train_s += sum(i["seconds"] for i in items if i["blocking"] and i["start_ns"] >= st.last_end_ns)
+    return train_s
+
+
+def _checkpoint_bound(
+    section: dict[str, Any],
+    saves: list[dict[str, Any]],
+    share: float,
+    blocked_s: float,
+    median_cost: float,
+    mtbf_s: float | None,
+) -> Finding:
+    bw = [i["bandwidth_bytes_per_s"] for i in saves if i["bandwidth_bytes_per_s"]]
+    return Finding(
+        id="checkpoint_bound",
+        severity="high" if share >= CHECKPOINT_BOUND_HIGH else "medium",
+        title=f"checkpoint-bound: checkpoints block {100 * share:.0f}% of training time",
+        evidence={
+            "blocking_fraction": round(share, 4),
+            "blocking_s": round(blocked_s, 3),
+            "saves": len(saves),
+            "median_save_s": round(median_cost, 4),
+            "bytes_per_save": (section["bytes_written"] // len(saves)) if saves else 0,
+            "median_bandwidth_bytes_per_s": sorted(bw)[len(bw) // 2] if bw else None,
+        },
+        recommendation=_recommendation(section, mtbf_s),
+        estimated_gain=round(share, 4),
+        threshold={
+            "medium": CHECKPOINT_BOUND_MEDIUM,
+            "high": CHECKPOINT_BOUND_HIGH,
+            "measure": "blocking checkpoint time / training time",
+        },
+    )
+
+
+def _recommendation(section: dict[str, Any], mtbf_s: float | None) -> str:
+    rec = (
+        "save asynchronously so training goes on while the checkpoint is written: "
+        "holoprof.checkpoint.BurstBuffer(fast_dir='/dev/shm/ckpt', durable_dir=...) writes to a fast "
+        "tier and drains to durable storage in the background (or torch.distributed.checkpoint.async_save)"
+    )
+    if mtbf_s and "young_daly_interval_s" in section:
+        rec += f"; with an MTBF of {mtbf_s / 3600:.1f} h, checkpoint every {section['young_daly_interval_s']:.0f} s (Young/Daly)"
+    else:
+        rec += "; give `holoprof run --mtbf HOURS` to get the optimal checkpoint interval (Young/Daly)"
+    return rec
 
 
 def _fold(items: list[dict[str, Any]], host: str, pid: int, a: dict[str, Any], dur: float) -> bool:

@@ -435,21 +435,7 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
     if not collectives and not failures:
         return {}, []
     procs_keys: list[ProcKey] = list(ctx.get("step_processes") or ([main] if main else []))
-    eng = ctx.get("engine")
-    # the step statistics of every process: those the report computed already (``rank_stats``), else
-    # on its engine (on the Dask cluster under --engine dask)
-    known: dict[ProcKey, StepStats] = dict(ctx.get("rank_stats") or {})
-    if main is not None and ctx.get("steps") is not None:
-        known[main] = ctx["steps"]
-    stats = [
-        known[k]
-        if k in known
-        else eng.step_stats(k, timeline_points=1)
-        if eng is not None
-        else step_stats(run, k, timeline_points=1)
-        for k in procs_keys
-    ]
-    procs = load_procs(run, procs_keys, stats, ctx)
+    procs = load_procs(run, procs_keys, _step_stats(run, ctx, main, procs_keys), ctx)
     main_proc = next((p for p in procs if p.key == main), None)
     nsteps = len(main_proc.steps) if main_proc else 0
     section: dict[str, Any] = {
@@ -467,61 +453,95 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
         "failed_ranks": failures,
     }
     if failures:
-        f0 = failures[0]
-        others = ", ".join(f"rank {f['rank']} ({_how(f, short=True)})" for f in failures[1:])
-        section["first_failure"] = {
-            **f0,
-            "message": (
-                f"rank {f0['rank']} died first ({_how(f0)}) after {f0['steps']} steps"
-                + (f"; then {others}" if others else "")
-            ),
-        }
+        section["first_failure"] = _first_failure(failures)
     findings: list[Finding] = []
     if main_proc is not None and nsteps:
-        step_bytes = main_proc.bytes
-        section["bytes_per_step"] = int(_median([float(step_bytes.get(s, 0)) for s in main_proc.steps]))
-        # exposed communication is the loop's `communication` phase: its figures are the phase's
-        # (means over the steps, as its share is), so that the phase table and this section agree
-        st = main_proc.stats
-        exposed_s = st.phases["communication"].total_s / st.count if st.count else 0.0
-        total_s = max(sum(main_proc.total.values()) / nsteps / NS, exposed_s)
-        section["exposed_fraction"] = round(st.phases["communication"].fraction, 6)
-        section["step_mean_s"] = round(st.mean_s, 6)
-        section["total_s_per_step"] = round(total_s, 6)
-        section["exposed_s_per_step"] = round(exposed_s, 6)
-        section["overlapped_s_per_step"] = round(total_s - exposed_s, 6)
-        ws = run.rows(
-            "SELECT max(world_size) FROM processes WHERE host = ? AND pid = ?",
-            [main_proc.key.host, main_proc.key.pid],
-        )[0][0]
-        section["world_size"] = int(ws or 0)
-        buckets, per_layer = _buckets(run, main_proc.key, ctx)
-        section["buckets"], section["per_layer"] = buckets, per_layer
+        _main_figures(run, ctx, section, main_proc, nsteps)
         f = _comm_bound(section, main_proc)
         if f is not None:
             findings.append(f)
     straggler, waits = _straggler(procs)
     if straggler is not None:
         findings.append(straggler)
-    for p in sorted(procs, key=lambda q: (q.key.rank, q.key.pid)):
-        # medians over the rank's steps, as its step time is: per step exposed <= comm <= step, so
-        # their medians keep that order
-        section["per_rank"].append(
-            {
-                "rank": p.key.rank,
-                "host": p.key.host,
-                "pid": p.key.pid,
-                "steps": p.stats.count,
-                "step_median_s": round(p.stats.median_s, 6),
-                "step_p90_s": round(p.stats.p90_s, 6),
-                "phases": {k: round(v.median_s, 6) for k, v in p.stats.phases.items()},
-                "comm_s": round(_median([t / NS for t in p.total.values()]), 6),
-                "exposed_s": round(_median([t / NS for t in p.exposed.values()]), 6),
-                "exposed_fraction": round(p.stats.phases["communication"].fraction, 6),
-                "wait_s": round(waits.get(p.key.rank, 0.0), 6),
-            }
-        )
+    section["per_rank"].extend(
+        _rank_doc(p, waits) for p in sorted(procs, key=lambda q: (q.key.rank, q.key.pid))
+    )
     return section, findings
+
+
+def _step_stats(
+    run: Run, ctx: dict[str, Any], main: ProcKey | None, procs_keys: list[ProcKey]
+) -> list[StepStats]:
+    """The step statistics of every process: those the report computed already (``rank_stats``),
+    else on its engine (on the Dask cluster under --engine dask)."""
+    eng = ctx.get("engine")
+    known: dict[ProcKey, StepStats] = dict(ctx.get("rank_stats") or {})
+    if main is not None and ctx.get("steps") is not None:
+        known[main] = ctx["steps"]
+    return [
+        known[k]
+        if k in known
+        else eng.step_stats(k, timeline_points=1)
+        if eng is not None
+        else step_stats(run, k, timeline_points=1)
+        for k in procs_keys
+    ]
+
+
+def _first_failure(failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rank that died first, with a sentence naming it and those that died after."""
+    f0 = failures[0]
+    others = ", ".join(f"rank {f['rank']} ({_how(f, short=True)})" for f in failures[1:])
+    return {
+        **f0,
+        "message": (
+            f"rank {f0['rank']} died first ({_how(f0)}) after {f0['steps']} steps"
+            + (f"; then {others}" if others else "")
+        ),
+    }
+
+
+def _main_figures(
+    run: Run, ctx: dict[str, Any], section: dict[str, Any], main_proc: ProcComm, nsteps: int
+) -> None:
+    """Fill in the training loop's figures per step, its world size and its DDP buckets."""
+    step_bytes = main_proc.bytes
+    section["bytes_per_step"] = int(_median([float(step_bytes.get(s, 0)) for s in main_proc.steps]))
+    # exposed communication is the loop's `communication` phase: its figures are the phase's
+    # (means over the steps, as its share is), so that the phase table and this section agree
+    st = main_proc.stats
+    exposed_s = st.phases["communication"].total_s / st.count if st.count else 0.0
+    total_s = max(sum(main_proc.total.values()) / nsteps / NS, exposed_s)
+    section["exposed_fraction"] = round(st.phases["communication"].fraction, 6)
+    section["step_mean_s"] = round(st.mean_s, 6)
+    section["total_s_per_step"] = round(total_s, 6)
+    section["exposed_s_per_step"] = round(exposed_s, 6)
+    section["overlapped_s_per_step"] = round(total_s - exposed_s, 6)
+    ws = run.rows(
+        "SELECT max(world_size) FROM processes WHERE host = ? AND pid = ?",
+        [main_proc.key.host, main_proc.key.pid],
+    )[0][0]
+    section["world_size"] = int(ws or 0)
+    buckets, per_layer = _buckets(run, main_proc.key, ctx)
+    section["buckets"], section["per_layer"] = buckets, per_layer
+
+
+def _rank_doc(p: ProcComm, waits: dict[int, float]) -> dict[str, Any]:
+    """One rank's step and communication figures: medians over the rank's steps, as its step time is
+    (per step exposed <= comm <= step, so their medians keep that order)."""
+    return {
+        "rank": p.key.rank,
+        "host": p.key.host,
+        "pid": p.key.pid,
+        "steps": p.stats.count,
+        "step_median_s": round(p.stats.median_s, 6),
+        "step_p90_s": round(p.stats.p90_s, 6),
+        "phases": {k: round(v.median_s, 6) for k, v in p.stats.phases.items()},
+        "comm_s": round(_median([t / NS for t in p.total.values()]), 6),
+        "exposed_s": round(_median([t / NS for t in p.exposed.values()]), 6),
+        "exposed_fraction": round(p.stats.phases["communication"].fraction, 6),
+        "wait_s": round(waits.get(p.key.rank, 0.0), 6),
+    }
 
 
 def _comm_bound(section: dict[str, Any], main: ProcComm) -> Finding | None:

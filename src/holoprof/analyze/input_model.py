@@ -114,6 +114,25 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     recorded before the loader's CPU was measured, a tf.data pipeline)."""
     if st.count < 3 or not loader:
         return None
+    vals = _data_waits(run, main)
+    if len(vals) < 3:
+        return None
+    workers = int(loader.get("num_workers") or 0)
+    fetch = _fetches(run, main, workers)
+    if not fetch:
+        return None
+    # with workers that start again at each epoch, the steps in which they do are the restart's
+    # (measured on its own below), not the steady loop's
+    steps = _steady_steps(run, main, without_restarts=workers > 0 and not loader.get("persistent_workers"))
+    if len(steps) < 3:
+        return None
+    return _inputs(run, main, st, loader, workers, _MainThread.of(vals), fetch, steps)
+
+
+def _data_waits(run: Run, main: ProcKey) -> list[tuple[int, ...]]:
+    """The training loop's data waits in time order, those with their CPU measured: (start, end, CPU
+    of the waiting thread, CPU of the process, CPU of the thread so far, its run-queue wait during the
+    wait, its run-queue wait so far, CPU of the process's other threads during the wait or -1)."""
     rows = run.rows(
         """SELECT start_ns, end_ns, json_extract(attrs, '$.cpu_ns'), json_extract(attrs, '$.proc_cpu_ns'),
                   coalesce(json_extract(attrs, '$.thread_cpu_ns'), 0), coalesce(json_extract(attrs, '$.runq_ns'), 0),
@@ -124,26 +143,42 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
         [main.host, main.pid],
     )
     rows = [r for r in rows if r[2] is not None and r[3] is not None]
-    if len(rows) < 3:
-        return None
-    vals = [tuple(int(v) for v in r) for r in rows]
-    waits = [v[:4] for v in vals]
-    # the training thread between two waits: its CPU, and its time runnable but without a core
-    own = [
-        (b[4] - a[4] - a[2], b[6] - a[6] - a[5])
-        for a, b in itertools.pairwise(vals)
-        if b[4] and a[4] and b[4] - a[4] >= a[2] and b[6] - a[6] >= a[5]
-    ]
-    # CPU of the training process between the end of one wait and the start of the next: compute
-    compute_cpu = [(b[3] - a[3] - a[2]) / NS for a, b in itertools.pairwise(waits) if b[3] >= a[3] + a[2]]
-    main_wait_cpu = [w[2] / NS for w in waits]
-    # the process's other threads while the training thread waited (torch's idle threads spinning)
-    spin = [max(0, v[7] - v[2]) / NS for v in vals[WARMUP_STEPS:] or vals if v[7] >= 0]
-    workers = int(loader.get("num_workers") or 0)
+    return [tuple(int(v) for v in r) for r in rows]
+
+
+@dataclass
+class _MainThread:
+    """The training process between and during its data waits."""
+
+    own: list[tuple[int, int]]  # the training thread between two waits: its CPU and run-queue wait (ns)
+    compute_cpu: list[float]  # CPU of the process between the end of one wait and the next
+    wait_cpu: list[float]  # CPU of the training thread in each wait (receiving the batch)
+    spin: list[float]  # CPU of the process's other threads while the training thread waited
+
+    @classmethod
+    def of(cls, vals: list[tuple[int, ...]]) -> _MainThread:
+        waits = [v[:4] for v in vals]
+        # the training thread between two waits: its CPU, and its time runnable but without a core
+        own = [
+            (b[4] - a[4] - a[2], b[6] - a[6] - a[5])
+            for a, b in itertools.pairwise(vals)
+            if b[4] and a[4] and b[4] - a[4] >= a[2] and b[6] - a[6] >= a[5]
+        ]
+        # CPU of the training process between the end of one wait and the start of the next: compute
+        compute_cpu = [(b[3] - a[3] - a[2]) / NS for a, b in itertools.pairwise(waits) if b[3] >= a[3] + a[2]]
+        main_wait_cpu = [w[2] / NS for w in waits]
+        # the process's other threads while the training thread waited (torch's idle threads spinning)
+        spin = [max(0, v[7] - v[2]) / NS for v in vals[WARMUP_STEPS:] or vals if v[7] >= 0]
+        return cls(own, compute_cpu, main_wait_cpu, spin)
+
+
+def _fetches(run: Run, main: ProcKey, workers: int) -> list[tuple[int, int, int]]:
+    """(wall, CPU, run-queue wait) in ns of every batch fetched: by the loader's workers, or without
+    workers by the training process within its data waits; [] when the workers are not found."""
     if workers > 0:
         pids = _workers_of(run, main)
         if not pids:
-            return None
+            return []
         fetch = run.rows(
             f"""SELECT (end_ns - start_ns), json_extract(attrs, '$.cpu_ns'),
                        coalesce(json_extract(attrs, '$.runq_ns'), 0) FROM spans
@@ -159,33 +194,34 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
                    AND w.pid = f.pid AND w.step >= 0 AND f.start_ns >= w.start_ns AND f.end_ns <= w.end_ns)""",
             [main.host, main.pid],
         )
-    fetch = [(int(w), int(c), int(q)) for w, c, q in fetch if c is not None]
-    if not fetch:
-        return None
-    # with workers that start again at each epoch, the steps in which they do are the restart's
-    # (measured on its own below), not the steady loop's
-    steps = _steady_steps(run, main, without_restarts=workers > 0 and not loader.get("persistent_workers"))
-    if len(steps) < 3:
-        return None
+    return [(int(w), int(c), int(q)) for w, c, q in fetch if c is not None]
+
+
+def _inputs(
+    run: Run,
+    main: ProcKey,
+    st: StepStats,
+    loader: dict[str, Any],
+    workers: int,
+    thread: _MainThread,
+    fetch: list[tuple[int, int, int]],
+    steps: list[tuple[float, float]],
+) -> PipelineInputs:
+    """The model's inputs from the steady steps, the training thread's CPU and the batches fetched."""
     step_s = sum(d for d, _ in steps) / len(steps)
     wait = sum(w for _, w in steps) / len(steps)
     lo, hi = mean_interval([d for d, _ in steps])
-    per_compute = sorted(max(0.0, d - w) for d, w in steps)
     cores = float(loader.get("cores") or 1)
     compute_s = max(step_s - wait, 0.0)
-    compute_cpu_s = _median(compute_cpu)
+    compute_cpu_s = _median(thread.compute_cpu)
     loader_cpu_s = _median([c / NS for _, c, _ in fetch])
-    threads = max(1.0, float(loader.get("torch_threads") or 1))
-    busy = min(max(1.0, compute_cpu_s / compute_s if compute_s > 0 else 1.0), threads)
-    if workers > 0 and step_s > 0:
-        # beside workers every torch thread wants a core while the loop computes (idle ones spin at
-        # the end of each parallel region), whatever share of the stalled compute they got
-        busy = threads + min(float(workers), loader_cpu_s / step_s)
-    others = others_runnable(run, st, cores, int(loader.get("host_cpus") or 0), own, busy, workers)
+    busy = _busy_threads(loader, workers, compute_cpu_s, compute_s, loader_cpu_s, step_s)
+    others = others_runnable(run, st, cores, int(loader.get("host_cpus") or 0), thread.own, busy, workers)
     if compute_s > 0:  # the job's compute ran on C / Tc cores: the others left it at least that many
         others = round(min(others, max(0.0, cores - compute_cpu_s / compute_s)), 3)
     # with workers some steps' compute is stalled by them (a worker holds the core a torch thread
     # needs); the lower quartile is the compute of steps that were not
+    per_compute = sorted(max(0.0, d - w) for d, w in steps)
     compute_quiet = per_compute[len(per_compute) // 4] if workers > 0 else compute_s
     loader_quiet = _median([max(c, w - q) / NS for w, c, q in fetch])
     return PipelineInputs(
@@ -198,10 +234,10 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
         loader_wall_s=_median([w / NS for w, _, _ in fetch]),
         loader_runq_s=_median([q / NS for _, _, q in fetch]),
         loader_quiet_s=loader_quiet,
-        ipc_cpu_s=_median(main_wait_cpu) if workers > 0 else IPC_DEFAULT_S,
+        ipc_cpu_s=_median(thread.wait_cpu) if workers > 0 else IPC_DEFAULT_S,
         ipc_measured=workers > 0,
         compute_cpu_s=compute_cpu_s,
-        compute_runq_s=min(compute_s, _median([q / NS for _, q in own])),
+        compute_runq_s=min(compute_s, _median([q / NS for _, q in thread.own])),
         cores=cores,
         others_runnable=others,
         cores_free=round(available(cores, others, busy), 3),
@@ -209,9 +245,27 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
         gpu=bool(loader.get("gpu")),
         batches=len(fetch),
         noise=max(step_s - lo, hi - step_s) / step_s if step_s > 0 else 1.0,
-        spin_cpu_s=_median(spin),
+        spin_cpu_s=_median(thread.spin),
         **_restarts(run, main, loader, workers, compute_quiet, loader_quiet),
     )
+
+
+def _busy_threads(
+    loader: dict[str, Any],
+    workers: int,
+    compute_cpu_s: float,
+    compute_s: float,
+    loader_cpu_s: float,
+    step_s: float,
+) -> float:
+    """Runnable threads of the training process while it computes."""
+    threads = max(1.0, float(loader.get("torch_threads") or 1))
+    busy = min(max(1.0, compute_cpu_s / compute_s if compute_s > 0 else 1.0), threads)
+    if workers > 0 and step_s > 0:
+        # beside workers every torch thread wants a core while the loop computes (idle ones spin at
+        # the end of each parallel region), whatever share of the stalled compute they got
+        busy = threads + min(float(workers), loader_cpu_s / step_s)
+    return busy
 
 
 def available(cores: float, others: float, threads: float) -> float:

@@ -407,6 +407,10 @@ def _time_series(run: Run, ctx: dict[str, Any] | None, t0_ns: int) -> list[list[
     return out
 
 
+#: Per-file sums of the mapping counters.
+_MAPPED_SUMS = ("mmaps", "bytes_mapped", "mmaps_measured", "bytes_mapped_resident")
+
+
 def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
     rows = file_rows(run, ctx)
     rows += dump_rows(run, {(f.host, f.pid) for f in rows})
@@ -416,47 +420,120 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         m["opens"] or m["reads"] or m["writes"] for m in by_module.values()
     ):  # stat calls alone are not I/O worth a section
         return {}, []
+    st = ctx.get("steps")
+    section = _section(run, ctx, rows, by_module, st)
+    return section, _findings(run, section, st)
+
+
+def _section(
+    run: Run, ctx: dict[str, Any], rows: list[FileRow], by_module: dict[str, dict[str, int]], st: Any
+) -> dict[str, Any]:
+    """The section's document from the files' last snapshots (those that did I/O or stat calls)."""
     roles = _roles(run)
+    tot = _totals(rows)
+    hist = _read_size_histogram(rows)
+    touched = {
+        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or d["mmaps"]
+    }
+    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or d["mmaps"]}
+    sizes = [d["extent"] for d in read_files.values()]
+    start_ns, end_ns = _run_bounds(run, ctx)
+    ref = _reference_bandwidth(run, read_files)
+    io_time = tot["read_time_s"] + tot["write_time_s"] + tot["meta_time_s"]
+    small_reads = sum(hist[b] for b in SMALL_READ_BUCKETS)
+    return {
+        "layers": sorted({f.layer for f in rows}),
+        "by_module": by_module,
+        **_volumes(tot, touched, read_files),
+        **_bandwidths(rows, tot, start_ns, end_ns),
+        "read_size_histogram": hist,
+        "small_read_fraction": round(small_reads / tot["reads"], 4) if tot["reads"] else 0.0,
+        "file_size_histogram": _file_size_histogram(sizes),
+        "file_size_median_bytes": int(_median(sizes)),
+        "seq_read_fraction": round(sum(d["seq_reads"] for d in touched.values()) / tot["reads"], 4)
+        if tot["reads"]
+        else 0.0,
+        "meta_time_fraction": round(tot["meta_time_s"] / io_time, 4) if io_time > 0 else 0.0,
+        "bandwidth_timeline": _time_series(run, ctx, start_ns) if start_ns else [],
+        "by_role": _by_role(rows, roles),
+        "by_phase_note": "I/O counters are kept per process, not per phase: see by_role (main loop, "
+        "dataloader_worker, rank)",
+        "reference_bandwidth": {"bytes_per_s": round(ref[0], 1), "source": ref[1]} if ref else {},
+        "data_wait": _data_wait(st, tot),
+        "staging": _staging(read_files, ref),
+        "mapped": _mapped_section({p: d for p, d in touched.items() if d["mmaps"]}),
+        "files_detail": _files_detail(touched),
+    }
+
+
+def _findings(run: Run, section: dict[str, Any], st: Any) -> list[Finding]:
+    """small_file_io and io_bandwidth; else the staging advice as a finding of its own."""
+    hpc = _from_hpc_log(run)
+    findings = [
+        f for f in (_small_file_io(section, st, hpc), _io_bandwidth(section, st, hpc)) if f is not None
+    ]
+    if not findings:
+        staging_finding = _staging_finding(section, hpc)
+        if staging_finding is not None:
+            findings.append(staging_finding)
+    return findings
+
+
+def _totals(rows: list[FileRow]) -> dict[str, float]:
+    """Bytes, operations and the time in read, write and metadata calls, over all the rows."""
     tot = {k: sum(f.v[k] for f in rows) for k in ("bytes_read", "bytes_written", "reads", "writes", "opens")}
-    read_t = sum(f.v["read_time_s"] for f in rows)
-    write_t = sum(f.v["write_time_s"] for f in rows)
-    meta_t = sum(f.v["meta_time_s"] for f in rows)
+    for k in ("read_time_s", "write_time_s", "meta_time_s"):
+        tot[k] = sum(f.v[k] for f in rows)
+    return tot
+
+
+def _read_size_histogram(rows: list[FileRow]) -> dict[str, int]:
+    """Reads per Darshan size bucket, over all the rows."""
     hist = {name: 0 for name, _, _ in model.DARSHAN_SIZE_BUCKETS}
     for f in rows:
         for (name, _, _), n in zip(model.DARSHAN_SIZE_BUCKETS, f.size_read, strict=True):
             hist[name] += n
+    return hist
 
-    # per path, over processes
+
+#: The per-path sums of the counters of the same name.
+_PATH_SUMS = (
+    "bytes_read",
+    "bytes_written",
+    "reads",
+    "writes",
+    "opens",
+    "seq_reads",
+    "read_time_s",
+    "meta_time_s",
+    *_MAPPED_SUMS,
+)
+
+
+def _new_path_sums() -> dict[str, float]:
+    return {
+        "bytes_read": 0.0,
+        "bytes_written": 0.0,
+        "reads": 0.0,
+        "writes": 0.0,
+        "opens": 0.0,
+        "seq_reads": 0.0,
+        "read_time_s": 0.0,
+        "meta_time_s": 0.0,
+        "extent": 0.0,
+        "processes": 0.0,
+        "small_reads": 0.0,
+        **{k: 0.0 for k in _MAPPED_SUMS},
+    }
+
+
+def _per_path(rows: list[FileRow]) -> dict[str, dict[str, float]]:
+    """Per path, over processes: the counters summed, the processes, the small reads and the extent
+    (the largest offset touched plus one)."""
     per: dict[str, dict[str, float]] = {}
     for f in rows:
-        d = per.setdefault(
-            f.path,
-            {
-                "bytes_read": 0.0,
-                "bytes_written": 0.0,
-                "reads": 0.0,
-                "writes": 0.0,
-                "opens": 0.0,
-                "seq_reads": 0.0,
-                "read_time_s": 0.0,
-                "meta_time_s": 0.0,
-                "extent": 0.0,
-                "processes": 0.0,
-                "small_reads": 0.0,
-                **{k: 0.0 for k in _MAPPED_SUMS},
-            },
-        )
-        for k in (
-            "bytes_read",
-            "bytes_written",
-            "reads",
-            "writes",
-            "opens",
-            "seq_reads",
-            "read_time_s",
-            "meta_time_s",
-            *_MAPPED_SUMS,
-        ):
+        d = per.setdefault(f.path, _new_path_sums())
+        for k in _PATH_SUMS:
             d[k] += f.v[k]
         d["processes"] += 1
         d["small_reads"] += sum(f.size_read[i] for i in _SMALL_READ_INDEX)
@@ -466,12 +543,16 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
             else 0
         )
         d["extent"] = max(d["extent"], ext)
-    touched = {p: d for p, d in per.items() if d["opens"] or d["reads"] or d["writes"] or d["mmaps"]}
+    return per
+
+
+def _files_detail(touched: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """The :data:`TOP_FILES` files with the most bytes read, written and mapped in, largest first."""
     ranked = sorted(
         touched.items(),
         key=lambda kv: (-(kv[1]["bytes_read"] + kv[1]["bytes_written"] + _mapped_bytes(kv[1])), kv[0]),
     )
-    files_detail = [
+    return [
         {
             "path": p,
             "bytes_read": int(d["bytes_read"]),
@@ -486,17 +567,35 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         }
         for p, d in ranked[:TOP_FILES]
     ]
-    mapped_files = {p: d for p, d in touched.items() if d["mmaps"]}
-    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or d["mmaps"]}
-    sizes = [d["extent"] for d in read_files.values()]
+
+
+def _file_size_histogram(sizes: list[float]) -> dict[str, int]:
     size_hist = {name: 0 for name, _, _ in model.DARSHAN_SIZE_BUCKETS}
     for s in sizes:
         size_hist[_size_bucket(s)] += 1
+    return size_hist
 
-    # time window and bandwidths
-    starts = [f.v["read_start"] for f in rows if f.v["read_start"] > 0]
-    ends = [f.v["read_end"] for f in rows if f.v["read_end"] > 0]
-    window_s = (max(ends) - min(starts)) if starts and ends and max(ends) > min(starts) else 0.0
+
+def _volumes(
+    tot: dict[str, float], touched: dict[str, dict[str, float]], read_files: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """The section's totals: bytes, files, operations and the time in calls."""
+    return {
+        "bytes_read": int(tot["bytes_read"]),
+        "bytes_written": int(tot["bytes_written"]),
+        "files": len(touched),
+        "files_read": len(read_files),
+        "reads": int(tot["reads"]),
+        "writes": int(tot["writes"]),
+        "opens": int(tot["opens"]),
+        "read_time_s": round(tot["read_time_s"], 6),
+        "write_time_s": round(tot["write_time_s"], 6),
+        "meta_time_s": round(tot["meta_time_s"], 6),
+    }
+
+
+def _run_bounds(run: Run, ctx: dict[str, Any]) -> tuple[int, int]:
+    """The run's start and end (ns): the manifest's, else the first and last snapshot times."""
     m = run.manifest
     start_ns = int(m.get("start_ns") or 0)
     end_ns = int(m.get("end_ns") or 0)
@@ -504,32 +603,49 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         ((lo, hi),) = aggregate(run, ctx, _BOUNDS)
         start_ns = start_ns or int(lo)
         end_ns = end_ns or int(hi)
+    return start_ns, end_ns
+
+
+def _read_window_s(rows: list[FileRow]) -> float:
+    """From the first read to the last, over all the files."""
+    starts = [f.v["read_start"] for f in rows if f.v["read_start"] > 0]
+    ends = [f.v["read_end"] for f in rows if f.v["read_end"] > 0]
+    return (max(ends) - min(starts)) if starts and ends and max(ends) > min(starts) else 0.0
+
+
+def _bandwidths(rows: list[FileRow], tot: dict[str, float], start_ns: int, end_ns: int) -> dict[str, Any]:
+    """The read bandwidth while in read calls, while reading (the read window) and over the run."""
+    read_t = tot["read_time_s"]
+    window_s = _read_window_s(rows)
     wall_s = max(0.0, (end_ns - start_ns) / NS)
     bw_read = tot["bytes_read"] / read_t if read_t > 0 else 0.0
     bw_window = tot["bytes_read"] / window_s if window_s > 0 else 0.0
     bw_wall = tot["bytes_read"] / wall_s if wall_s > 0 else 0.0
+    return {
+        "bandwidth_read_bytes_per_s": round(bw_read, 1),
+        "bandwidth_read_window_bytes_per_s": round(bw_window, 1),
+        "bandwidth_read_wall_bytes_per_s": round(bw_wall, 1),
+        "read_window_s": round(window_s, 6),
+    }
 
-    # by role (counters are per process: "by phase" is per role)
+
+#: The per-role sums of the counters of the same name.
+_ROLE_SUMS = ("bytes_read", "bytes_written", "reads", "writes", "read_time_s", "meta_time_s")
+
+
+def _by_role(rows: list[FileRow], roles: dict[tuple[str, int], str]) -> dict[str, dict[str, Any]]:
+    """Totals per process role, most bytes read first (counters are per process: "by phase" is per
+    role)."""
     by_role: dict[str, dict[str, float]] = {}
     procs: dict[str, set[tuple[str, int]]] = {}
     for f in rows:
         # no processes row: a process without an agent (its native dump), or Darshan's shared records
         role = roles.get((f.host, f.pid), "untraced" if f.pid >= 0 else "shared")
-        r = by_role.setdefault(
-            role,
-            {
-                "bytes_read": 0.0,
-                "bytes_written": 0.0,
-                "reads": 0.0,
-                "writes": 0.0,
-                "read_time_s": 0.0,
-                "meta_time_s": 0.0,
-            },
-        )
+        r = by_role.setdefault(role, {k: 0.0 for k in _ROLE_SUMS})
         for k in r:
             r[k] += f.v[k]
         procs.setdefault(role, set()).add((f.host, f.pid))
-    by_role_doc = {
+    return {
         role: {
             **{k: (round(v, 6) if k.endswith("_s") else int(v)) for k, v in r.items()},
             "processes": len(procs[role]),
@@ -537,7 +653,10 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         for role, r in sorted(by_role.items(), key=lambda kv: -kv[1]["bytes_read"])
     }
 
-    # reference bandwidth: iobench results, else the best single file of this run
+
+def _reference_bandwidth(run: Run, read_files: dict[str, dict[str, float]]) -> tuple[float, str] | None:
+    """The reference read bandwidth and its source: iobench results, else the best single file of
+    this run."""
     ref = _iobench_reference(run)
     best_file: tuple[float, str] | None = None
     for p, d in read_files.items():
@@ -547,68 +666,21 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
                 best_file = (bw, p)
     if ref is None and best_file is not None:
         ref = (best_file[0], f"best single-file read bandwidth in this run ({best_file[1]})")
+    return ref
 
-    staging = _staging(read_files, ref)
-    io_time = read_t + write_t + meta_t
-    st = ctx.get("steps")
-    data_wait: dict[str, Any] = {}
-    if st is not None and st.count:
-        ph = st.phases["data_wait"]
-        data_wait = {
-            "fraction": round(ph.fraction, 4),
-            "total_s": round(ph.total_s, 6),
-            "io_read_and_meta_time_s": round(read_t + meta_t, 6),
-            "io_time_vs_data_wait": round((read_t + meta_t) / ph.total_s, 4) if ph.total_s > 0 else 0.0,
-        }
-    small_reads = sum(hist[b] for b in SMALL_READ_BUCKETS)
-    section: dict[str, Any] = {
-        "layers": sorted({f.layer for f in rows}),
-        "by_module": by_module,
-        "bytes_read": int(tot["bytes_read"]),
-        "bytes_written": int(tot["bytes_written"]),
-        "files": len(touched),
-        "files_read": len(read_files),
-        "reads": int(tot["reads"]),
-        "writes": int(tot["writes"]),
-        "opens": int(tot["opens"]),
-        "read_time_s": round(read_t, 6),
-        "write_time_s": round(write_t, 6),
-        "meta_time_s": round(meta_t, 6),
-        "bandwidth_read_bytes_per_s": round(bw_read, 1),
-        "bandwidth_read_window_bytes_per_s": round(bw_window, 1),
-        "bandwidth_read_wall_bytes_per_s": round(bw_wall, 1),
-        "read_window_s": round(window_s, 6),
-        "read_size_histogram": hist,
-        "small_read_fraction": round(small_reads / tot["reads"], 4) if tot["reads"] else 0.0,
-        "file_size_histogram": size_hist,
-        "file_size_median_bytes": int(_median(sizes)),
-        "seq_read_fraction": round(sum(d["seq_reads"] for d in touched.values()) / tot["reads"], 4)
-        if tot["reads"]
-        else 0.0,
-        "meta_time_fraction": round(meta_t / io_time, 4) if io_time > 0 else 0.0,
-        "bandwidth_timeline": _time_series(run, ctx, start_ns) if start_ns else [],
-        "by_role": by_role_doc,
-        "by_phase_note": "I/O counters are kept per process, not per phase: see by_role (main loop, "
-        "dataloader_worker, rank)",
-        "reference_bandwidth": {"bytes_per_s": round(ref[0], 1), "source": ref[1]} if ref else {},
-        "data_wait": data_wait,
-        "staging": staging,
-        "mapped": _mapped_section(mapped_files),
-        "files_detail": files_detail,
+
+def _data_wait(st: Any, tot: dict[str, float]) -> dict[str, Any]:
+    """The training loop's data wait beside the time the job spent in read and metadata calls."""
+    if st is None or not st.count:
+        return {}
+    read_meta = tot["read_time_s"] + tot["meta_time_s"]
+    ph = st.phases["data_wait"]
+    return {
+        "fraction": round(ph.fraction, 4),
+        "total_s": round(ph.total_s, 6),
+        "io_read_and_meta_time_s": round(read_meta, 6),
+        "io_time_vs_data_wait": round(read_meta / ph.total_s, 4) if ph.total_s > 0 else 0.0,
     }
-    hpc = _from_hpc_log(run)
-    findings = [
-        f for f in (_small_file_io(section, st, hpc), _io_bandwidth(section, st, hpc)) if f is not None
-    ]
-    if not findings:
-        staging_finding = _staging_finding(section, hpc)
-        if staging_finding is not None:
-            findings.append(staging_finding)
-    return section, findings
-
-
-#: Per-file sums of the mapping counters.
-_MAPPED_SUMS = ("mmaps", "bytes_mapped", "mmaps_measured", "bytes_mapped_resident")
 
 
 def _mapped_doc(d: dict[str, float]) -> dict[str, Any]:

@@ -300,58 +300,75 @@ def _tick_before(ticks: list[int], t_ns: int) -> int:
 def _process_stages(
     procs: list[_Proc], bounds: dict[tuple[str, int], Any], ticks: dict[str, list[int]]
 ) -> tuple[list[Stage], dict[tuple[str, int], tuple[str, int]]]:
+    """A stage per process that is not a helper of another (helpers belong to their nearest
+    non-helper ancestor), nested under its nearest ancestor that is a stage; and the owning stage's
+    key of every process."""
     by_key = {(p.host, p.pid): p for p in procs}
     owner: dict[tuple[str, int], tuple[str, int]] = {}
-
-    def stage_of(p: _Proc) -> tuple[str, int]:
-        seen = 0
-        cur = p
-        while _is_helper(cur) and seen < 64:
-            parent = by_key.get((cur.host, cur.ppid))
-            if parent is None or parent.role == "launcher":
-                break
-            cur = parent
-            seen += 1
-        return (cur.host, cur.pid)
-
     stages: dict[tuple[str, int], Stage] = {}
     for p in procs:
         if p.role == "launcher":
             continue
-        key = stage_of(p)
+        key = _stage_owner(p, by_key)
         owner[(p.host, p.pid)] = key
-        if key != (p.host, p.pid):
-            continue
-        start, end = p.start_ns, p.end_ns
-        b = bounds.get(key)
-        if b is not None:
-            if p.sampler_only:
-                # psutil's create_time rests on the boot time in whole seconds: it can be up to 1 s
-                # early. The process started after the last sampler tick that did not see it.
-                start = max(start, _tick_before(ticks.get(p.host, []), b[0]))
-            else:
-                start = min(start, b[0]) if start else b[0]
-            end = max(end, b[1])
-        name = process_name(p.argv, p.exe)
-        if p.role == "rank" and p.rank >= 0:
-            name = f"{name} [rank {p.rank}]" if name != "python -c" else f"rank {p.rank}"
-        stages[key] = Stage(
-            id=f"{p.host}-{p.pid}",
-            name=name,
-            host=p.host,
-            pid=p.pid,
-            source="process",
-            start_ns=start,
-            end_ns=max(end, start),
-        )
+        if key == (p.host, p.pid):
+            stages[key] = _process_stage(p, bounds.get(key), ticks)
     for key, skey in owner.items():
         st = stages.get(skey)
         if st is not None:
             st.pids.append(key[1])
-    # nesting: the nearest ancestor that is a stage
-    # A process only the sampler saw started between the last tick that did not see it and the first
-    # that did. A sibling that ended inside that window most likely ran before it (a script runs its
-    # commands one after another): start it there rather than at the tick, which could overlap it.
+    _start_after_siblings(stages, by_key, bounds)
+    _nest(stages, by_key)
+    return list(stages.values()), owner
+
+
+def _stage_owner(p: _Proc, by_key: dict[tuple[str, int], _Proc]) -> tuple[str, int]:
+    """The key of the process whose stage ``p`` belongs to: itself, or for a helper its nearest
+    ancestor that is not one (below the launcher)."""
+    seen = 0
+    cur = p
+    while _is_helper(cur) and seen < 64:
+        parent = by_key.get((cur.host, cur.ppid))
+        if parent is None or parent.role == "launcher":
+            break
+        cur = parent
+        seen += 1
+    return (cur.host, cur.pid)
+
+
+def _process_stage(p: _Proc, b: Any, ticks: dict[str, list[int]]) -> Stage:
+    """The stage of process ``p``, over its lifetime widened to its samples' bounds ``b``."""
+    start, end = p.start_ns, p.end_ns
+    if b is not None:
+        if p.sampler_only:
+            # psutil's create_time rests on the boot time in whole seconds: it can be up to 1 s
+            # early. The process started after the last sampler tick that did not see it.
+            start = max(start, _tick_before(ticks.get(p.host, []), b[0]))
+        else:
+            start = min(start, b[0]) if start else b[0]
+        end = max(end, b[1])
+    name = process_name(p.argv, p.exe)
+    if p.role == "rank" and p.rank >= 0:
+        name = f"{name} [rank {p.rank}]" if name != "python -c" else f"rank {p.rank}"
+    return Stage(
+        id=f"{p.host}-{p.pid}",
+        name=name,
+        host=p.host,
+        pid=p.pid,
+        source="process",
+        start_ns=start,
+        end_ns=max(end, start),
+    )
+
+
+def _start_after_siblings(
+    stages: dict[tuple[str, int], Stage],
+    by_key: dict[tuple[str, int], _Proc],
+    bounds: dict[tuple[str, int], Any],
+) -> None:
+    """A process only the sampler saw started between the last tick that did not see it and the first
+    that did. A sibling that ended inside that window most likely ran before it (a script runs its
+    commands one after another): start it there rather than at the tick, which could overlap it."""
     for key, st in stages.items():
         p = by_key[key]
         b = bounds.get(key)
@@ -367,6 +384,10 @@ def _process_stages(
         ]
         if ends:
             st.start_ns = min(max(ends), st.end_ns)
+
+
+def _nest(stages: dict[tuple[str, int], Stage], by_key: dict[tuple[str, int], _Proc]) -> None:
+    """Nesting: each stage's parent is the nearest ancestor process that is a stage."""
     for key, st in stages.items():
         p = by_key[key]
         cur = by_key.get((p.host, p.ppid))
@@ -378,7 +399,6 @@ def _process_stages(
                 break
             cur = by_key.get((cur.host, cur.ppid))
             hops += 1
-    return list(stages.values()), owner
 
 
 def _span_stages(

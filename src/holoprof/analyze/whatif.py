@@ -355,6 +355,30 @@ def predict(
     if latency_s < 0:
         raise HoloprofError(f"--latency must not be negative (got {latency_s})")
     buckets = make_buckets(m.params, bucket_mb)
+    return WhatIf(
+        schema=SCHEMA,
+        run=m.run,
+        process=m.process,
+        step_s=m.step_s,
+        backward_s=m.backward_s,
+        grad_bytes=m.grad_bytes,
+        params=len(m.params),
+        batch_size=m.batch_size,
+        sampled_steps=m.sampled_steps,
+        removed_comm_s=m.removed_comm_s,
+        bucket_mb=bucket_mb,
+        latency_s=latency_s,
+        buckets=buckets,
+        predictions=_predictions(m, buckets, workers, bandwidths, latency_s),
+        min_bandwidth=_min_bandwidths(m, buckets, workers, latency_s),
+        assumptions=_assumptions(m),
+    )
+
+
+def _predictions(
+    m: Measured, buckets: list[Bucket], workers: list[int], bandwidths: list[float], latency_s: float
+) -> list[Prediction]:
+    """The step, communication and throughput of every worker count at every bandwidth."""
     t1 = m.step_s
     unit = "samples/s" if m.batch_size else "steps/s"
     per_step = float(m.batch_size) if m.batch_size else 1.0
@@ -377,6 +401,15 @@ def predict(
                     scaling_efficiency=t1 / step if step > 0 else 0.0,
                 )
             )
+    return preds
+
+
+def _min_bandwidths(
+    m: Measured, buckets: list[Bucket], workers: list[int], latency_s: float
+) -> list[MinBandwidth]:
+    """For every worker count above one, the least bandwidth at which it beats one worker, and at
+    which it scales at 90% efficiency."""
+    t1 = m.step_s
     mins = []
     for n in workers:
         if n <= 1:
@@ -398,37 +431,23 @@ def predict(
                 efficiency_90=format_bandwidth(b9) if b9 is not None else "never (latency alone is too high)",
             )
         )
-    return WhatIf(
-        schema=SCHEMA,
-        run=m.run,
-        process=m.process,
-        step_s=t1,
-        backward_s=m.backward_s,
-        grad_bytes=m.grad_bytes,
-        params=len(m.params),
-        batch_size=m.batch_size,
-        sampled_steps=m.sampled_steps,
-        removed_comm_s=m.removed_comm_s,
-        bucket_mb=bucket_mb,
-        latency_s=latency_s,
-        buckets=buckets,
-        predictions=preds,
-        min_bandwidth=mins,
-        assumptions=[
-            "weak scaling: every worker keeps the measured per-worker batch and step compute",
-            "ring allreduce per bucket: 2(N-1)/N x bytes / bandwidth + 2(N-1) x latency",
-            "DDP-style buckets in gradient-ready order (first 1 MiB, then --bucket-mb), one allreduce at a time",
-            "allreduce overlaps the rest of backward; only what outlasts backward adds to the step",
-            "compute is not slowed by communication; no stragglers; full-duplex links at the given bandwidth",
+    return mins
+
+
+def _assumptions(m: Measured) -> list[str]:
+    return [
+        "weak scaling: every worker keeps the measured per-worker batch and step compute",
+        "ring allreduce per bucket: 2(N-1)/N x bytes / bandwidth + 2(N-1) x latency",
+        "DDP-style buckets in gradient-ready order (first 1 MiB, then --bucket-mb), one allreduce at a time",
+        "allreduce overlaps the rest of backward; only what outlasts backward adds to the step",
+        "compute is not slowed by communication; no stragglers; full-duplex links at the given bandwidth",
+    ] + (
+        [
+            f"measured on a data-parallel rank: its exposed communication ({m.removed_comm_s * 1e3:.2f} ms "
+            "per step) was taken out of the step and backward times"
         ]
-        + (
-            [
-                f"measured on a data-parallel rank: its exposed communication ({m.removed_comm_s * 1e3:.2f} ms "
-                "per step) was taken out of the step and backward times"
-            ]
-            if m.removed_comm_s > 0
-            else []
-        ),
+        if m.removed_comm_s > 0
+        else []
     )
 
 

@@ -453,82 +453,11 @@ def _gantt(doc: dict[str, Any]) -> str:
         parent=tree_parent([int(st.get("depth", 0)) for st in all_stages]),
     )
     run = doc.get("run", {})
-    t0 = run.get("start_ns") or 0
     duration = float(run.get("duration_s", 0) or 0)
-    rows: list[tuple[str, float, float, str, str, bool]] = []
-    for st in stages:
-        label = "  " * int(st.get("depth", 0)) + str(st.get("name", "?"))
-        tip = (
-            f"{st.get('name')} ({st.get('kind')}): {fmt_s(st.get('start_s', 0))} → {fmt_s(st.get('end_s', 0))}, "
-            f"{fmt_pct(st.get('share', 0))} of the run"
-            + (", on the critical path" if st.get("critical") else "")
-        )
-        rows.append(
-            (
-                label,
-                float(st.get("start_s", 0)),
-                float(st.get("end_s", 0)),
-                KIND_COLORS.get(str(st.get("kind")), "#aec7e8"),
-                tip,
-                bool(st.get("critical")),
-            )
-        )
-    stage_table = ""
-    if stages:
-        trs = "".join(
-            "<tr>"
-            f"<td>{'&nbsp;&nbsp;' * int(st.get('depth', 0))}"
-            f"{'<span class=crit>◆</span> ' if st.get('critical') else ''}{esc(st.get('name'))}</td>"
-            f"<td>{esc(st.get('kind'))}</td><td class='num'>{esc(fmt_s(st.get('wall_s', 0)))}</td>"
-            f"<td class='num'>{esc(fmt_pct(st.get('share', 0)))}</td><td class='num'>{esc(st.get('steps', 0))}</td>"
-            f"<td class='num'>{esc(fmt_s(st.get('cpu_s', 0)))}</td>"
-            f"<td class='num'>{esc(fmt_bytes(st.get('max_rss_bytes', 0)))}</td>"
-            f"<td class='num'>{esc(fmt_bytes(st.get('read_bytes', 0)))}</td>"
-            f"<td class='num'>{esc(fmt_bytes(st.get('write_bytes', 0)))}</td>"
-            f"<td class='num'>{esc('—' if st.get('gpu_s') is None else fmt_s(st['gpu_s']))}</td></tr>"
-            for st in stages
-        )
-        if rest:
-            rss = max(float(st.get("max_rss_bytes") or 0) for st in rest)
-            trs += (
-                f"<tr class='more'><td>{esc(more_label(rest, 'stages'))}</td><td></td>"
-                f"<td class='num'>{esc(at_most(rest, 'wall_s', fmt_s))}</td><td></td>"
-                f"<td class='num'>{esc(int(total(rest, 'steps')))}</td>"
-                f"<td class='num'>{esc(fmt_s(total(rest, 'cpu_s')))}</td><td class='num'>{esc(fmt_bytes(rss))}</td>"
-                f"<td class='num'>{esc(fmt_bytes(total(rest, 'read_bytes')))}</td>"
-                f"<td class='num'>{esc(fmt_bytes(total(rest, 'write_bytes')))}</td><td></td></tr>"
-            )
-        stage_table = (
-            "<table><tr><th>stage</th><th>kind</th><th class='num'>wall</th><th class='num'>share</th>"
-            "<th class='num'>steps</th><th class='num'>CPU</th><th class='num'>max RSS</th>"
-            "<th class='num'>read</th><th class='num'>written</th><th class='num'>GPU</th></tr>"
-            + trs
-            + "</table><p class='muted'><span class='crit'>◆</span> on the critical path: the stages the "
-            "end-to-end time waited on</p>"
-        )
-    end_by_pid = {(st.get("host"), st.get("pid")): float(st.get("end_s", 0)) for st in all_stages}
-    spans: list[tuple[dict[str, Any], float, float]] = []
-    for p in doc.get("processes") or []:
-        if p.get("role") == "launcher" or not p.get("start_ns"):
-            continue
-        s = (int(p["start_ns"]) - int(t0)) / 1e9 if t0 else 0.0
-        e_ns = int(p.get("end_ns") or 0)
-        e = (e_ns - int(t0)) / 1e9 if e_ns and t0 else end_by_pid.get((p.get("host"), p.get("pid")), duration)
-        spans.append((p, s, e))
-    spans, hidden = top_rows(spans, lambda x: x[2] - x[1])  # the longest processes
-    for p, s, e in spans:
-        argv = " ".join(str(a) for a in (p.get("argv") or []))
-        name = os.path.basename(str((p.get("argv") or ["?"])[0]))
-        rows.append(
-            (
-                f"pid {p.get('pid')} {name}"[:34],
-                max(0.0, s),
-                max(0.0, e),
-                "#c5cbe0" if p.get("traced") else "#e3e6ee",
-                f"pid {p.get('pid')} ({p.get('role')}{', traced' if p.get('traced') else ', sampled'}): {argv}",
-                False,
-            )
-        )
+    spans, hidden = top_rows(  # the longest processes
+        _process_spans(doc, all_stages, run.get("start_ns") or 0, duration), lambda x: x[2] - x[1]
+    )
+    rows = [_stage_bar(st) for st in stages] + [_process_bar(p, s, e) for p, s, e in spans]
     if not rows:
         return ""
     chart = gantt(rows, duration, title="stages and processes over time")
@@ -541,8 +470,93 @@ def _gantt(doc: dict[str, Any]) -> str:
         "<section><h2>Workflow: stages and processes</h2>"
         + legend([*((k, c) for k, c in KIND_COLORS.items()), ("process (traced)", "#c5cbe0")])
         + chart
-        + stage_table
+        + _stage_table(stages, rest)
         + "</section>"
+    )
+
+
+def _stage_bar(st: dict[str, Any]) -> tuple[str, float, float, str, str, bool]:
+    """A stage's bar in the Gantt chart: (label, start, end, color, tooltip, critical)."""
+    label = "  " * int(st.get("depth", 0)) + str(st.get("name", "?"))
+    tip = (
+        f"{st.get('name')} ({st.get('kind')}): {fmt_s(st.get('start_s', 0))} → {fmt_s(st.get('end_s', 0))}, "
+        f"{fmt_pct(st.get('share', 0))} of the run" + (", on the critical path" if st.get("critical") else "")
+    )
+    return (
+        label,
+        float(st.get("start_s", 0)),
+        float(st.get("end_s", 0)),
+        KIND_COLORS.get(str(st.get("kind")), "#aec7e8"),
+        tip,
+        bool(st.get("critical")),
+    )
+
+
+def _process_spans(
+    doc: dict[str, Any], all_stages: list[dict[str, Any]], t0: Any, duration: float
+) -> list[tuple[dict[str, Any], float, float]]:
+    """Every process but the launcher, with its start and end in seconds of the run (a process
+    without an end ends with its stage, else with the run)."""
+    end_by_pid = {(st.get("host"), st.get("pid")): float(st.get("end_s", 0)) for st in all_stages}
+    spans: list[tuple[dict[str, Any], float, float]] = []
+    for p in doc.get("processes") or []:
+        if p.get("role") == "launcher" or not p.get("start_ns"):
+            continue
+        s = (int(p["start_ns"]) - int(t0)) / 1e9 if t0 else 0.0
+        e_ns = int(p.get("end_ns") or 0)
+        e = (e_ns - int(t0)) / 1e9 if e_ns and t0 else end_by_pid.get((p.get("host"), p.get("pid")), duration)
+        spans.append((p, s, e))
+    return spans
+
+
+def _process_bar(p: dict[str, Any], s: float, e: float) -> tuple[str, float, float, str, str, bool]:
+    """A process's bar in the Gantt chart: (label, start, end, color, tooltip, critical)."""
+    argv = " ".join(str(a) for a in (p.get("argv") or []))
+    name = os.path.basename(str((p.get("argv") or ["?"])[0]))
+    return (
+        f"pid {p.get('pid')} {name}"[:34],
+        max(0.0, s),
+        max(0.0, e),
+        "#c5cbe0" if p.get("traced") else "#e3e6ee",
+        f"pid {p.get('pid')} ({p.get('role')}{', traced' if p.get('traced') else ', sampled'}): {argv}",
+        False,
+    )
+
+
+def _stage_table(stages: list[dict[str, Any]], rest: list[dict[str, Any]]) -> str:
+    """The table of the stages shown, with a row for the rest ("" without stages)."""
+    if not stages:
+        return ""
+    trs = "".join(
+        "<tr>"
+        f"<td>{'&nbsp;&nbsp;' * int(st.get('depth', 0))}"
+        f"{'<span class=crit>◆</span> ' if st.get('critical') else ''}{esc(st.get('name'))}</td>"
+        f"<td>{esc(st.get('kind'))}</td><td class='num'>{esc(fmt_s(st.get('wall_s', 0)))}</td>"
+        f"<td class='num'>{esc(fmt_pct(st.get('share', 0)))}</td><td class='num'>{esc(st.get('steps', 0))}</td>"
+        f"<td class='num'>{esc(fmt_s(st.get('cpu_s', 0)))}</td>"
+        f"<td class='num'>{esc(fmt_bytes(st.get('max_rss_bytes', 0)))}</td>"
+        f"<td class='num'>{esc(fmt_bytes(st.get('read_bytes', 0)))}</td>"
+        f"<td class='num'>{esc(fmt_bytes(st.get('write_bytes', 0)))}</td>"
+        f"<td class='num'>{esc('—' if st.get('gpu_s') is None else fmt_s(st['gpu_s']))}</td></tr>"
+        for st in stages
+    )
+    if rest:
+        rss = max(float(st.get("max_rss_bytes") or 0) for st in rest)
+        trs += (
+            f"<tr class='more'><td>{esc(more_label(rest, 'stages'))}</td><td></td>"
+            f"<td class='num'>{esc(at_most(rest, 'wall_s', fmt_s))}</td><td></td>"
+            f"<td class='num'>{esc(int(total(rest, 'steps')))}</td>"
+            f"<td class='num'>{esc(fmt_s(total(rest, 'cpu_s')))}</td><td class='num'>{esc(fmt_bytes(rss))}</td>"
+            f"<td class='num'>{esc(fmt_bytes(total(rest, 'read_bytes')))}</td>"
+            f"<td class='num'>{esc(fmt_bytes(total(rest, 'write_bytes')))}</td><td></td></tr>"
+        )
+    return (
+        "<table><tr><th>stage</th><th>kind</th><th class='num'>wall</th><th class='num'>share</th>"
+        "<th class='num'>steps</th><th class='num'>CPU</th><th class='num'>max RSS</th>"
+        "<th class='num'>read</th><th class='num'>written</th><th class='num'>GPU</th></tr>"
+        + trs
+        + "</table><p class='muted'><span class='crit'>◆</span> on the critical path: the stages the "
+        "end-to-end time waited on</p>"
     )
 
 

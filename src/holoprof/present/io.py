@@ -44,23 +44,33 @@ def io_group(doc: dict[str, Any]) -> Group | None:
     io = doc.get("io") or {}
     if not io:
         return None
-    parts: list[Any] = []
+    parts: list[Any] = _totals(io)
+    parts += _read_sizes(io)
+    parts += _top_files(io)
+    parts += _staging(io)
+    roles = io.get("by_role") or {}
+    if len(roles) > 1:
+        line = ", ".join(f"{r} {fmt_bytes(v['bytes_read'])}" for r, v in roles.items())
+        parts += [Text(""), Text(f"read by role: {line}", style="grey62")]
+    return Group(*parts)
+
+
+def _totals(io: dict[str, Any]) -> list[Text]:
+    """Bytes and operations, bandwidths, the modules side by side, mappings and the reference."""
     layers = ", ".join(io.get("layers", [])) or "?"
-    parts.append(
+    parts = [
         Text(
             f"{fmt_bytes(io['bytes_read'])} read in {io['reads']} reads, {fmt_bytes(io['bytes_written'])} written "
             f"in {io['writes']} writes, {io['files']} files ({layers} layer)"
-        )
-    )
-    parts.append(
+        ),
         Text(
             f"read bandwidth {_rate(io['bandwidth_read_bytes_per_s'])} while in read calls, "
             f"{_rate(io.get('bandwidth_read_window_bytes_per_s', 0))} while reading, "
             f"{_rate(io.get('bandwidth_read_wall_bytes_per_s', 0))} over the run; "
             f"metadata {100 * io.get('meta_time_fraction', 0):.0f}% of I/O time, "
             f"sequential reads {100 * io.get('seq_read_fraction', 0):.0f}%"
-        )
-    )
+        ),
+    ]
     mods = {m: d for m, d in (io.get("by_module") or {}).items() if d["opens"] or d["reads"] or d["writes"]}
     if len(mods) > 1:  # layers of one another (MPI-IO over POSIX): shown side by side, never added
         parts.append(
@@ -79,69 +89,79 @@ def io_group(doc: dict[str, Any]) -> Group | None:
     ref = io.get("reference_bandwidth") or {}
     if ref:
         parts.append(Text(f"reference: {_rate(ref['bytes_per_s'])} ({ref['source']})", style="grey62"))
+    return parts
 
+
+def _read_sizes(io: dict[str, Any]) -> list[Any]:
+    """The read-size histogram as bars ([] without reads)."""
     hist = io.get("read_size_histogram") or {}
     total = sum(hist.values())
-    if total:
-        h = Table(box=None, show_header=False, pad_edge=False)
-        h.add_column("size", style="grey62")
-        h.add_column("bar")
-        h.add_column("reads", justify="right", no_wrap=True)
-        for name, n in hist.items():
-            share = n / total
-            h.add_row(name, Text("█" * round(share * BAR_WIDTH), style="blue"), f"{n} ({100 * share:.0f}%)")
-        parts += [Text(""), Text("read sizes", style="bold"), h]
+    if not total:
+        return []
+    h = Table(box=None, show_header=False, pad_edge=False)
+    h.add_column("size", style="grey62")
+    h.add_column("bar")
+    h.add_column("reads", justify="right", no_wrap=True)
+    for name, n in hist.items():
+        share = n / total
+        h.add_row(name, Text("█" * round(share * BAR_WIDTH), style="blue"), f"{n} ({100 * share:.0f}%)")
+    return [Text(""), Text("read sizes", style="bold"), h]
 
+
+def _top_files(io: dict[str, Any]) -> list[Any]:
+    """The :data:`TOP_FILES` largest files, and a line for the rest ([] without files)."""
     files = io.get("files_detail") or []
-    if files:
-        any_mapped = any(f.get("mmaps") for f in files[:TOP_FILES])
-        t = NamedRows(
-            "file",
-            ["read", "written", *(["mapped"] if any_mapped else []), "reads", "opens", "seq", "read time"],
-            [
-                (
-                    Text(str(f["path"])),
-                    [
-                        fmt_bytes(f["bytes_read"]),
-                        fmt_bytes(f["bytes_written"]),
-                        *([_mapped_cell(f)] if any_mapped else []),
-                        str(f["reads"]),
-                        str(f["opens"]),
-                        f"{100 * f['seq_read_fraction']:.0f}%",
-                        fmt_s(f["read_time_s"]),
-                    ],
-                )
-                for f in files[:TOP_FILES]
-            ],
+    if not files:
+        return []
+    any_mapped = any(f.get("mmaps") for f in files[:TOP_FILES])
+    t = NamedRows(
+        "file",
+        ["read", "written", *(["mapped"] if any_mapped else []), "reads", "opens", "seq", "read time"],
+        [
+            (
+                Text(str(f["path"])),
+                [
+                    fmt_bytes(f["bytes_read"]),
+                    fmt_bytes(f["bytes_written"]),
+                    *([_mapped_cell(f)] if any_mapped else []),
+                    str(f["reads"]),
+                    str(f["opens"]),
+                    f"{100 * f['seq_read_fraction']:.0f}%",
+                    fmt_s(f["read_time_s"]),
+                ],
+            )
+            for f in files[:TOP_FILES]
+        ],
+    )
+    rest = files[TOP_FILES:]
+    parts: list[Any] = [Text(""), Text("top files", style="bold"), t]
+    if rest:
+        parts.append(
+            Text(
+                f"{summary.more_label(rest, 'files')}: {fmt_bytes(summary.total(rest, 'bytes_read'))} read in "
+                f"{int(summary.total(rest, 'reads'))} reads, {fmt_bytes(summary.total(rest, 'bytes_written'))} "
+                "written "
+                "(every file is in holoprof report RUN --json)",
+                style="grey62",
+            )
         )
-        rest = files[TOP_FILES:]
-        parts += [Text(""), Text("top files", style="bold"), t]
-        if rest:
-            parts.append(
-                Text(
-                    f"{summary.more_label(rest, 'files')}: {fmt_bytes(summary.total(rest, 'bytes_read'))} read in "
-                    f"{int(summary.total(rest, 'reads'))} reads, {fmt_bytes(summary.total(rest, 'bytes_written'))} "
-                    "written "
-                    "(every file is in holoprof report RUN --json)",
-                    style="grey62",
-                )
-            )
+    return parts
 
+
+def _staging(io: dict[str, Any]) -> list[Text]:
+    """The directories worth staging on a faster tier, with what each saves ([] when none)."""
     staging = [s for s in io.get("staging") or [] if s.get("expected_saving_s", 0) > 0]
-    if staging:
-        parts += [Text(""), Text("stage on a faster tier", style="bold")]
-        for s in staging[:3]:
-            parts.append(
-                Text(
-                    f"{middle_ellipsis(str(s['directory']), 60)}: {s['files']} files, {fmt_bytes(s['bytes_read'])}, "
-                    f"saves about {fmt_s(s['expected_saving_s'])}"
-                )
+    if not staging:
+        return []
+    parts = [Text(""), Text("stage on a faster tier", style="bold")]
+    for s in staging[:3]:
+        parts.append(
+            Text(
+                f"{middle_ellipsis(str(s['directory']), 60)}: {s['files']} files, {fmt_bytes(s['bytes_read'])}, "
+                f"saves about {fmt_s(s['expected_saving_s'])}"
             )
-    roles = io.get("by_role") or {}
-    if len(roles) > 1:
-        line = ", ".join(f"{r} {fmt_bytes(v['bytes_read'])}" for r, v in roles.items())
-        parts += [Text(""), Text(f"read by role: {line}", style="grey62")]
-    return Group(*parts)
+        )
+    return parts
 
 
 def render_io(doc: dict[str, Any], console: Console) -> None:
