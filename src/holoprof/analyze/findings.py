@@ -13,20 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from holoprof.analyze.input_model import (
-    Advice,
-    PipelineInputs,
-    advise,
-    advise_persistent,
-    base_compute,
-    best_with_workers,
-    loader_wall,
-    margin,
-    persistent_gain,
-    spin_worth_measuring,
-    spinning,
-    stalled,
-)
+from holoprof.analyze.input_model import PipelineInputs, PipelineModel
 from holoprof.analyze.resources import Resources
 from holoprof.analyze.steps import StepStats
 
@@ -98,20 +85,21 @@ def _cores(x: PipelineInputs) -> str:
     return f"{x.cores:g} cores{busy}"
 
 
-def _spin_note(x: PipelineInputs, adv: Advice) -> str:
+def _spin_note(m: PipelineModel) -> str:
     """A sentence on torch's threads contending for the cores, when worth measuring (else empty)."""
-    if not spin_worth_measuring(x, adv):
+    if not m.spin_worth_measuring:
         return ""
+    x, adv = m.inputs, m.advice
     seen = []
-    if stalled(x):
+    if m.stalled:
         seen.append(
             f"the training thread waited for a CPU {_ms(x.compute_runq_s)} of its {_ms(x.compute_s)} compute per step"
         )
-    if spinning(x):
+    if m.spinning:
         seen.append(
             f"its other threads burnt {_ms(x.spin_cpu_s)} of CPU per step while the loop waited for a batch"
         )
-    n = adv.workers if adv.workers > 0 else best_with_workers(adv)
+    n = adv.workers if adv.workers > 0 else m.best_with_workers
     counts = ",".join(str(v) for v in sorted({x.num_workers, n}))
     return (
         f". Torch's {x.torch_threads} threads contend for the cores: {' and '.join(seen)} (idle OpenMP threads "
@@ -120,29 +108,29 @@ def _spin_note(x: PipelineInputs, adv: Advice) -> str:
     )
 
 
-def _persistent_note(x: PipelineInputs) -> str:
+def _persistent_note(m: PipelineModel) -> str:
     """``persistent_workers=True`` when the workers' start at each epoch is worth it (else empty)."""
-    if not advise_persistent(x):
+    if not m.persistent_advised:
         return ""
+    x = m.inputs
     return (
         f"use DataLoader(..., persistent_workers=True): each of the {x.restarts} epochs after the first "
         f"started the {x.num_workers} workers again, {_ms(x.restart_s)} of a {_ms(x.epoch_s)} epoch "
-        f"(predicted: {_pct(persistent_gain(x))} of this run's time saved); measure it with no code change: "
+        f"(predicted: {_pct(m.persistent_gain)} of this run's time saved); measure it with no code change: "
         "holoprof sweep --set persistent_workers=false,true -- COMMAND"
     )
 
 
-def _model_fix(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> str:
+def _model_fix(m: PipelineModel, loader: dict[str, Any]) -> str:
     """The recommendation from the input-pipeline model: a configuration, or why none helps."""
-    persistent = _persistent_note(x)
-    if persistent and not adv.advised:  # the workers are right; starting them once is the fix
-        return persistent + _spin_note(x, adv)
-    return (
-        _model_fix_text(x, loader, adv) + (". Also " + persistent if persistent else "") + _spin_note(x, adv)
-    )
+    persistent = _persistent_note(m)
+    if persistent and not m.advice.advised:  # the workers are right; starting them once is the fix
+        return persistent + _spin_note(m)
+    return _model_fix_text(m, loader) + (". Also " + persistent if persistent else "") + _spin_note(m)
 
 
-def _model_fix_text(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> str:
+def _model_fix_text(m: PipelineModel, loader: dict[str, Any]) -> str:
+    x, adv = m.inputs, m.advice
     cur = x.num_workers
     if adv.advised:
         extra = []
@@ -152,7 +140,7 @@ def _model_fix_text(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> s
         fix += f" (now num_workers={cur})" if adv.workers != cur else ""
         fix += (
             f". Predicted: mean step {_ms(x.step_s)} -> {_ms(adv.predicted_step_s)} with {_cores(x)} "
-            f"(loading {_ms(x.loader_cpu_s)} CPU / {_ms(loader_wall(x, adv.workers))} wall per batch, compute "
+            f"(loading {_ms(x.loader_cpu_s)} CPU / {_ms(m.loader_wall_s)} wall per batch, compute "
             f"{_ms(x.compute_cpu_s)} CPU per step); measure it with no code change: "
             f"holoprof sweep --set num_workers={cur},{adv.workers} -- COMMAND (or holoprof tune -- COMMAND)"
         )
@@ -169,10 +157,10 @@ def _model_fix_text(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> s
             "augmentations), caching decoded samples (decode once, keep tensors), or a machine with more cores"
         )
     elif adv.limit == "main":
-        why = f"the training loop itself takes {_ms(base_compute(x))} per step, which loading already keeps up with"
+        why = f"the training loop itself takes {_ms(m.base_compute_s)} per step, which loading already keeps up with"
         helps = "a cheaper step (see the phases above), not a different loader"
     else:
-        why = f"loading one batch takes {_ms(loader_wall(x, max(1, adv.workers)))} and more workers than {adv.workers} do not pay"
+        why = f"loading one batch takes {_ms(m.loader_wall_s)} and more workers than {adv.workers} do not pay"
         helps = (
             "cheaper per-sample work, caching decoded samples, fewer and larger files, or a machine with "
             "more cores"
@@ -180,7 +168,7 @@ def _model_fix_text(x: PipelineInputs, loader: dict[str, Any], adv: Advice) -> s
     return (
         f"the loader is already as good as this machine allows (num_workers={cur}): no worker count is "
         f"predicted to beat the measured mean step of {_ms(x.step_s)} by more than its noise "
-        f"({_pct(margin(x))}) — {why}. What would help: {helps}"
+        f"({_pct(m.margin)}) — {why}. What would help: {helps}"
     )
 
 
@@ -188,7 +176,7 @@ def input_bound(
     st: StepStats,
     loader: dict[str, Any],
     cpus: int | None = None,
-    pipeline: PipelineInputs | None = None,
+    pipeline: PipelineModel | None = None,
     imported: bool = False,
 ) -> Finding | None:
     """``input_bound`` with a recommendation from the input-pipeline model when the run measured
@@ -201,26 +189,14 @@ def input_bound(
     severity = "high" if frac >= INPUT_BOUND_HIGH else "medium"
     evidence = _loader_evidence(st, loader, frac)
     if pipeline is not None:
-        evidence["cpu_cores"] = pipeline.cores
+        evidence["cpu_cores"] = pipeline.inputs.cores
     elif cpus is not None or not imported:
         evidence["cpu_cores"] = cpus or os.cpu_count() or 1
     if pipeline is not None:
-        adv = advise(pipeline)
-        evidence["model"] = {
-            "inputs": pipeline.to_dict(),
-            "predicted_step_s": {str(n): v for n, v in adv.candidates.items()},
-            "recommended_workers": adv.workers,
-            "limit": adv.limit,
-            "spin_worth_measuring": spin_worth_measuring(pipeline, adv),
-            "persistent_workers_advised": advise_persistent(pipeline),
-            "persistent_gain": round(persistent_gain(pipeline), 4),
-            "margin": round(margin(pipeline), 4),
-        }
-        fix = _model_fix(pipeline, loader, adv)
-        gain = adv.gain
-        if advise_persistent(pipeline):  # the two savings compound
-            gain = 1 - (1 - gain) * (1 - persistent_gain(pipeline))
-        basis: dict[str, Any] = {"model": "input_pipeline", "inputs": pipeline.to_dict()}
+        evidence["model"] = pipeline.evidence()
+        fix = _model_fix(pipeline, loader)
+        gain = pipeline.gain
+        basis: dict[str, Any] = {"model": "input_pipeline", "inputs": pipeline.inputs.to_dict()}
     else:
         fix = (
             "overlap input with compute: load batches in background workers (DataLoader num_workers>0; "
@@ -345,7 +321,7 @@ def all_findings(
     st: StepStats | None,
     res: Resources,
     loader: dict[str, Any],
-    pipeline: PipelineInputs | None = None,
+    pipeline: PipelineModel | None = None,
     imported: bool = False,
 ) -> list[Finding]:
     out: list[Finding | None] = []

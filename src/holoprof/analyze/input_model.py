@@ -519,3 +519,62 @@ def advise_persistent(x: PipelineInputs) -> bool:
     """Advise ``persistent_workers=True`` when the workers' start at each epoch is predicted to cost
     more of an epoch than the measurement's noise (at least :data:`MIN_GAIN`)."""
     return persistent_gain(x) >= margin(x)
+
+
+@dataclass
+class PipelineModel:
+    """Everything the input-pipeline model says of a run, computed once: its inputs, the advice on
+    the worker count, and the verdicts the ``input_bound`` finding reads (and nothing else computes)."""
+
+    inputs: PipelineInputs
+    advice: Advice
+    margin: float
+    #: the worker count (> 0) with the best predicted step
+    best_with_workers: int
+    #: the training loop's own time per step, and one batch's loading time with the advised workers
+    base_compute_s: float
+    loader_wall_s: float
+    spinning: bool
+    stalled: bool
+    spin_worth_measuring: bool
+    persistent_advised: bool
+    persistent_gain: float
+    #: the predicted saving of everything advised (workers and persistent workers compound)
+    gain: float
+
+    def evidence(self) -> dict[str, Any]:
+        """The model as the finding's evidence shows it."""
+        adv = self.advice
+        return {
+            "inputs": self.inputs.to_dict(),
+            "predicted_step_s": {str(n): v for n, v in adv.candidates.items()},
+            "recommended_workers": adv.workers,
+            "limit": adv.limit,
+            "spin_worth_measuring": self.spin_worth_measuring,
+            "persistent_workers_advised": self.persistent_advised,
+            "persistent_gain": round(self.persistent_gain, 4),
+            "margin": round(self.margin, 4),
+        }
+
+
+def pipeline_model(x: PipelineInputs) -> PipelineModel:
+    """The model's whole result for the measured inputs ``x``."""
+    adv = advise(x)
+    persistent = advise_persistent(x)
+    gain = adv.gain
+    if persistent:  # the two savings compound
+        gain = 1 - (1 - gain) * (1 - persistent_gain(x))
+    return PipelineModel(
+        inputs=x,
+        advice=adv,
+        margin=margin(x),
+        best_with_workers=best_with_workers(adv),
+        base_compute_s=base_compute(x),
+        loader_wall_s=loader_wall(x, max(1, adv.workers) if not adv.advised else adv.workers),
+        spinning=spinning(x),
+        stalled=stalled(x),
+        spin_worth_measuring=spin_worth_measuring(x, adv),
+        persistent_advised=persistent,
+        persistent_gain=persistent_gain(x),
+        gain=gain,
+    )

@@ -14,6 +14,7 @@ from typing import Any
 from holoprof import model
 from holoprof.analyze import findings as findings_mod
 from holoprof.analyze.engine_dask import Aggregation, aggregate
+from holoprof.analyze.input_model import measure, pipeline_model
 from holoprof.analyze.resources import Resources, resources
 from holoprof.analyze.steps import (
     NS,
@@ -277,9 +278,8 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
     loader = loader_config(run, main) if main is not None else {}
     pipeline = None
     if main is not None and st is not None and loader:
-        from holoprof.analyze.input_model import measure
-
-        pipeline = measure(run, main, st, loader)
+        measured = measure(run, main, st, loader)
+        pipeline = pipeline_model(measured) if measured is not None else None
     found = findings_mod.all_findings(
         st, res, loader, pipeline, imported=run.manifest.get("status") == "imported"
     )
