@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import error_lines, run_holoprof, traced
-from holoprof.analyze.input_model import PipelineInputs, advise, margin, predict, quiet
+from holoprof.analyze.input_model import PipelineInputs, advise, margin, pipeline_model, predict, quiet
 
 # An ordinary script: a slow __getitem__ (a wait, or CPU work), a tiny model. It prints what its own
 # DataLoader and torch really have, so the test sees the knobs from inside the job.
@@ -310,7 +310,7 @@ def test_pin_memory_is_advised_only_on_a_gpu(tmp_path: Path) -> None:
         x = PipelineInputs(gpu=gpu, **base)  # type: ignore[arg-type]
         a = advise(x)
         assert a.advised and a.workers > 0
-        assert ("pin_memory=True" in _model_fix(x, {"pin_memory": False}, a)) == gpu
+        assert ("pin_memory=True" in _model_fix(pipeline_model(x), {"pin_memory": False})) == gpu
 
 
 def test_tune_sweeps_what_the_finding_names_and_measures_the_best(script_dir: Path) -> None:
