@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.analyze.engine_dask import Aggregation, aggregate
+from holoprof.analyze.engine import Aggregation, aggregate
 from holoprof.store.reader import Run
 
 NS = 1e9
