@@ -47,8 +47,8 @@ def measure(path: str, workers: int) -> list[str]:
     import distributed
 
     import holoprof
-    from holoprof.analyze.engine_dask import DaskEngine
     from holoprof.analyze.engine import DuckDBEngine
+    from holoprof.analyze.engine_dask import DaskEngine
 
     run = holoprof.load(path)
     duck, dt = sections(run, DuckDBEngine(run))

@@ -222,8 +222,8 @@ def test_ddp_io_and_communication_sections_run_on_the_cluster(ddp: TracedRun, cl
 def test_ddp_sections_with_filters_are_the_same_on_the_cluster(ddp: TracedRun, client: Any) -> None:
     """A rank, a time window: the partitions' filters give DuckDB's views' numbers; the engine counts
     what it ran on the cluster."""
-    from holoprof.analyze.engine_dask import DaskEngine
     from holoprof.analyze.engine import DuckDBEngine
+    from holoprof.analyze.engine_dask import DaskEngine
 
     ran: set[str] = set()
     for where in ({"ranks": [1], "start_s": 0.5}, {"start_s": 0.5}):

@@ -432,10 +432,17 @@ def _add_groups(batches: Iterator[Batch], acc: _Groups) -> None:
 
 
 def _stream_groups(run: Run, params: dict[str, Any], acc: _Groups) -> None:
-    """The same groups from one streamed pass over the spans in file order, with no hash table: after
-    compaction a process's spans are sorted by start time, so the spans of a step (its step span, then
-    its phases) follow one another and each group is cut where the step index changes. Memory is
-    one batch. Raises :class:`_Unsorted` as soon as a step index goes back (a step's spans split)."""
+    """The same groups as :func:`groups_agg` from one streamed pass over the spans in file order, with
+    no hash table: after compaction a process's spans are sorted by start time, so the spans of a step
+    (its step span, then its phases) follow one another and each group is cut where the step index
+    changes. Memory is one batch. Raises :class:`_Unsorted` as soon as a step index goes back (a
+    step's spans split).
+
+    NumPy beside the SQL on purpose: SQL has no aggregation by runs of equal keys in file order, and
+    this pass keeps a report of 100 M spans at a flat memory (DuckDB's hash table of steps does not).
+    It needs the run's DuckDB reading in file order, so only the DuckDB engine takes it
+    (:attr:`~holoprof.analyze.engine.Engine.streams`); the groups it gives are the aggregation's,
+    which the tests check (tests/test_scale.py)."""
     import numpy as np  # lazy: numpy loads with the first analysis that needs it
 
     codes = " ".join(f"WHEN '{p}' THEN {i + 2}" for i, p in enumerate(PHASE_COLS))
@@ -577,7 +584,7 @@ def join_steps(run: Run, proc: ProcKey, epochs: int, engine: Engine | None = Non
 
 @dataclass
 class PerStepTable:
-    """A window of the per-step table, in step order: step indices, ends and durations (ns), and the
+    """A piece of the per-step table, in step order: step indices, ends and durations (ns), and the
     time of every phase in each step (``other`` included) after :func:`leftover`."""
 
     step: Any
@@ -589,9 +596,10 @@ class PerStepTable:
 def per_step_tables(
     run: Run, proc: ProcKey, engine: Engine | None = None, size: int | None = None
 ) -> Iterator[PerStepTable]:
-    """``proc``'s per-step table, one window of about ``size`` (default STEP_WINDOW) steps at a time
-    (cut at quantiles of a sample of the step indices, :func:`step_sample_agg`), so that memory holds
-    one window however long the run is. Step spans without an index are left out."""
+    """``proc``'s per-step table in step order, in pieces: one window of about ``size`` (default
+    STEP_WINDOW) steps at a time (cut at quantiles of a sample of the step indices,
+    :func:`step_sample_agg`), each as the batches its query gives, so that memory holds one window
+    however long the run is. Step spans without an index are left out."""
     import numpy as np  # lazy: numpy loads with the first analysis
 
     eng = engine_for(run, engine)
@@ -601,17 +609,13 @@ def per_step_tables(
         return [sample[min(len(sample) - 1, int(q * len(sample)))] for q in qs] if sample else []
 
     for window in windows(len(sample) * WINDOW_SAMPLE, "step", quantiles, size or STEP_WINDOW):
-        batches = list(eng.aggregate_batches(per_step_agg(proc, bounds=window)))
-        if not batches:
-            continue
-        keep = [b.nulls("step") for b in batches]
-        cols = {
-            c: np.concatenate(
-                [b.column(c) if k is None else b.column(c)[~k] for b, k in zip(batches, keep, strict=True)]
-            )
-            for c in ("step", "e", "dur", *PHASE_COLS)
-        }
-        other, f = leftover(cols["dur"], (cols[p] for p in PHASE_COLS), np.int64)
-        phases = {p: cols[p] if f is None else cols[p] * f for p in PHASE_COLS}
-        phases["other"] = other
-        yield PerStepTable(step=cols["step"], e=cols["e"], dur=cols["dur"], phases=phases)
+        for b in eng.aggregate_batches(per_step_agg(proc, bounds=window)):
+            keep = None if b.nulls("step") is None else ~b.nulls("step")
+            cols = {
+                c: b.column(c) if keep is None else b.column(c)[keep]
+                for c in ("step", "e", "dur", *PHASE_COLS)
+            }
+            other, f = leftover(cols["dur"], (cols[p] for p in PHASE_COLS), np.int64)
+            phases = {p: cols[p] if f is None else cols[p] * f for p in PHASE_COLS}
+            phases["other"] = other
+            yield PerStepTable(step=cols["step"], e=cols["e"], dur=cols["dur"], phases=phases)
