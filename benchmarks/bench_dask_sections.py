@@ -23,10 +23,11 @@ RUNS = ((8, 20_000, 2_500), (64, 5_000, 500))
 def sections(run: Any, eng: Any) -> tuple[dict[str, Any], dict[str, float]]:
     from holoprof.analyze.comm import communication
     from holoprof.analyze.io import io_section
+    from holoprof.analyze.steps import step_processes, step_stats
 
-    procs = eng.step_processes()
+    procs = step_processes(run, eng)
     main = procs[0]
-    ctx = {"main": main, "steps": eng.step_stats(main), "step_processes": procs, "engine": eng}
+    ctx = {"main": main, "steps": step_stats(run, main, engine=eng), "step_processes": procs, "engine": eng}
     out: dict[str, Any] = {}
     times: dict[str, float] = {}
     for name, f in (("io", io_section), ("communication", communication)):
@@ -34,7 +35,7 @@ def sections(run: Any, eng: Any) -> tuple[dict[str, Any], dict[str, float]]:
         sec, fs = f(run, ctx)
         times[name] = time.perf_counter() - t
         out[name] = (sec, [x.to_dict() for x in fs])
-    ctx["rank_stats"] = {p: eng.step_stats(p, timeline_points=1) for p in procs if p != main}
+    ctx["rank_stats"] = {p: step_stats(run, p, timeline_points=1, engine=eng) for p in procs if p != main}
     t = time.perf_counter()
     sec, fs = communication(run, ctx)
     times["communication +rank_stats"] = time.perf_counter() - t
@@ -46,11 +47,11 @@ def measure(path: str, workers: int) -> list[str]:
     import distributed
 
     import holoprof
+    from holoprof.analyze.engine import DuckDBEngine
     from holoprof.analyze.engine_dask import DaskEngine
-    from holoprof.analyze.report import _DuckDBEngine
 
     run = holoprof.load(path)
-    duck, dt = sections(run, _DuckDBEngine(run))
+    duck, dt = sections(run, DuckDBEngine(run))
     with (
         distributed.LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"

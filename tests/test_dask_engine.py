@@ -122,18 +122,18 @@ def test_each_process_is_read_from_its_own_chunk_files_only(synth: str, client: 
     """Per-process analyses read the chunk files that can hold the process (by the Parquet
     statistics of pid), not every chunk of the run, and give DuckDB's numbers."""
     from holoprof.analyze.engine_dask import DaskEngine
-    from holoprof.analyze.steps import step_stats
+    from holoprof.analyze.steps import step_processes, step_stats
 
     run = holoprof.load(synth)
     eng = DaskEngine(run, client)
-    procs = eng.step_processes()
+    procs = step_processes(run, eng)
     assert len(procs) == 3
     every = run.chunks.files["spans"]
     for proc in procs:
         own = [f for f in every if Path(f).parent.parts[-2:] == (f"hostname={proc.host}", f"proc={proc.pid}")]
         assert 1 < len(own) < len(every)
-        assert eng._spans_of(proc).npartitions == len(own)
-        dask, duck = eng.step_stats(proc), step_stats(run, proc)
+        assert sorted(eng._files_of((proc.pid,))) == sorted(own)
+        dask, duck = step_stats(run, proc, engine=eng), step_stats(run, proc)
         assert (dask.count, dask.epochs, dask.first_start_ns, dask.last_end_ns) == (
             duck.count, duck.epochs, duck.first_start_ns, duck.last_end_ns,
         )  # fmt: skip
@@ -187,12 +187,13 @@ def _sections(run: Any, eng: Any) -> dict[str, Any]:
     report gives them."""
     from holoprof.analyze.comm import communication
     from holoprof.analyze.io import io_section
+    from holoprof.analyze.steps import step_processes, step_stats
 
-    procs = eng.step_processes()
+    procs = step_processes(run, eng)
     main = procs[0] if procs else None
     ctx = {
         "main": main,
-        "steps": eng.step_stats(main) if main else None,
+        "steps": step_stats(run, main, engine=eng) if main else None,
         "step_processes": procs,
         "engine": eng,
     }
@@ -221,8 +222,8 @@ def test_ddp_io_and_communication_sections_run_on_the_cluster(ddp: TracedRun, cl
 def test_ddp_sections_with_filters_are_the_same_on_the_cluster(ddp: TracedRun, client: Any) -> None:
     """A rank, a time window: the partitions' filters give DuckDB's views' numbers; the engine counts
     what it ran on the cluster."""
+    from holoprof.analyze.engine import DuckDBEngine
     from holoprof.analyze.engine_dask import DaskEngine
-    from holoprof.analyze.report import _DuckDBEngine
 
     ran: set[str] = set()
     for where in ({"ranks": [1], "start_s": 0.5}, {"start_s": 0.5}):
@@ -230,7 +231,7 @@ def test_ddp_sections_with_filters_are_the_same_on_the_cluster(ddp: TracedRun, c
         eng = DaskEngine(run, client)
         dask = _sections(run, eng)
         duck_run = holoprof.load(ddp.run_dir, **where)
-        duck = _sections(duck_run, _DuckDBEngine(duck_run))
+        duck = _sections(duck_run, DuckDBEngine(duck_run))
         assert dask == duck, where
         ranks = [r["rank"] for r in duck["communication"]["per_rank"]]
         assert ranks == ([1] if "ranks" in where else [0, 1]), where
@@ -318,8 +319,8 @@ def test_exports_in_small_pieces_write_the_same_files(
     sorted under 64 MiB of DuckDB memory and read from the cluster one chunk at a time, and
     TensorBoard records computed about 500 steps at a time (4000 steps: 5 to 8 windows cut at
     quantiles of the step index), are the files of one piece, on both engines."""
-    from holoprof.analyze import engine_dask
-    from holoprof.exports import chrome_trace, tensorboard
+    from holoprof.analyze import engine_dask, per_step
+    from holoprof.exports import chrome_trace
     from holoprof.store import reader
 
     holoprof.export(synth, "chrome", str(tmp_path / "whole.json"))
@@ -334,9 +335,8 @@ def test_exports_in_small_pieces_write_the_same_files(
 
     monkeypatch.setattr(chrome_trace, "SORT_MEMORY", 64 * 2**20)
     monkeypatch.setattr(engine_dask, "EXPORT_IN_FLIGHT", 1)
-    monkeypatch.setattr(tensorboard, "STEP_WINDOW", 500)
-    monkeypatch.setattr(tensorboard, "windows", windows)
-    monkeypatch.setattr(engine_dask, "windows", windows)
+    monkeypatch.setattr(per_step, "STEP_WINDOW", 500)
+    monkeypatch.setattr(per_step, "windows", windows)
     spilled = []
     with_limit = reader.Run.lean_memory
 

@@ -78,14 +78,15 @@ def test_a_traced_runs_steps_are_scanned_in_one_streamed_pass(standard_run: Trac
     """A compacted run holds each step's spans one after another: the report's per-step table comes
     from one pass in file order, equal to DuckDB's aggregation by step and to the plain join."""
     import holoprof
-    from holoprof.analyze.steps import _join_steps, _scan_steps, _stats, step_processes
+    from holoprof.analyze.per_step import join_steps, scan_steps
+    from holoprof.analyze.steps import _stats, step_processes
 
     run = holoprof.load(standard_run.run_dir)
     main = step_processes(run)[0]
-    streamed = _scan_steps(run, main)
+    streamed = scan_steps(run, main)
     assert streamed.how == "stream"
-    hashed = _scan_steps(run, main, stream=False)
-    joined = _join_steps(run, main, hashed.epochs)
+    hashed = scan_steps(run, main, stream=False)
+    joined = join_steps(run, main, hashed.epochs)
     fast, by_hash, plain = (_stats(ps, main, 120) for ps in (streamed, hashed, joined))
     assert fast.count == standard_run.report["steps"]["count"] > 0
     assert fast == by_hash

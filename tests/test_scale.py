@@ -232,7 +232,8 @@ def _late_chunk(run: object, main: object, extra: list[tuple[object, ...]]) -> N
 def test_step_statistics_equal_the_plain_join_when_phases_cross_their_steps(tmp_path: object) -> None:
     """The per-step aggregation takes a shortcut for steps whose phases lie inside them; steps with
     phases crossing their window, repeated step indices and phases of no step take the exact join."""
-    from holoprof.analyze.steps import _join_steps, _scan_steps, _stats, outside_steps, step_processes
+    from holoprof.analyze.per_step import join_steps, scan_steps
+    from holoprof.analyze.steps import _stats, outside_steps, step_processes
 
     out = os.path.join(str(tmp_path), "run")
     generate_run(out, steps=2_000, chunk_steps=1_000)
@@ -252,10 +253,10 @@ def test_step_statistics_equal_the_plain_join_when_phases_cross_their_steps(tmp_
     ]
     _late_chunk(run, main, extra)
     run = holoprof.load(out)
-    scanned = _scan_steps(run, main)
+    scanned = scan_steps(run, main)
     assert scanned.how == "hash"  # the late chunk puts steps 5 and 7 after step 1999: not in order
     fast = _stats(scanned, main, 120)
-    plain = _stats(_join_steps(run, main, fast.epochs), main, 120)
+    plain = _stats(join_steps(run, main, fast.epochs), main, 120)
     assert fast.count == plain.count == 2_001
     for key in ("median_s", "p90_s", "mean_s", "per_s", "total_s", "first_start_ns", "last_end_ns"):
         assert getattr(fast, key) == pytest.approx(getattr(plain, key), rel=1e-12), key
@@ -302,8 +303,9 @@ def test_the_streamed_step_scan_equals_duckdbs_aggregation_and_the_join(
     boundaries; the odd records (a phase crossing its step's end, a step index used twice, phases
     with no step index or with an index no step has, epochs) keep their order and take the same
     exact paths as in DuckDB's aggregation. A memory limit too small for the scan falls back to it."""
-    from holoprof.analyze import steps as steps_mod
-    from holoprof.analyze.steps import _join_steps, _scan_steps, _stats, step_processes
+    from holoprof.analyze import per_step
+    from holoprof.analyze.per_step import join_steps, scan_steps
+    from holoprof.analyze.steps import _stats, step_processes
     from holoprof.store.compact import compact_run
 
     out = os.path.join(str(tmp_path), "run")
@@ -323,15 +325,15 @@ def test_the_streamed_step_scan_equals_duckdbs_aggregation_and_the_join(
         ("phase", "eval", e_last + 10, e_last + 3_000_010, 10**6),
     ]
     _late_chunk(run, main, extra)
-    assert _scan_steps(holoprof.load(out), main).how == "hash"  # the late chunk is out of order
+    assert scan_steps(holoprof.load(out), main).how == "hash"  # the late chunk is out of order
     compact_run(out)
     run = holoprof.load(out)
-    monkeypatch.setattr(steps_mod, "_BATCH_ROWS", 7)
-    streamed = _scan_steps(run, main)
+    monkeypatch.setattr(per_step, "_BATCH_ROWS", 7)
+    streamed = scan_steps(run, main)
     assert streamed.how == "stream" and not streamed.unique_steps  # step 7 twice
-    hashed = _scan_steps(run, main, stream=False)
+    hashed = scan_steps(run, main, stream=False)
     assert hashed.how == "hash"
-    joined = _join_steps(run, main, hashed.epochs)
+    joined = join_steps(run, main, hashed.epochs)
     fast, by_hash, plain = (_stats(ps, main, 120) for ps in (streamed, hashed, joined))
     assert fast.count == 601 and fast.epochs == 1
     assert fast.outside_ns == pytest.approx({"checkpoint": 1e6, "custom": 2e6, "eval": 3e6})
@@ -342,7 +344,8 @@ def test_the_streamed_step_scan_equals_duckdbs_aggregation_and_the_join(
 def test_a_span_without_an_end_and_the_memory_limit_after_a_report(tmp_path: object) -> None:
     """A span without an end cannot take the streamed pass: DuckDB's aggregation skips it, as before.
     The lowered limits of the scans are undone exactly: the run's limit is the same after a report."""
-    from holoprof.analyze.steps import _scan_steps, _stats, step_processes
+    from holoprof.analyze.per_step import scan_steps
+    from holoprof.analyze.steps import _stats, step_processes
     from holoprof.store.compact import compact_run
 
     out = os.path.join(str(tmp_path), "run")
@@ -356,9 +359,9 @@ def test_a_span_without_an_end_and_the_memory_limit_after_a_report(tmp_path: obj
     run.con.execute("SET memory_limit = '1900MiB'")  # read back as 1.8 GiB
     run.memory_limit = "1900MiB"
     limit = run.con.execute("SELECT current_setting('memory_limit')").fetchone()
-    scanned = _scan_steps(run, main)
+    scanned = scan_steps(run, main)
     assert scanned.how == "hash"
-    _assert_same_steps(_stats(scanned, main, 120), _stats(_scan_steps(run, main, stream=False), main, 120))
+    _assert_same_steps(_stats(scanned, main, 120), _stats(scan_steps(run, main, stream=False), main, 120))
     build_report(run)
     assert run.con.execute("SELECT current_setting('memory_limit')").fetchone() == limit
     assert run.memory_limit == "1900MiB"
@@ -367,16 +370,17 @@ def test_a_span_without_an_end_and_the_memory_limit_after_a_report(tmp_path: obj
 def test_a_step_scan_out_of_its_memory_limit_gives_way_to_duckdbs_aggregation(
     synth: tuple[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from holoprof.analyze import steps as steps_mod
-    from holoprof.analyze.steps import _scan_steps, _stats, step_processes
+    from holoprof.analyze import per_step
+    from holoprof.analyze.per_step import scan_steps
+    from holoprof.analyze.steps import _stats, step_processes
 
     run = holoprof.load(synth[0])
     for proc in step_processes(run):
-        streamed = _scan_steps(run, proc)
+        streamed = scan_steps(run, proc)
         assert streamed.how == "stream"
         with monkeypatch.context() as m:
-            m.setattr(steps_mod, "scan_memory_limit", lambda threads: 2**20)  # DuckDB runs out at 1 MiB
-            starved = _scan_steps(run, proc)
+            m.setattr(per_step, "scan_memory_limit", lambda threads: 2**20)  # DuckDB runs out at 1 MiB
+            starved = scan_steps(run, proc)
         assert starved.how == "hash"
         _assert_same_steps(_stats(starved, proc, 120), _stats(streamed, proc, 120))
 
@@ -472,19 +476,19 @@ def test_per_step_columns_spill_to_a_file_and_read_back_exactly(tmp_path: object
     first gap, with the same values."""
     import numpy as np
 
-    from holoprof.analyze.steps import _Spilled, _Steps
+    from holoprof.analyze.per_step import Spilled, _Steps
 
-    col = _Spilled(str(tmp_path))
+    col = Spilled(str(tmp_path))
     col.add(np.zeros(5, dtype=np.int64))
     col.add(np.array([7, -3], dtype=np.int64))
     assert col.load().dtype == np.int32 and col.load().tolist() == [0] * 5 + [7, -3]
     col.add(np.array([2**40], dtype=np.int64))
     assert col.load().dtype == np.int64 and col.load().tolist() == [0] * 5 + [7, -3, 2**40]
-    zeros = _Spilled(str(tmp_path))
+    zeros = Spilled(str(tmp_path))
     zeros.add(np.zeros(3, dtype=np.int64))
     assert zeros.file is None and zeros.load().tolist() == [0, 0, 0]
-    big = _Spilled(str(tmp_path))
-    values = np.arange(3 * _Spilled._PIECE + 11, dtype=np.int64) * 3 - 5
+    big = Spilled(str(tmp_path))
+    values = np.arange(3 * Spilled._PIECE + 11, dtype=np.int64) * 3 - 5
     for part in np.array_split(values, 7):
         big.add(part)
     assert np.array_equal(big.load(), values)

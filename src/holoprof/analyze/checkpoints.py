@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any
 
-from holoprof.analyze.engine_dask import Aggregation, aggregate
+from holoprof.analyze.engine import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.store.reader import Run
 

@@ -2,7 +2,7 @@
 
 Pure functions of a loaded run (``communication(run, ctx)`` is the ``communication`` section of the
 report). The scans of ``spans`` (per collective, per step of every rank, DDP buckets, the ranks' last
-activity) are :class:`~holoprof.analyze.engine_dask.Aggregation` queries: under ``--engine dask``
+activity) are :class:`~holoprof.analyze.engine.Aggregation` queries: under ``--engine dask``
 they run on the Dask cluster, with the same SQL and the same rows. Definitions, per step of a process:
 
 * ``exposed``: communication the training loop waited for — its ``communication`` phase: synchronous
@@ -25,7 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from holoprof.analyze.engine_dask import Aggregation, aggregate
+from holoprof.analyze.engine import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.analyze.steps import NS, ProcKey, StepStats, step_stats
 from holoprof.store.reader import Run
@@ -478,14 +478,7 @@ def _step_stats(
     known: dict[ProcKey, StepStats] = dict(ctx.get("rank_stats") or {})
     if main is not None and ctx.get("steps") is not None:
         known[main] = ctx["steps"]
-    return [
-        known[k]
-        if k in known
-        else eng.step_stats(k, timeline_points=1)
-        if eng is not None
-        else step_stats(run, k, timeline_points=1)
-        for k in procs_keys
-    ]
+    return [known[k] if k in known else step_stats(run, k, timeline_points=1, engine=eng) for k in procs_keys]
 
 
 def _first_failure(failures: list[dict[str, Any]]) -> dict[str, Any]:

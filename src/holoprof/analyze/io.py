@@ -4,7 +4,7 @@ Pure functions of a loaded run. The ``io_files`` rows are cumulative snapshots: 
 (host, pid, module, path) is the process's total for that file (``arg_max(counters, ts_ns)``).
 Counters are read with DuckDB's ``json_extract`` under their Darshan names (``POSIX_*``, ``STDIO_*``);
 both modules are summed (Darshan does not count a ``fread`` again under POSIX). The scans of
-``io_files`` are :class:`~holoprof.analyze.engine_dask.Aggregation` queries: under ``--engine dask``
+``io_files`` are :class:`~holoprof.analyze.engine.Aggregation` queries: under ``--engine dask``
 they run on the Dask cluster, with the same SQL and the same rows.
 
 The counters are kept per process, not per phase: "by phase" is therefore "by process role" (the
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.analyze.engine_dask import Aggregation, aggregate
+from holoprof.analyze.engine import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.store import native_dumps
 from holoprof.store.reader import Run

@@ -25,7 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from holoprof.analyze.engine_dask import Aggregation, aggregate
+from holoprof.analyze.engine import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.analyze.steps import ProcKey
 from holoprof.store.reader import Run

@@ -7,13 +7,15 @@ nothing themselves.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from typing import Any
 
 from holoprof import model
 from holoprof.analyze import findings as findings_mod
-from holoprof.analyze.engine_dask import Aggregation, aggregate
+from holoprof.analyze.engine import Aggregation, DuckDBEngine, Engine, aggregate
+from holoprof.analyze.engine_dask import DaskEngine, client
 from holoprof.analyze.input_model import measure, pipeline_model
 from holoprof.analyze.resources import Resources, resources
 from holoprof.analyze.steps import (
@@ -25,6 +27,8 @@ from holoprof.analyze.steps import (
     step_processes,
     step_stats,
 )
+from holoprof.analyze.sweep import measured_gain
+from holoprof.errors import HoloprofError
 from holoprof.store.reader import Run
 
 
@@ -176,8 +180,6 @@ SECTION_DEFAULTS: dict[str, Any] = {
 
 
 def _extra_sections(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Any], list[str]]:
-    import importlib
-
     out: dict[str, Any] = {
         k: (v.copy() if isinstance(v, (dict, list)) else v) for k, v in SECTION_DEFAULTS.items()
     }
@@ -203,40 +205,18 @@ def device_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[
     return ({"temporal_breakdown": list(rows)} if rows else {}), []
 
 
-class _DuckDBEngine:
-    """The default engine: DuckDB queries over the run's Parquet files."""
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-
-    def step_processes(self) -> list[ProcKey]:
-        return step_processes(self.run)
-
-    def step_stats(self, proc: ProcKey, timeline_points: int = 120) -> StepStats:
-        return step_stats(self.run, proc, timeline_points=timeline_points)
-
-    def resources(self) -> Resources:
-        return resources(self.run)
-
-
 def build_report(run: Run, engine: str = "duckdb", scheduler: str | None = None) -> dict[str, Any]:
     """Every analysis of ``run`` as the ``holoprof.report/1`` document.
 
-    ``engine="dask"`` runs the step, phase and resource analyses on a Dask cluster (local, or the
-    ``scheduler`` address); the numbers are the same as DuckDB's.
+    ``engine="dask"`` runs the analyses' scans on a Dask cluster (local, or the ``scheduler``
+    address); the numbers are the same as DuckDB's.
     """
     if engine == "dask":
-        from holoprof.analyze.engine_dask import DaskEngine, client
-
         with client(scheduler) as c:
-            doc = _build(run, DaskEngine(run, c))
-        doc["engine"] = "dask"
-        return doc
+            return _build(run, DaskEngine(run, c))
     if engine != "duckdb":
-        from holoprof.errors import HoloprofError
-
         raise HoloprofError(f"unknown engine {engine!r}; use duckdb (default) or dask")
-    return _build(run, _DuckDBEngine(run))
+    return _build(run, DuckDBEngine(run))
 
 
 def _label_measured(run: Run, found: list[Any]) -> None:
@@ -244,61 +224,68 @@ def _label_measured(run: Run, found: list[Any]) -> None:
     ib = next((f for f in found if f.id == "input_bound"), None)
     if ib is None:
         return
-    from holoprof.analyze.sweep import measured_gain
-
     basis = measured_gain(run.path)
     if basis is not None:
         ib.gain_kind, ib.gain_basis, ib.estimated_gain = "measured", basis, basis["gain"]
 
 
-def _build(run: Run, eng: Any) -> dict[str, Any]:
-    procs = eng.step_processes()
+def _per_rank_doc(p: ProcKey, s: StepStats) -> dict[str, Any]:
+    return {
+        "host": p.host,
+        "pid": p.pid,
+        "rank": p.rank,
+        "count": s.count,
+        "median_s": round(s.median_s, 6),
+        "p90_s": round(s.p90_s, 6),
+        "per_s": round(s.per_s, 4),
+        "phases": {k: round(v.fraction, 4) for k, v in s.phases.items()},
+    }
+
+
+def _core(run: Run, eng: Engine) -> dict[str, Any]:
+    """What the sections build on (the report's context): the step processes, the main loop and
+    its statistics, every rank's, the resources and the DataLoader's configuration."""
+    procs = step_processes(run, eng)
     main: ProcKey | None = procs[0] if procs else None
-    st = eng.step_stats(main) if main is not None else None
-    per_rank = []
+    st = step_stats(run, main, engine=eng) if main is not None else None
     rank_stats: dict[ProcKey, StepStats] = {}
     if len(procs) > 1:
         for p in procs:
-            s = st if p == main else eng.step_stats(p, timeline_points=1)
+            s = st if p == main else step_stats(run, p, timeline_points=1, engine=eng)
             assert s is not None
             rank_stats[p] = s
-            per_rank.append(
-                {
-                    "host": p.host,
-                    "pid": p.pid,
-                    "rank": p.rank,
-                    "count": s.count,
-                    "median_s": round(s.median_s, 6),
-                    "p90_s": round(s.p90_s, 6),
-                    "per_s": round(s.per_s, 4),
-                    "phases": {k: round(v.fraction, 4) for k, v in s.phases.items()},
-                }
-            )
-    res = eng.resources()
-    loader = loader_config(run, main) if main is not None else {}
-    pipeline = None
-    if main is not None and st is not None and loader:
-        measured = measure(run, main, st, loader)
-        pipeline = pipeline_model(measured) if measured is not None else None
-    found = findings_mod.all_findings(
-        st, res, loader, pipeline, imported=run.manifest.get("status") == "imported"
-    )
-    ctx = {
+    return {
         "main": main,
         "steps": st,
-        "resources": res,
-        "loader": loader,
+        "resources": resources(run, engine=eng),
+        "loader": loader_config(run, main) if main is not None else {},
         "step_processes": procs,
         "rank_stats": rank_stats,  # every step process's statistics (computed once, for the sections)
-        "engine": eng,  # a section may read through it (DaskEngine.read) under --engine dask
+        "engine": eng,  # the sections run their aggregations on it
     }
-    sections, more, section_warnings = _extra_sections(run, ctx)
-    failure = (sections.get("communication") or {}).get("first_failure")
-    if failure:  # a dead rank matters more than anything else in the report: say it up front
-        section_warnings.insert(0, str(failure.get("message")))
-    found = findings_mod.ordered(found + more)
-    _label_measured(run, found)
-    processes = _processes(run, ctx)
+
+
+def _steps_doc(ctx: dict[str, Any]) -> dict[str, Any]:
+    st: StepStats | None = ctx["steps"]
+    main: ProcKey | None = ctx["main"]
+    return {
+        "count": st.count if st else 0,
+        "median_s": round(st.median_s, 6) if st else 0.0,
+        "p90_s": round(st.p90_s, 6) if st else 0.0,
+        "mean_s": round(st.mean_s, 6) if st else 0.0,
+        "per_s": round(st.per_s, 4) if st else 0.0,
+        "total_s": round(st.total_s, 6) if st else 0.0,
+        "epochs": st.epochs if st and st.epochs else None,  # None: no epoch boundary was seen
+        "process": {"host": main.host, "pid": main.pid, "rank": main.rank} if main else {},
+        "per_rank": [_per_rank_doc(p, s) for p, s in ctx["rank_stats"].items()],
+        "timeline": [{k: round(v, 6) for k, v in r.items()} for r in st.timeline] if st else [],
+    }
+
+
+def _run_doc(
+    run: Run, processes: list[dict[str, Any]], res: Resources, warnings: list[str]
+) -> dict[str, Any]:
+    """The ``run`` section: what ran, for how long, on what, and what was lost."""
     m = run.manifest
     start, end = m.get("start_ns"), m.get("end_ns")
     if not end:
@@ -313,48 +300,58 @@ def _build(run: Run, eng: Any) -> dict[str, Any]:
     if isinstance(unrecorded, int) and not isinstance(unrecorded, bool) and unrecorded > 0:
         dropped += unrecorded  # events the launcher dropped when no processes row could be written
     if isinstance(m.get("storage_error"), str):
-        section_warnings.insert(
+        warnings.insert(
             0,
             f"the run directory could not be written ({m['storage_error']}): events recorded after "
             "that were dropped, so totals are low",
         )
     errors = [f"{p['host']}-{p['pid']}: {e}" for p in processes for e in p["errors"]] + launcher_errors
     ranks = sorted({p["rank"] for p in processes if p["rank"] >= 0})
-    outside = outside_steps(run, main, st)
+    return {
+        "dir": run.path,
+        "name": m.get("name"),
+        "command": m.get("command"),
+        "knobs": (m.get("options") or {}).get("knobs") or {},
+        "status": run.status,
+        "exit_code": m.get("exit_code"),
+        "start_ns": start,
+        "duration_s": round(((end or 0) - (start or 0)) / NS, 3) if start else 0.0,
+        "processes": len(processes),
+        "traced_processes": sum(1 for p in processes if p["traced"]),
+        "ranks": len(ranks),
+        "hosts": sorted({p["host"] for p in processes}) or m.get("hosts", []),
+        "dropped_events": dropped,
+        "errors": errors,
+        "warnings": list(run.warnings) + warnings + _collector_notes(processes),
+        "disk_bytes": run.disk_bytes,
+        "gpus": res.gpus,
+    }
+
+
+def _build(run: Run, eng: Engine) -> dict[str, Any]:
+    ctx = _core(run, eng)
+    st, main, res, loader = ctx["steps"], ctx["main"], ctx["resources"], ctx["loader"]
+    pipeline = None
+    if main is not None and st is not None and loader:
+        measured = measure(run, main, st, loader)
+        pipeline = pipeline_model(measured) if measured is not None else None
+    found = findings_mod.all_findings(
+        st, res, loader, pipeline, imported=run.manifest.get("status") == "imported"
+    )
+    sections, more, section_warnings = _extra_sections(run, ctx)
+    failure = (sections.get("communication") or {}).get("first_failure")
+    if failure:  # a dead rank matters more than anything else in the report: say it up front
+        section_warnings.insert(0, str(failure.get("message")))
+    found = findings_mod.ordered(found + more)
+    _label_measured(run, found)
+    processes = _processes(run, ctx)
+    run_doc = _run_doc(run, processes, res, section_warnings)
+    outside = outside_steps(run, main, st, engine=eng)
     return {
         "schema": model.REPORT_SCHEMA,
-        "engine": "duckdb",
-        "run": {
-            "dir": run.path,
-            "name": m.get("name"),
-            "command": m.get("command"),
-            "knobs": (m.get("options") or {}).get("knobs") or {},
-            "status": run.status,
-            "exit_code": m.get("exit_code"),
-            "start_ns": start,
-            "duration_s": round(((end or 0) - (start or 0)) / NS, 3) if start else 0.0,
-            "processes": len(processes),
-            "traced_processes": sum(1 for p in processes if p["traced"]),
-            "ranks": len(ranks),
-            "hosts": sorted({p["host"] for p in processes}) or m.get("hosts", []),
-            "dropped_events": dropped,
-            "errors": errors,
-            "warnings": list(run.warnings) + section_warnings + _collector_notes(processes),
-            "disk_bytes": run.disk_bytes,
-            "gpus": res.gpus,
-        },
-        "steps": {
-            "count": st.count if st else 0,
-            "median_s": round(st.median_s, 6) if st else 0.0,
-            "p90_s": round(st.p90_s, 6) if st else 0.0,
-            "mean_s": round(st.mean_s, 6) if st else 0.0,
-            "per_s": round(st.per_s, 4) if st else 0.0,
-            "total_s": round(st.total_s, 6) if st else 0.0,
-            "epochs": st.epochs if st and st.epochs else None,  # None: no epoch boundary was seen
-            "process": {"host": main.host, "pid": main.pid, "rank": main.rank} if main else {},
-            "per_rank": per_rank,
-            "timeline": [{k: round(v, 6) for k, v in r.items()} for r in st.timeline] if st else [],
-        },
+        "engine": eng.name,
+        "run": run_doc,
+        "steps": _steps_doc(ctx),
         "phases": _phases_doc(st),
         "outside_steps": {
             "total_s": round(sum(outside.values()), 6),

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
-from holoprof.analyze.engine_dask import Aggregation, aggregate
+from holoprof.analyze.engine import Aggregation, aggregate
+from holoprof.analyze.io import file_rows
 from holoprof.store.reader import Run
 
 NS = 1e9
@@ -268,8 +269,6 @@ def _span_facts(run: Run, ctx: dict[str, Any] | None = None) -> dict[tuple[str, 
 
 def _traced_writes(run: Run, ctx: dict[str, Any] | None = None) -> dict[tuple[str, int], int]:
     """Bytes written per process according to the I/O collectors (the last snapshot of each file)."""
-    from holoprof.analyze.io import file_rows
-
     out: dict[tuple[str, int], int] = {}
     for f in file_rows(run, ctx):
         out[(f.host, f.pid)] = out.get((f.host, f.pid), 0) + int(f.v["bytes_written"])

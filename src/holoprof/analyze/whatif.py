@@ -27,6 +27,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from holoprof.analyze.comm import load_proc
 from holoprof.analyze.steps import NS, ProcKey, loader_config, step_processes, step_stats
 from holoprof.errors import HoloprofError
 from holoprof.store.reader import Run
@@ -192,8 +193,6 @@ def measure(run: Run) -> Measured:
     removed = 0.0
     if main.rank >= 0:
         # a data-parallel run: take out the communication it measured, to predict from compute alone
-        from holoprof.analyze.comm import load_proc
-
         proc = load_proc(run, main, st)
         exposed = [proc.exposed[s] / NS for s in proc.steps]
         removed = statistics.median(exposed) if exposed else 0.0

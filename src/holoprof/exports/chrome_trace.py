@@ -18,8 +18,9 @@ the file a batch at a time, with no Python object per event. It sorts them under
 own (:data:`SORT_MEMORY`) and spills to disk past it, so memory stays flat however long the run is.
 The order is total (time first, then every column written), so the file is deterministic: the DuckDB
 engine (default) and the Dask engine (``engine=DaskEngine``, see :mod:`holoprof.analyze.engine_dask`)
-write the same bytes. Times are written exactly, as decimal microseconds of whole nanoseconds; a
-sample's value that is not finite is null (JSON has no NaN).
+give the rows through the same seam (:mod:`holoprof.analyze.engine`) and write the same bytes. Times
+are written exactly, as decimal microseconds of whole nanoseconds; a sample's value that is not
+finite is null (JSON has no NaN).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
+from holoprof.analyze.engine import Aggregation, Engine, engine_for
 from holoprof.progress import Bar
 from holoprof.store.reader import Bound, Run, _sql_str, bounds_sql, is_out_of_memory
 
@@ -127,27 +128,19 @@ class _Pids:
         return int(pid) + idx * HOST_STRIDE
 
 
-class DuckDBRows:
-    """The rows of the trace from the run's DuckDB views (the default engine)."""
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-
-    def trace_threads(self, lo: int, hi: int) -> list[tuple[Any, ...]]:
-        return self.run.rows(
-            """SELECT host, pid, tid, count(*) FILTER (WHERE kind = 'step') AS steps, count(*) AS n
-               FROM spans WHERE end_ns >= ? AND start_ns <= ? GROUP BY host, pid, tid
-               ORDER BY host, pid, tid""",
-            [lo, hi],
-        )
-
-    @contextmanager
-    def sorted_source(
-        self, table: str, columns: tuple[str, ...], bounds: tuple[Bound, ...]
-    ) -> Iterator[tuple[str, tuple[Bound, ...]] | None]:
-        """Where the exporter's DuckDB queries read ``columns`` of the rows of ``table`` within
-        ``bounds``: here the run's view itself."""
-        yield table, bounds
+def _threads_agg(lo: int, hi: int) -> Aggregation:
+    """``(host, pid, tid, steps, spans)`` of every thread with spans in [lo, hi], sorted."""
+    return Aggregation(
+        name="trace-threads",
+        table="spans",
+        columns=("host", "pid", "tid", "kind", "start_ns", "end_ns"),
+        chunk="""SELECT host, pid, tid, count(*) FILTER (WHERE kind = 'step') AS steps, count(*) AS n
+                 FROM {t} WHERE end_ns >= $lo AND start_ns <= $hi GROUP BY host, pid, tid""",
+        combine="""SELECT host, pid, tid, CAST(sum(steps) AS BIGINT) AS steps, CAST(sum(n) AS BIGINT) AS n
+                   FROM {t} GROUP BY host, pid, tid""",
+        order="host, pid, tid",
+        params={"lo": lo, "hi": hi},
+    )
 
 
 def sorted_events(
@@ -199,7 +192,7 @@ def sorted_events(
 
 def _text_batches(cur: Any, sql: str, params: list[Any]) -> Iterator[tuple[str, int]]:
     """The one text column of ``sql``'s rows, BATCH rows at a time, joined: ``(text, rows)``."""
-    import numpy as np
+    import numpy as np  # lazy: numpy loads with the first analysis that needs it
     import pyarrow as pa
 
     try:
@@ -374,36 +367,130 @@ def io_op_event(t0: int) -> str:
     )  # fmt: skip
 
 
+class _Trace:
+    """The trace being written to ``out``: its events (as JSON text), the numbering of its tracks and
+    what it counted."""
+
+    def __init__(self, run: Run, out: IO[str], bar: Bar) -> None:
+        self.run, self.out, self.bar = run, out, bar
+        self.pid_of = _Pids()
+        self.stats = TraceStats()
+        self.first = True
+        self.known: set[int] = set()  # trace pids named already
+        self.launcher_pid: int | None = None
+
+    def emit(self, ev: dict[str, Any]) -> None:
+        self.out.write(("" if self.first else ",\n") + json.dumps(ev, separators=(",", ":"), default=str))
+        self.first = False
+        self.stats.events += 1
+
+    def meta(self, name: str, pid: int, tid: int, args: dict[str, Any]) -> None:
+        self.emit({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args})
+
+    def track(self, pid: int, tid: int, name: str, sort_index: int) -> None:
+        """A thread's name and place among its process's threads."""
+        self.meta("thread_name", pid, tid, {"name": name})
+        self.meta("thread_sort_index", pid, tid, {"sort_index": sort_index})
+        self.stats.threads += 1
+
+    def processes(self) -> None:
+        """A process's name, labels and place for every process of the run."""
+        procs = self.run.rows(
+            "SELECT host, pid, ppid, role, rank, argv, info FROM processes ORDER BY start_ns, pid, host"
+        )
+        for host, pid, _ppid, role, rank, argv, info in procs:
+            p = self.pid_of(str(host), int(pid))
+            self.known.add(p)
+            try:
+                argl = json.loads(argv) if argv else []
+            except ValueError:
+                argl = []
+            if not isinstance(argl, list):
+                argl = []
+            cmd = " ".join(os.path.basename(str(a)) if i == 0 else str(a) for i, a in enumerate(argl))[:200]
+            if role == "launcher":
+                self.launcher_pid = p
+            self.meta("process_name", p, 0, {"name": f"{cmd or 'pid ' + str(pid)} (pid {pid})"})
+            labels = [f"role={role}"]
+            if rank is not None and int(rank) >= 0:
+                labels.append(f"rank={rank}")
+            if len(self.pid_of.hosts) > 1 or host:
+                labels.append(f"host={host}")
+            if info and '"source": "sampler"' in info:
+                labels.append("sampled")
+            self.meta("process_labels", p, 0, {"labels": ", ".join(labels)})
+            sort = -1 if role == "launcher" else (0 if role == "main" else 1)
+            self.meta("process_sort_index", p, 0, {"sort_index": sort})
+            self.stats.processes += 1
+
+    def threads(self, threads: list[tuple[Any, ...]]) -> None:
+        """A track for every thread with spans (``(host, pid, tid, steps, spans)``), the loop thread
+        of each process named "training loop"."""
+        loop_tid: dict[int, int] = {}
+        for host, pid, tid, steps, _n in threads:
+            p = self.pid_of(str(host), int(pid))
+            if steps and (p not in loop_tid):
+                loop_tid[p] = int(tid)
+        for host, pid, tid, steps, _n in threads:
+            p = self.pid_of(str(host), int(pid))
+            if p not in self.known:
+                self.known.add(p)
+                self.meta("process_name", p, 0, {"name": f"pid {pid}"})
+                self.stats.processes += 1
+            name = "training loop" if steps and loop_tid.get(p) == int(tid) else f"thread {tid}"
+            self.track(p, int(tid), name, 0 if steps else 1)
+
+    def table(self, table: str, source: str, where: tuple[Bound, ...], columns: tuple[str, ...],
+              order: tuple[tuple[str, bool], ...], event: str, counted: str) -> None:  # fmt: skip
+        """The events of the rows of ``table`` read from ``source`` within ``where``, sorted by time
+        and written by DuckDB, after the tracks they need (I/O and epoch threads)."""
+        run = self.run
+        cond, params = bounds_sql(where)
+        tracks = run.rows(
+            f"SELECT DISTINCT coalesce(host, 'None') AS h, pid FROM {source} WHERE {cond} ORDER BY h, pid",
+            params,
+        )
+        if self.bar.active:
+            self.bar.add_total(run.rows(f"SELECT count(*) FROM {source} WHERE {cond}", params)[0][0])
+        for host, pid in tracks:
+            p = self.pid_of(host, int(pid))  # the hosts first seen here are numbered in name order
+            if table == "io_ops":
+                self.track(p, IO_TID, "I/O", 2)
+        if table == "spans":  # the epoch track of each process with epochs
+            for host, pid in run.rows(
+                f"SELECT DISTINCT coalesce(host, 'None') AS h, pid FROM {source} WHERE {cond} AND kind = 'epoch'"
+                " ORDER BY h, pid",
+                params,
+            ):
+                self.track(self.pid_of(host, int(pid)), EPOCH_TID, "epochs", -1)
+        for text, n in sorted_events(run, source, columns, where, order, event, list(self.pid_of.hosts)):
+            self.out.write(text[2:] if self.first else text)  # each event follows ",\n"
+            self.first = False
+            self.stats.events += n + (text.count(',"ph":"e",') if table == "spans" else 0)  # async ends
+            setattr(self.stats, counted, getattr(self.stats, counted) + n)
+            self.bar.advance(n)
+
+
 def write_chrome_trace(
     run: Run,
     out: IO[str],
     start_s: float | None = None,
     end_s: float | None = None,
-    engine: Any = None,
+    engine: Engine | None = None,
     bar: Bar | None = None,
 ) -> TraceStats:
     """Write ``run`` (optionally the window [start_s, end_s] seconds from its start) to ``out``.
 
-    ``engine`` reads the threads (``trace_threads``) and gives where DuckDB reads the spans, samples
-    and I/O operations to sort and write (``sorted_source``): the run's views by default, or with a
-    :class:`~holoprof.analyze.engine_dask.DaskEngine` a file of the rows its cluster read. The small
-    process table is read with DuckDB. ``out`` must take any Unicode text (the names are written
-    as they are, not escaped to ASCII). ``bar`` (a progress bar) counts the events as they are written.
+    ``engine`` (DuckDB by default) reads the threads and gives where DuckDB reads the spans, samples
+    and I/O operations to sort and write (``sorted_source``): the run's views on DuckDB, a file of
+    the rows its cluster read on Dask. The small process table is read with DuckDB. ``out`` must take
+    any Unicode text (the names are written as they are, not escaped to ASCII). ``bar`` (a progress
+    bar) counts the events as they are written.
     """
-    bar = bar or Bar()
-    src = engine if engine is not None else DuckDBRows(run)
+    eng = engine_for(run, engine)
+    trace = _Trace(run, out, bar or Bar())
     t0 = run_start_ns(run)
     lo, hi = _window_ns(run, t0, start_s, end_s)
-    pid_of = _Pids()
-    stats = TraceStats()
-    first = True
-
-    def emit(ev: dict[str, Any]) -> None:
-        nonlocal first
-        out.write(("" if first else ",\n") + json.dumps(ev, separators=(",", ":"), default=str))
-        first = False
-        stats.events += 1
-
     out.write('{"displayTimeUnit":"ms","otherData":')
     out.write(
         json.dumps(
@@ -418,129 +505,19 @@ def write_chrome_trace(
         )
     )
     out.write(',"traceEvents":[\n')
-
-    # processes ------------------------------------------------------------------------------------
-    procs = run.rows(
-        "SELECT host, pid, ppid, role, rank, argv, info FROM processes ORDER BY start_ns, pid, host"
-    )
-    known: set[int] = set()
-    launcher_pid: int | None = None
-    for host, pid, _ppid, role, rank, argv, info in procs:
-        p = pid_of(str(host), int(pid))
-        known.add(p)
-        try:
-            argl = json.loads(argv) if argv else []
-        except ValueError:
-            argl = []
-        if not isinstance(argl, list):
-            argl = []
-        cmd = " ".join(os.path.basename(str(a)) if i == 0 else str(a) for i, a in enumerate(argl))[:200]
-        if role == "launcher":
-            launcher_pid = p
-        label = f"{cmd or 'pid ' + str(pid)} (pid {pid})"
-        emit({"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": label}})
-        labels = [f"role={role}"]
-        if rank is not None and int(rank) >= 0:
-            labels.append(f"rank={rank}")
-        if len(pid_of.hosts) > 1 or host:
-            labels.append(f"host={host}")
-        if info and '"source": "sampler"' in info:
-            labels.append("sampled")
-        emit({"name": "process_labels", "ph": "M", "pid": p, "tid": 0, "args": {"labels": ", ".join(labels)}})
-        sort = -1 if role == "launcher" else (0 if role == "main" else 1)
-        emit({"name": "process_sort_index", "ph": "M", "pid": p, "tid": 0, "args": {"sort_index": sort}})
-        stats.processes += 1
-
-    # threads --------------------------------------------------------------------------------------
-    threads = src.trace_threads(lo, hi)
-    loop_tid: dict[int, int] = {}
-    for host, pid, tid, steps, _n in threads:
-        p = pid_of(str(host), int(pid))
-        if steps and (p not in loop_tid):
-            loop_tid[p] = int(tid)
-    for host, pid, tid, steps, _n in threads:
-        p = pid_of(str(host), int(pid))
-        if p not in known:
-            known.add(p)
-            emit({"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": f"pid {pid}"}})
-            stats.processes += 1
-        name = "training loop" if steps and loop_tid.get(p) == int(tid) else f"thread {tid}"
-        emit({"name": "thread_name", "ph": "M", "pid": p, "tid": int(tid), "args": {"name": name}})
-        emit(
-            {
-                "name": "thread_sort_index",
-                "ph": "M",
-                "pid": p,
-                "tid": int(tid),
-                "args": {"sort_index": 0 if steps else 1},
-            }
-        )
-        stats.threads += 1
-
-    # spans, counters and per-operation I/O, each sorted by time and written by DuckDB --------------
+    trace.processes()
+    trace.threads(eng.aggregate(_threads_agg(lo, hi)))
+    # spans, counters and per-operation I/O, each sorted by time and written by DuckDB
     kinds = (  # table, its columns, the window, the order, each row's event, the TraceStats field
         ("spans", SPAN_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), SPAN_ORDER, span_event(t0), "spans"),
         ("samples", SAMPLE_COLS, (("ts_ns", ">=", lo), ("ts_ns", "<=", hi)), SAMPLE_ORDER,
-         sample_event(t0, launcher_pid), "counters"),
+         sample_event(t0, trace.launcher_pid), "counters"),
         ("io_ops", IO_OP_COLS, (("end_ns", ">=", lo), ("start_ns", "<=", hi)), IO_OP_ORDER, io_op_event(t0), "io_ops"),
     )  # fmt: skip
     for table, columns, bounds, order, event, counted in kinds:
-        with src.sorted_source(table, columns, bounds) as found:
-            if found is None:
-                continue
-            source, where = found
-            cond, params = bounds_sql(where)
-            tracks = run.rows(
-                f"SELECT DISTINCT coalesce(host, 'None') AS h, pid FROM {source} WHERE {cond} ORDER BY h, pid",
-                params,
-            )
-            if bar.active:
-                bar.add_total(run.rows(f"SELECT count(*) FROM {source} WHERE {cond}", params)[0][0])
-            for host, pid in tracks:
-                p = pid_of(host, int(pid))  # the hosts first seen here are numbered in name order
-                if table == "io_ops":
-                    emit({"name": "thread_name", "ph": "M", "pid": p, "tid": IO_TID, "args": {"name": "I/O"}})
-                    emit(
-                        {
-                            "name": "thread_sort_index",
-                            "ph": "M",
-                            "pid": p,
-                            "tid": IO_TID,
-                            "args": {"sort_index": 2},
-                        }
-                    )
-                    stats.threads += 1
-            if table == "spans":  # the epoch track of each process with epochs
-                for host, pid in run.rows(
-                    f"SELECT DISTINCT coalesce(host, 'None') AS h, pid FROM {source} WHERE {cond} AND kind = 'epoch'"
-                    " ORDER BY h, pid",
-                    params,
-                ):
-                    p = pid_of(host, int(pid))
-                    emit(
-                        {
-                            "name": "thread_name",
-                            "ph": "M",
-                            "pid": p,
-                            "tid": EPOCH_TID,
-                            "args": {"name": "epochs"},
-                        }
-                    )
-                    emit(
-                        {
-                            "name": "thread_sort_index",
-                            "ph": "M",
-                            "pid": p,
-                            "tid": EPOCH_TID,
-                            "args": {"sort_index": -1},
-                        }
-                    )
-                    stats.threads += 1
-            for text, n in sorted_events(run, source, columns, where, order, event, list(pid_of.hosts)):
-                out.write(text[2:] if first else text)  # each event follows ",\n"
-                first = False
-                stats.events += n + (text.count(',"ph":"e",') if table == "spans" else 0)  # async ends
-                setattr(stats, counted, getattr(stats, counted) + n)
-                bar.advance(n)
+        with eng.sorted_source(table, columns, bounds) as found:
+            if found is not None:
+                source, where = found
+                trace.table(table, source, where, columns, order, event, counted)
     out.write("\n]}\n")
-    return stats
+    return trace.stats

@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from holoprof import model
-from holoprof.analyze.engine_dask import BATCH, STEP_WINDOW
+from holoprof.analyze.engine import Aggregation, Engine, engine_for
+from holoprof.analyze.per_step import per_step_tables
+from holoprof.analyze.steps import ProcKey, step_processes
 from holoprof.errors import HoloprofError
 from holoprof.progress import Bar
-from holoprof.store.reader import Run, row_batches, windows
+from holoprof.store.reader import Run
 
 
 # --- CRC32C (Castagnoli), as TFRecord needs ----------------------------------------------------------
@@ -64,7 +66,7 @@ def _mask(c: int) -> int:
 def crc32c_many(records: list[bytes]) -> list[int]:
     """CRC32C of each record; vectorized over records of equal length when numpy is there."""
     try:
-        import numpy as np
+        import numpy as np  # lazy: numpy loads with the first analysis that needs it
     except ImportError:  # pragma: no cover - numpy comes with the usual ML stack
         return [crc32c(r) for r in records]
     out = [0] * len(records)
@@ -183,25 +185,94 @@ class TensorBoardStats:
     tags: list[str]
 
 
-def _per_step_rows(run: Run, select: str, params: dict[str, Any]) -> Iterator[list[tuple[Any, ...]]]:
-    """The rows of ``select`` over the per-step table of a process, one window of about
-    STEP_WINDOW steps (cut at quantiles of their indices) at a time, in batches."""
-    from holoprof.analyze.steps import _per_step_sql
+#: Per-step rows turned into Python objects at a time.
+BATCH = 20_000
+#: The phases of each step, as the per-step table gives them.
+PHASES = [*model.MEASURED_PHASES, "other"]
 
-    steps = "FROM spans WHERE kind = 'step' AND host = $host AND pid = $pid AND end_ns >= start_ns"
-    proc = {"host": params["host"], "pid": params["pid"]}
-    n = int(run.con.execute(f"SELECT count(*) {steps}", proc).fetchone()[0])  # type: ignore[index]
-
-    def quantiles(qs: list[float]) -> list[int | None]:
-        row = run.con.execute(f"SELECT approx_quantile(step, {[float(q) for q in qs]!r}) {steps}", proc)
-        return list(row.fetchone()[0] or [])  # type: ignore[index]
-
-    for window in windows(n, "step", quantiles, STEP_WINDOW):
-        cond = " AND ".join(f"step {op} {int(v)}" for _, op, v in window)
-        yield from row_batches(run.con.cursor(), _per_step_sql(cond) + select, params, BATCH)
+#: The names of the job-wide sample series.
+_JOB_SAMPLE_NAMES = Aggregation(
+    name="job-sample-names",
+    table="samples",
+    columns=("name", "target_pid"),
+    chunk="SELECT DISTINCT name FROM {t} WHERE target_pid = -1",
+    combine="SELECT DISTINCT name FROM {t}",
+    order="name",
+)
 
 
-def write_tensorboard(run: Run, logdir: str, engine: Any = None, bar: Bar | None = None) -> TensorBoardStats:
+def _samples_agg(names: list[str]) -> Aggregation:
+    """The job-wide samples of the series ``names``, in time order."""
+    return Aggregation(
+        name="job-samples",
+        table="samples",
+        columns=("ts_ns", "name", "value", "target_pid"),
+        chunk="""SELECT name, ts_ns, value FROM {t}
+                 WHERE target_pid = -1 AND ts_ns IS NOT NULL AND name IN (SELECT unnest($names::VARCHAR[]))""",
+        order="name, ts_ns, value",
+        params={"names": names},
+    )
+
+
+def _series(eng: Engine, names: list[str]) -> list[tuple[Any, list[Any]]]:
+    """Per series of ``names``: its sample times (sorted) and values."""
+    import numpy as np  # lazy: numpy loads with the first export
+
+    found: dict[str, tuple[list[int], list[Any]]] = {n: ([], []) for n in names}
+    for name, ts, value in eng.aggregate(_samples_agg(names)) if names else []:
+        found[name][0].append(int(ts))
+        found[name][1].append(value)
+    return [(np.asarray(found[n][0], dtype=np.int64), found[n][1]) for n in names]
+
+
+def _rows(eng: Engine, proc: ProcKey, series: list[str]) -> Iterator[list[tuple[Any, ...]]]:
+    """Per step of ``proc``, in step order, BATCH at a time: ``(step, end_ns, dur, <phases...>,
+    other, <the last value of each series at or before the step's end, or None>)``."""
+    import numpy as np  # lazy: numpy loads with the first export
+
+    known = _series(eng, series)
+    for t in per_step_tables(eng.run, proc, eng):
+        columns = [t.step, t.e, t.dur, *(t.phases[p] for p in PHASES)]
+        last = [np.searchsorted(ts, t.e, side="right") - 1 for ts, _ in known]
+        for j in range(0, len(t.step), BATCH):
+            cols = [c[j : j + BATCH].tolist() for c in columns]
+            for idx, (_, values) in zip(last, known, strict=True):
+                cols.append([values[i] if i >= 0 else None for i in idx[j : j + BATCH].tolist()])
+            yield list(zip(*cols, strict=True))
+
+
+def _series_tags(sample_names: set[str]) -> list[tuple[str, str]]:
+    """The job-wide series the run has, and their tags."""
+    series = [
+        ("job.rss_bytes", "memory/rss_bytes"),
+        ("job.read_bytes_per_s", "io/read_bytes_per_s"),
+        ("job.write_bytes_per_s", "io/write_bytes_per_s"),
+    ]
+    for name in sorted(sample_names):
+        if name.startswith("gpu.") and name.endswith(".util_percent"):
+            series.append((name, f"gpu/{name.split('.')[1]}/util_percent"))
+    return [(n, t) for n, t in series if n in sample_names]
+
+
+def _scalars(r: tuple[Any, ...], series: list[tuple[str, str]]) -> list[tuple[str, float]]:
+    """The scalars of one step's row (see :func:`_rows`)."""
+    dur = float(r[2] or 0)
+    dur_s = dur / 1e9
+    values: list[tuple[str, float]] = [("step_time_s", dur_s)]
+    values.append(("throughput_steps_per_s", 1.0 / dur_s if dur_s > 0 else 0.0))
+    for j, p in enumerate(PHASES):
+        v = float(r[3 + j] or 0)
+        values.append((f"phase/{p}_fraction", v / dur if dur > 0 else 0.0))
+    for j, (_name, tag) in enumerate(series):
+        sv = r[3 + len(PHASES) + j]
+        if sv is not None:
+            values.append((tag, float(sv)))
+    return values
+
+
+def write_tensorboard(
+    run: Run, logdir: str, engine: Engine | None = None, bar: Bar | None = None
+) -> TensorBoardStats:
     """Write the per-step scalars of ``run``'s main training loop into ``logdir``.
 
     ``engine``: DuckDB by default, or a :class:`~holoprof.analyze.engine_dask.DaskEngine` (which
@@ -209,49 +280,17 @@ def write_tensorboard(run: Run, logdir: str, engine: Any = None, bar: Bar | None
     bar) counts the steps as they are written.
     """
     bar = bar or Bar()
-    from holoprof.analyze.steps import step_processes
-
-    procs = engine.step_processes() if engine is not None else step_processes(run)
+    eng = engine_for(run, engine)
+    procs = step_processes(run, eng)
     if not procs:
         raise HoloprofError(
             f"{run.path} has no training steps to export to TensorBoard; steps come from optimizer.step() "
             "(PyTorch) or holoprof.step() — the Chrome trace export works for any run (--format chrome)"
         )
     main = procs[0]
-    if engine is not None:
-        sample_names = engine.job_sample_names()
-    else:
-        sample_names = {
-            str(n) for (n,) in run.rows("SELECT DISTINCT name FROM samples WHERE target_pid = -1")
-        }
-    series = [("job.rss_bytes", "memory/rss_bytes")]
-    for name, tag in (
-        ("job.read_bytes_per_s", "io/read_bytes_per_s"),
-        ("job.write_bytes_per_s", "io/write_bytes_per_s"),
-    ):
-        series.append((name, tag))
-    for name in sorted(sample_names):
-        if name.startswith("gpu.") and name.endswith(".util_percent"):
-            series.append((name, f"gpu/{name.split('.')[1]}/util_percent"))
-    series = [(n, t) for n, t in series if n in sample_names]
-    phases = [*model.MEASURED_PHASES, "other"]
-    joins = []
-    cols = []
-    for i, (name, _tag) in enumerate(series):
-        joins.append(
-            f"""ASOF LEFT JOIN (SELECT ts_ns, value FROM samples WHERE target_pid = -1 AND name = '{name}') s{i}
-                ON per_step.e >= s{i}.ts_ns"""
-        )
-        cols.append(f"s{i}.value")
-    select = f"""SELECT step, e, dur, {", ".join(phases)}{"".join(", " + c for c in cols)}
-                 FROM per_step {" ".join(joins)} ORDER BY step"""
-    params: dict[str, object] = {"host": main.host, "pid": main.pid, "tid": main.tid}
-    tags = ["step_time_s", "throughput_steps_per_s", *(f"phase/{p}_fraction" for p in phases)]
+    series = _series_tags({str(n) for (n,) in eng.aggregate(_JOB_SAMPLE_NAMES)})
+    tags = ["step_time_s", "throughput_steps_per_s", *(f"phase/{p}_fraction" for p in PHASES)]
     tags += [t for _, t in series]
-    if engine is not None:
-        batches = engine.tensorboard_rows(main, [name for name, _ in series])
-    else:
-        batches = _per_step_rows(run, select, params)
     if bar.active:
         bar.add_total(
             run.rows(
@@ -261,21 +300,10 @@ def write_tensorboard(run: Run, logdir: str, engine: Any = None, bar: Bar | None
         )
     n = 0
     with EventWriter(logdir) as w:
-        for rows in batches:
+        for rows in _rows(eng, main, [name for name, _ in series]):
             bar.advance(len(rows))
             for r in rows:
-                step, end_ns, dur = int(r[0]), int(r[1]), float(r[2] or 0)
-                dur_s = dur / 1e9
-                values: list[tuple[str, float]] = [("step_time_s", dur_s)]
-                values.append(("throughput_steps_per_s", 1.0 / dur_s if dur_s > 0 else 0.0))
-                for j, p in enumerate(phases):
-                    v = float(r[3 + j] or 0)
-                    values.append((f"phase/{p}_fraction", v / dur if dur > 0 else 0.0))
-                for j, (_name, tag) in enumerate(series):
-                    sv = r[3 + len(phases) + j]
-                    if sv is not None:
-                        values.append((tag, float(sv)))
-                w.scalars(step, end_ns / 1e9, values)
+                w.scalars(int(r[0]), int(r[1]) / 1e9, _scalars(r, series))
                 n += 1
         path = w.path
     return TensorBoardStats(path=path, steps=n, tags=tags)

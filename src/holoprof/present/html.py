@@ -11,6 +11,7 @@ stays small for long runs; charts say so when they show downsampled data.
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -122,8 +123,6 @@ def _fmt_value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, (list, dict)):
-        import json
-
         return json.dumps(v, default=str)
     return str(v)
 
