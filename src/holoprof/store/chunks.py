@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from holoprof import model
@@ -85,7 +86,6 @@ def write_chunk(
     reader sees it whole or not at all. Nothing is written when there are no rows.
     """
     import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
-    import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
     schema = model.arrow_schema(table)
     unknown = set(columns) - set(schema.names)
@@ -115,27 +115,45 @@ def write_chunk(
     else:
         for i, key in enumerate(zip(columns["host"], columns["pid"], strict=False)):
             rows.setdefault(key, []).append(i)
-    paths = []
-    for (host, pid), idx in sorted(rows.items(), key=lambda kv: str(kv[0])):
+
+    def write(key: tuple[Any, Any], idx: list[int]) -> str:
         part = tbl if len(rows) == 1 else tbl.take(pa.array(idx, type=pa.int64()))
-        folder = layout.partition_dir(run_dir, table, str(host), int(pid))
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        s = seq
+        return _write_part(
+            part, layout.partition_dir(run_dir, table, str(key[0]), int(key[1])), seq, exact, last
+        )
+
+    parts = sorted(rows.items(), key=lambda kv: str(kv[0]))
+    if len(parts) < _PARALLEL_PARTS:
+        return [write(key, idx) for key, idx in parts]
+    # an import writes one part per process (2,048 for a large Darshan log): each costs a few
+    # milliseconds of pyarrow, which releases the GIL while it writes, so they go on several threads
+    with ThreadPoolExecutor(max_workers=min(_MAX_WRITERS, os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda kv: write(*kv), parts))
+
+
+#: parts written by one call from which they are written on several threads, and at most how many
+_PARALLEL_PARTS = 16
+_MAX_WRITERS = 8
+
+
+def _write_part(part: Any, folder: str, seq: int, exact: bool, last: int | None) -> str:
+    """Write one process's part into its partition folder (a hidden temporary name, then renamed); its path."""
+    import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
+
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    s = seq
+    path = os.path.join(folder, layout.part_name(s) if last is None else layout.compacted_name(s, last))
+    while not exact and os.path.exists(path):  # another writer used the same sequence number
+        s += 1_000_000
         path = os.path.join(folder, layout.part_name(s) if last is None else layout.compacted_name(s, last))
-        while not exact and os.path.exists(path):  # another writer used the same sequence number
-            s += 1_000_000
-            path = os.path.join(
-                folder, layout.part_name(s) if last is None else layout.compacted_name(s, last)
-            )
-        tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}-{threading.get_ident()}")
-        try:
-            pq.write_table(part, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
-            os.replace(tmp, path)
-        except BaseException:
-            discard(tmp)  # a full disk leaves no partial temporary file behind
-            raise
-        paths.append(path)
-    return paths
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}-{threading.get_ident()}")
+    try:
+        pq.write_table(part, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
+        os.replace(tmp, path)
+    except BaseException:
+        discard(tmp)  # a full disk leaves no partial temporary file behind
+        raise
+    return path
 
 
 def typed_counters(counters: Sequence[Any]) -> dict[str, list[Any]]:
