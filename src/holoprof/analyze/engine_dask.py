@@ -31,6 +31,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+import socket
 import threading
 import uuid
 from collections import Counter
@@ -123,6 +125,11 @@ def client(scheduler: Any = None, workers: int = 2) -> Iterator[Any]:
         yield scheduler
         return
     if scheduler:
+        refused = _refused(scheduler)
+        if refused:
+            raise HoloprofError(
+                f"cannot reach the Dask scheduler at {scheduler} ({refused}); check the address"
+            )
         try:
             c = Client(scheduler, timeout="10s")
         except (OSError, TimeoutError, ValueError) as exc:
@@ -140,6 +147,24 @@ def client(scheduler: Any = None, workers: int = 2) -> Iterator[Any]:
         Client(cluster) as c,
     ):
         yield c
+
+
+def _refused(address: str) -> str | None:
+    """Why a ``tcp://HOST:PORT`` scheduler address cannot be reached at all (no such host, nothing
+    listening: the client would retry for its whole timeout), else None (another protocol, or a host
+    that answers or is merely slow: the client decides)."""
+    m = re.fullmatch(r"tcp://\[?([^\]/]+?)\]?:(\d+)/?", address.strip())
+    if not m:
+        return None
+    try:
+        with socket.create_connection((m.group(1), int(m.group(2))), timeout=3):
+            return None
+    except ConnectionRefusedError:
+        return "connection refused: nothing listens there"
+    except socket.gaierror as exc:
+        return f"unknown host {m.group(1)!r}: {exc.strerror or exc}"
+    except OSError:
+        return None
 
 
 def _filter_expr(table: str, f: Filter) -> Any:
