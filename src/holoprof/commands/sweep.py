@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from holoprof import model
 from holoprof.commands.common import finite_float
 from holoprof.errors import HoloprofError
 from holoprof.present import sweep as present
@@ -38,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="stop a configuration that runs longer (kept, marked timeout)",
     )
     p.add_argument("--out", help="directory for the runs (default: ./holoprof-runs/<time>-sweep)")
-    p.add_argument("--memory", choices=("sampled", "full", "off"), help="memory accounting of each run")
+    p.add_argument("--memory", choices=model.MEMORY_MODES, help="memory accounting of each run")
     p.add_argument("--json", action="store_true", help="print the result as JSON (schema holoprof.sweep/1)")
     p.add_argument("--plot", metavar="FILE", help="write a self-contained HTML plot of throughput and memory")
     p.add_argument(
