@@ -247,14 +247,13 @@ def test_memory_snapshot_action_counts_tensors_by_category(sampled_run: TracedRu
 
 
 def test_totals_agree_with_torch_profiler_memory_categories(tmp_path: Path) -> None:
-    # torch.profiler's memory profiler (MemoryProfile) categorizes every allocation on the CPU too.
-    # Its Python tracer (with_stack=True, which the memory profiler needs) does not survive the torch
-    # collector's Module.__call__ wrapper today, so this run switches the torch collector off: the memory
-    # collector then sees every step as step 0 and its last 'optimizer' snapshot is the end of the loop.
+    # torch.profiler's memory profiler (MemoryProfile) categorizes every allocation on the CPU too, with
+    # its Python tracer (with_stack=True) running under the torch collector's Module.__call__ wrapper.
+    # Every step is measured: the last 'optimizer' snapshot is the end of the loop.
     (tmp_path / "profiled.py").write_text(PROFILED)
     code = (
         "import sys; from holoprof.launch.run import run; "
-        "sys.exit(run(['profiled.py'], out='run', options={'memory': 'full', 'disable': ['torch']}, report=None))"
+        "sys.exit(run(['profiled.py'], out='run', options={'memory': 'full'}, report=None))"
     )
     proc = run_python("-c", code, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,7 +8,10 @@ mailbox off.
 
 Actions never run long on the training thread: a stack dump runs on the writer thread, a deep
 profile (:mod:`holoprof.collect.deep_profile`) starts and stops at step boundaries on the training
-thread and is exported on a thread of its own.
+thread and is exported on a thread of its own. What reads the job's tensors (the memory census) runs
+on the training thread at the next step boundary (:meth:`ControlCollector.between_steps`): read from
+another thread while the autograd engine or an in-place op changes them (without holding the GIL),
+a tensor's ``.grad`` or storage can be freed under the reader, which crashes the job.
 
 Other modules add actions by registering a handler in :data:`ACTIONS` (and, for a new action name,
 its parameters in :data:`holoprof.store.mailbox.ACTION_SPECS`). A handler receives a :class:`Job` and
@@ -31,6 +34,9 @@ from holoprof.collect.deep_profile import DeepProfiler
 from holoprof.collect.io_collector import io_trace_job
 from holoprof.collect.memory import memory_snapshot_handler
 from holoprof.store import mailbox
+
+#: How long a task for the next step boundary waits before it runs on the writer thread instead.
+BETWEEN_STEPS_WAIT_S = 20.0
 
 
 class Job:
@@ -129,6 +135,9 @@ class ControlCollector(Collector):
         self._hooked: StepTracker | None = None
         self._orig_class: type | None = None
         self._start_wall_ns = time.time_ns()
+        # tasks for the next step boundary: (task, deadline on the monotonic clock)
+        self._boundary_tasks: list[tuple[Callable[[], None], float]] = []
+        self._tasks_lock = threading.Lock()
 
     def install(self) -> None:
         self.agent.pollers.append(self.poll)
@@ -145,11 +154,37 @@ class ControlCollector(Collector):
         self._seen = set()
         self._start_wall_ns = time.time_ns()
         self.deep.reset()
+        self._boundary_tasks = []
+        self._tasks_lock = threading.Lock()
         if self.enabled and self.poll not in self.agent.pollers:
             self.agent.pollers.append(self.poll)
 
     def finish(self) -> None:
         self.deep.finish()
+        self._run_tasks(expired_only=False)
+
+    def between_steps(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the training thread at the next step boundary, where the loop changes no tensor.
+
+        A process that has not started a step yet, or that sees no boundary within
+        :data:`BETWEEN_STEPS_WAIT_S` (a long evaluation, a hang), runs it on the writer thread instead.
+        """
+        if self.agent.steps.start_ns is None:
+            task()
+            return
+        with self._tasks_lock:
+            self._boundary_tasks.append((task, time.monotonic() + BETWEEN_STEPS_WAIT_S))
+        self.hook_steps()
+
+    def _run_tasks(self, expired_only: bool) -> None:
+        if not self._boundary_tasks:
+            return
+        now = time.monotonic()
+        with self._tasks_lock:
+            due = [t for t in self._boundary_tasks if not expired_only or t[1] <= now]
+            self._boundary_tasks = [t for t in self._boundary_tasks if t not in due]
+        for task, _ in due:
+            task()  # a handler's task fails its own request; it never raises
 
     # step boundaries: the tracker's class is swapped for a subclass whose close() also calls us ----
     def hook_steps(self) -> None:
@@ -165,6 +200,7 @@ class ControlCollector(Collector):
             if collector.enabled:
                 try:
                     collector.deep.on_boundary()
+                    collector._run_tasks(expired_only=False)
                 except Exception as exc:
                     collector.agent.fail(collector, exc)
 
@@ -192,6 +228,7 @@ class ControlCollector(Collector):
         self._last_poll = now
         try:
             self.deep.expire()
+            self._run_tasks(expired_only=True)
             self._poll_once()
         except Exception as exc:
             self.agent.fail(self, exc)

@@ -5,9 +5,10 @@ produced each gradient give the per-layer backward compute and the order in whic
 its buckets.
 
 Cost: nothing outside the sampled steps (by default steps 2, 3 and 4, i.e. the 3rd to 5th, after
-warm-up). After the optimizer step that precedes a sampled step, a global forward pre-hook is
-armed; the first training forward of that step (the outermost module: DDP, or the model) removes
-it and puts a gradient hook on each of that module's parameters. Each hook appends one
+warm-up). After the optimizer step that precedes a sampled step, the sampler observes the outermost
+training forward through the torch collector's ``Module.__call__`` wrapper (no module hook: nothing
+that ``torch.compile`` traces); the first training forward of that step (the outermost module: DDP,
+or the model) stops the observing and puts a gradient hook on each of that module's parameters. Each hook appends one
 ``op`` span ``grad_ready`` (attrs ``{param, bytes}``) when the gradient is computed. The hooks are
 removed at the next optimizer step. Option ``grad_sample_steps`` (a list of step indices) changes
 the sampled steps; an empty list switches sampling off.
@@ -19,6 +20,8 @@ from types import ModuleType
 from typing import Any
 
 from holoprof.agent.core import Agent, Collector, now_ns
+from holoprof.collect.torch.collector import torch_state
+from holoprof.collect.torch.state import TorchState
 
 DEFAULT_SAMPLE_STEPS = (2, 3, 4)
 _WRAPPERS = ("DistributedDataParallel", "DataParallel")
@@ -32,8 +35,8 @@ class LayerSampler:
         self.sample = frozenset(int(s) for s in raw)
         self.last = max(self.sample, default=-1)
         self._torch: ModuleType | None = None
+        self._state: TorchState | None = None
         self._opt_handle: Any = None
-        self._pre_handle: Any = None
         self._param_handles: list[Any] = []
         self.done = not self.sample
 
@@ -44,6 +47,10 @@ class LayerSampler:
         import torch.optim.optimizer as optim_mod
 
         self._torch = torch
+        self._state = torch_state(self.agent)
+        if self._state is None:
+            self.done = True  # the forward cannot be observed without the torch collector
+            return
         self._opt_handle = optim_mod.register_optimizer_step_post_hook(self._after_optimizer)
         if 0 in self.sample:
             self._arm()
@@ -51,13 +58,13 @@ class LayerSampler:
     def detach(self) -> None:
         self.done = True
         self._clear_params()
-        for h in (self._pre_handle, self._opt_handle):
-            if h is not None:
-                try:
-                    h.remove()
-                except Exception:
-                    pass
-        self._pre_handle = self._opt_handle = None
+        self._disarm()
+        h, self._opt_handle = self._opt_handle, None
+        if h is not None:
+            try:
+                h.remove()
+            except Exception:
+                pass
 
     # -- hooks -------------------------------------------------------------------------------------
     def _after_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -75,18 +82,17 @@ class LayerSampler:
             self.agent.fail(self.owner, exc)
 
     def _arm(self) -> None:
-        torch = self._torch
-        if torch is None or self._pre_handle is not None:
-            return
-        # lazy: the job's framework, imported by the job, never by the agent
-        from torch.nn.modules.module import register_module_forward_pre_hook
-
-        self._pre_handle = register_module_forward_pre_hook(self._on_forward)
+        st = self._state
+        if st is not None and self not in st.observers:
+            st.observers.append(self)
 
     def _disarm(self) -> None:
-        h, self._pre_handle = self._pre_handle, None
-        if h is not None:
-            h.remove()
+        st = self._state
+        if st is not None and self in st.observers:
+            st.observers.remove(self)
+
+    def end(self, out: Any) -> None:
+        """The observed forward ended: nothing to do (its gradients are hooked at its start)."""
 
     def _clear_params(self) -> None:
         hs, self._param_handles = self._param_handles, []
@@ -96,9 +102,9 @@ class LayerSampler:
             except Exception:
                 pass
 
-    def _on_forward(self, module: Any, args: Any) -> None:
-        torch = self._torch
-        if torch is None or not torch.is_grad_enabled() or not self.owner.enabled:
+    def begin(self, module: Any, args: Any) -> None:
+        """The outermost training forward of a sampled step (observed through the torch collector)."""
+        if not self.owner.enabled:
             return None
         try:
             self._disarm()  # only the outermost module of this step's training forward

@@ -5,8 +5,9 @@ What is measured, with no change to the job:
 * **weights** — parameters (and buffers) of the modules that ran a training forward, plus the
   parameters the optimizers hold; **gradients** — their ``.grad``; **optimizer_state** — every tensor
   in ``optimizer.state`` (Adam: ``exp_avg``, ``exp_avg_sq`` and one 0-dim ``step`` tensor per
-  parameter). Optimizers are found through the global optimizer step hooks, modules through global
-  module forward hooks that are armed only while a sampled step runs.
+  parameter). Optimizers are found through the global optimizer step hooks, modules through the torch
+  collector's ``Module.__call__`` wrapper, observed only while a sampled step runs (no module hook:
+  nothing ``torch.compile`` traces, nothing that runs in a step that is not measured).
 * **activations** — tensors saved for backward. During the outermost training forward of a sampled
   step, ``torch.autograd.graph.saved_tensors_hooks`` is pushed; its pack hook notes the storage of each
   saved tensor (parameters excluded) and the module that was running, and returns the tensor unchanged
@@ -52,6 +53,7 @@ from holoprof.collect.memory_hooks import ForwardTracker
 from holoprof.collect.memory_phases import PhaseSnapshots
 from holoprof.collect.memory_process import rss_bytes
 from holoprof.collect.memory_schedule import EVERY, MODES, is_sampled
+from holoprof.collect.torch.collector import torch_state
 
 
 class MemoryCollector(Collector):
@@ -102,6 +104,10 @@ class MemoryCollector(Collector):
         import torch.optim.optimizer as optim_mod  # lazy: torch is loaded by the job, never by the agent
 
         self.tracker.setup(torch)
+        self.tracker.state = torch_state(self.agent)
+        if self.tracker.state is None:
+            self.agent.info["memory"] = {"mode": "off", "why": "the torch collector is not running"}
+            return
         self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(optim_mod.register_optimizer_step_post_hook(self._opt_post))
         if self.mode != "off":
@@ -211,13 +217,24 @@ def memory_snapshot_handler(job: Any) -> None:
 
     ``job`` is a ``holoprof.collect.control.Job``: its params (``max_entries``, ``record_history``)
     are the request; artifacts are named by the job (``artifacts/memory-snapshot-<id>-<host>-<pid>.*``).
+    The census reads every live tensor: it runs between two steps, on the training thread
+    (``job.collector.between_steps``), never while the loop changes them.
     """
-    result = memory_snapshot_action(
-        job.agent,
-        dict(job.params or {}),
-        census_path=job.artifact_path(".census.json"),
-        cuda_path=job.artifact_path(".pickle"),
-    )
+    job.running(phase="waiting for the next step boundary")
+    job.collector.between_steps(lambda: _snapshot_now(job))
+
+
+def _snapshot_now(job: Any) -> None:
+    try:
+        result = memory_snapshot_action(
+            job.agent,
+            dict(job.params or {}),
+            census_path=job.artifact_path(".census.json"),
+            cuda_path=job.artifact_path(".pickle"),
+        )
+    except Exception as exc:
+        job.failed(f"the memory snapshot failed ({type(exc).__name__}: {exc})")
+        return
     if not result.get("ok"):
         job.failed(str(result.get("error", "memory snapshot failed")))
         return

@@ -1,10 +1,15 @@
-"""The memory collector's forward hooks: which modules ran a measured training forward, which tensors it
-saved for backward, and when the backward pass starts.
+"""The memory collector's view of the forward: which modules ran a measured training forward, which
+tensors it saved for backward, and when the backward pass starts.
 
-Global module forward hooks are armed only while a sampled step runs. During the outermost training
-forward of a measured step, ``torch.autograd.graph.saved_tensors_hooks`` is pushed; its pack hook notes
-the storage of each saved tensor (parameters excluded) and the module that was running, and returns the
-tensor unchanged inside a small holder whose lifetime is the autograd graph's hold on it.
+No module hook of torch's is used. The tracker observes the outermost training forward through the
+torch collector's ``Module.__call__`` wrapper (:class:`holoprof.collect.torch.state.ForwardObserver`),
+and only on the steps it measures; that wrapper never runs inside ``torch.compile``'s regions or inside
+a backward pass. During the outermost training forward of a measured step,
+``torch.autograd.graph.saved_tensors_hooks`` is pushed; its pack hook notes the storage of each saved
+tensor (parameters excluded) and the module that was running, and returns the tensor unchanged inside
+a small holder whose lifetime is the autograd graph's hold on it. Where the job has saved-tensor hooks
+of its own around the forward (``save_on_cpu``, an outer checkpoint) or has disabled them, none are
+pushed over them: that step's activations are reported as not measured.
 
 Standard library only at import time; torch is handed over once the job imports it.
 """
@@ -18,6 +23,7 @@ from typing import Any, Protocol
 
 from holoprof.agent.core import Agent
 from holoprof.collect.memory_schedule import EVERY, is_sampled
+from holoprof.collect.torch.state import TorchState
 
 #: Bound on the saved-tensor records kept for one measured step (memory of the profiler itself).
 MAX_SAVED_RECORDS = 200_000
@@ -64,18 +70,21 @@ class ForwardTracker:
     def __init__(self, owner: Owner) -> None:
         self.owner = owner
         self.torch: ModuleType | None = None
+        self.state: TorchState | None = None  # the torch collector's, where the tracker observes
         self._param_cls: Any = ()
         self._tensor_cls: Any = None
         self._push_hooks: Any = None
         self._pop_hooks: Any = None
+        self._top_hooks: Any = None
+        self._hooks_enabled: Any = None
         self._pack_fn: Any = None
-        self._arm_handles: list[Any] = []
         self.reset()
 
     def reset(self) -> None:
         self.modules: weakref.WeakSet[Any] = weakref.WeakSet()  # modules with parameters that ran forward
-        self._depth = 0
-        self._owner = 0  # thread running the outermost forward
+        self._owner = 0  # thread running the outermost forward being measured (0: none)
+        #: why the activations of the step being measured are not counted ("" when they are)
+        self.unmeasured = ""
         self._active = False  # the current outermost forward is being measured
         self._layers = False  # this measured step attributes saved tensors to modules (per-layer list)
         self._track = False  # the current outermost forward keeps the module stack (active and layers)
@@ -97,36 +106,41 @@ class ForwardTracker:
         ag = getattr(torch._C, "_autograd", None)
         self._push_hooks = getattr(ag, "_push_saved_tensors_default_hooks", None)
         self._pop_hooks = getattr(ag, "_pop_saved_tensors_default_hooks", None)
+        self._top_hooks = getattr(ag, "_top_saved_tensors_default_hooks", None)
+        self._hooks_enabled = getattr(ag, "_saved_tensors_hooks_is_enabled", None)
         self._pack_fn = self._pack
 
     def stop(self) -> None:
-        """After a failure: no forward is being measured any more, and the hooks are disarmed."""
+        """After a failure: no forward is being measured any more, and the tracker stops observing."""
         self._active = self._track = False
         self.pop_saved_hooks()
-        self._depth = 0
+        self._end_nested()
+        self._owner = 0
         self.disarm()
 
-    # -- arming: global module hooks only while a sampled step runs --------------------------------
+    # -- arming: observe the forward only while a sampled step runs --------------------------------
     def arm(self) -> None:
-        if self._arm_handles or self.torch is None:
-            return
-        mm = self.torch.nn.modules.module
-        self._arm_handles.append(mm.register_module_forward_pre_hook(self._fwd_pre))
-        try:
-            h = mm.register_module_forward_hook(self._fwd_post, always_call=True)
-        except TypeError:  # older torch: no always_call
-            h = mm.register_module_forward_hook(self._fwd_post)
-        self._arm_handles.append(h)
+        st = self.state
+        if st is not None and self not in st.observers:
+            st.observers.append(self)
 
     def disarm(self) -> None:
-        if self._depth:  # never in the middle of a forward: the stack must stay balanced
+        if self._owner:  # never in the middle of a forward: its end must still be seen
             return
-        for h in self._arm_handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._arm_handles.clear()
+        st = self.state
+        if st is not None and self in st.observers:
+            st.observers.remove(self)
+
+    def _foreign_hooks(self) -> str:
+        """Why saved-tensor hooks must not be pushed now ("" when they may be)."""
+        try:
+            if self._hooks_enabled is not None and not self._hooks_enabled():
+                return "the job disabled saved-tensor hooks around its forward"
+            if self._top_hooks is not None and self._top_hooks(False) is not None:
+                return "the job's own saved-tensor hooks (e.g. save_on_cpu) wrap its forward"
+        except Exception as exc:
+            return f"saved-tensor hooks could not be inspected ({type(exc).__name__})"
+        return ""
 
     def _push_saved_hooks(self) -> None:
         # what torch.autograd.graph.saved_tensors_hooks does on enter and exit, without building the
@@ -152,33 +166,23 @@ class ForwardTracker:
         except Exception:
             pass
 
-    # -- module hooks (armed only) -----------------------------------------------------------------
-    # Both run on every module call of a measured step: the nested calls take the shortest path (a depth
-    # count, and the module stack only on the steps that record the per-layer list).
-    def _fwd_pre(self, mod: Any, args: Any) -> None:
-        if self._depth:
-            if _get_ident() == self._owner:
-                self._depth += 1
-                if self._track:
-                    self._stack.append(self._names.get(id(mod)) or type(mod).__name__)
-            return
-        if not self.owner.enabled:
-            return
+    # -- the outermost training forward (observed on measured steps only) ------------------------
+    def begin(self, mod: Any, args: tuple[Any, ...]) -> None:
+        if self._owner or not self.owner.enabled:
+            return  # another thread's forward is being measured, or the collector is off
         try:
             self._owner = _get_ident()
-            self._depth = 1
             self._begin_outermost(mod, args)
+            if not self._active:
+                self._owner = 0
         except Exception as exc:
             self.owner.hook_failed(exc)
 
-    def _fwd_post(self, mod: Any, args: Any, out: Any) -> None:
-        if not self._depth or _get_ident() != self._owner:
+    def end(self, out: Any) -> None:
+        if not self._owner or _get_ident() != self._owner:
             return
-        self._depth -= 1
-        if self._depth:
-            if self._track and self._stack:
-                self._stack.pop()
-            return
+        self._owner = 0
+        self._end_nested()
         owner = self.owner
         if not self._active or not owner.enabled:
             return
@@ -196,6 +200,23 @@ class ForwardTracker:
                 node.register_prehook(lambda grads: self._at_backward_start(step))
         except Exception as exc:
             owner.hook_failed(exc)
+
+    def call(self, orig: Any, mod: Any, args: Any, kwargs: Any) -> Any:
+        """A module call nested in the measured forward: the per-layer stack (on the steps that keep it)."""
+        if _get_ident() != self._owner:
+            return orig(mod, *args, **kwargs)
+        stack = self._stack
+        stack.append(self._names.get(id(mod)) or type(mod).__name__)
+        try:
+            return orig(mod, *args, **kwargs)
+        finally:
+            if stack:
+                stack.pop()
+
+    def _end_nested(self) -> None:
+        st = self.state
+        if st is not None and st.nested is self:
+            st.nested = None
 
     def _at_backward_start(self, step: int) -> None:
         if self._fwd_step == step or not self.owner.enabled:
@@ -226,10 +247,15 @@ class ForwardTracker:
         else:
             self._stack = []
         self._active = True
+        foreign = self._foreign_hooks()
+        if foreign:
+            self.unmeasured = foreign
+            return
         self._push_saved_hooks()
 
     def _begin_measured_step(self, step: int) -> None:
         self.measure_step = step
+        self.unmeasured = ""
         self.prune_saved(all_dead=False)
         self._layers = is_sampled(step, "sampled", self.owner.every)
         self._reset_device_peak()
@@ -268,6 +294,8 @@ class ForwardTracker:
         self._names = names
         self._stack = [names.get(id(mod)) or type(mod).__name__]
         self._track = True
+        if self.state is not None:
+            self.state.nested = self
 
     # -- saved tensors -----------------------------------------------------------------------------
     def _pack(self, t: Any) -> Any:

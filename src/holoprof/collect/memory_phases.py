@@ -57,6 +57,8 @@ class PhaseSnapshots:
         attrs["categories"] = cats
         if self.tracker.batch_size is not None:
             attrs["batch_size"] = self.tracker.batch_size
+        if self.tracker.unmeasured:
+            attrs["activations_unmeasured"] = self.tracker.unmeasured
         if "per_layer" in doc:
             attrs["per_layer"] = doc["per_layer"]
         t1 = now_ns()

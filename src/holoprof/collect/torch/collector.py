@@ -18,6 +18,15 @@ from holoprof.collect.torch.state import TorchState
 from holoprof.collect.torch.zero_grad import install_zero_grad
 
 
+def torch_state(agent: Agent) -> TorchState | None:
+    """The torch collector's shared state in this process (where other collectors observe the forward),
+    or None when the torch collector is not running."""
+    for c in agent.collectors:
+        if isinstance(c, TorchCollector) and c.enabled:
+            return c._state
+    return None
+
+
 class TorchCollector(Collector):
     name = "torch"
     default_fault = "forward"

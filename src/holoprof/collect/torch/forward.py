@@ -13,16 +13,33 @@ from holoprof.collect.torch.state import TorchState
 def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: ModuleType) -> None:
     """Patch ``torch.nn.Module.__call__``: the outermost module call of a thread is ``forward`` when
     autograd is on, ``eval`` under ``no_grad``/``inference_mode``; nested module calls pass straight
-    through. A training forward claims the batch wait before it (see :class:`TorchState`)."""
+    through. A training forward claims the batch wait before it (see :class:`TorchState`).
+
+    Two kinds of module call are left alone, so that nothing of holoprof's runs where it could change
+    what the job computes: calls that ``torch.compile`` traces (``torch.compiler.is_compiling()``, which
+    Dynamo folds to a constant: the wrapper leaves nothing in the graph and no guard on holoprof's
+    state), and calls made by the autograd engine during a backward pass (activation checkpointing
+    recomputes the forward there: that time is backward's, and its saved tensors are checkpoint's).
+    """
     agent = col.agent
     steps = agent.steps
     span = agent.span
     is_grad_enabled = torch.is_grad_enabled
     orig_call = torch.nn.Module.__call__
+    compiler = getattr(torch, "compiler", None)
+    is_compiling = getattr(compiler, "is_compiling", None) or _never
+    graph_task_id = getattr(torch._C, "_current_graph_task_id", None) or _no_task
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:  # `self`: torch's tracer reads it
+        if is_compiling():
+            return orig_call(self, *args, **kwargs)
         t = st.tls
         if t.active is not None or not col.enabled:
+            nested = st.nested
+            if nested is None or t.active != "forward":
+                return orig_call(self, *args, **kwargs)
+            return nested.call(orig_call, self, args, kwargs)
+        if graph_task_id() != -1:  # inside a backward pass (the engine's own threads included)
             return orig_call(self, *args, **kwargs)
         try:
             t_open = now_ns()
@@ -32,13 +49,18 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
             name = "forward" if training else "eval"
             st.begin_forward(training, t_open)
             ev0 = dev.begin()
+            observers = st.observers if training else ()
+            for o in observers:
+                o.begin(self, args)
             t0 = now_ns()  # the phase is the module call: the bookkeeping above is not in it
         except Exception as exc:
             agent.fail(col, exc)
             return orig_call(self, *args, **kwargs)
         t.active = name
+        out = None
         try:
-            return orig_call(self, *args, **kwargs)
+            out = orig_call(self, *args, **kwargs)
+            return out
         finally:
             t.active = None
             try:
@@ -46,7 +68,17 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
                 span("phase", name, t0, t1, steps.index)
                 if ev0 is not None:
                     dev.end(name, steps.index, t0, ev0)
+                for o in observers:
+                    o.end(out)
             except Exception as exc:
                 agent.fail(col, exc)
 
     col._set(torch.nn.Module, "__call__", __call__)
+
+
+def _never() -> bool:
+    return False
+
+
+def _no_task() -> int:
+    return -1

@@ -8,7 +8,28 @@ and the wait ``data_wait``; an eval forward makes it an eval loader and the wait
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol
+
 from holoprof.agent.core import Agent
+
+
+class ForwardObserver(Protocol):
+    """What another collector runs around the outermost training forward of a thread (on the steps it
+    measures): ``begin`` before the module call, ``end`` with its output after it. Each catches its own
+    errors. Module calls inside ``torch.compile``'s regions and inside backward (activation
+    checkpointing's recomputation) never reach an observer."""
+
+    def begin(self, module: Any, args: tuple[Any, ...]) -> None: ...
+
+    def end(self, out: Any) -> None: ...
+
+
+class NestedObserver(Protocol):
+    """Wraps the module calls nested in a measured training forward (the memory collector's per-layer
+    attribution, on the few steps that record it)."""
+
+    def call(self, orig: Callable[..., Any], module: Any, args: Any, kwargs: Any) -> Any: ...
 
 
 class TorchState:
@@ -16,6 +37,10 @@ class TorchState:
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        #: observers of the outermost training forward (empty on the steps no collector measures)
+        self.observers: list[ForwardObserver] = []
+        #: the observer of nested module calls, while one measures them
+        self.nested: NestedObserver | None = None
         self.reset()
 
     def reset(self) -> None:
