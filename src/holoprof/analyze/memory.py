@@ -381,7 +381,7 @@ OTHER_NOTE = {
 def section(ms: MemoryStats | None, loader: dict[str, Any]) -> dict[str, Any]:
     if ms is None:
         return {}
-    return {
+    doc = {
         "peak_bytes": ms.peak_bytes,
         "device": ms.device,
         "step": ms.peak.step,
@@ -406,6 +406,14 @@ def section(ms: MemoryStats | None, loader: dict[str, Any]) -> dict[str, Any]:
             for r in ms.per_layer
         ],
     }
+    unmeasured = [s for s in ms.snapshots if s.attrs.get("activations_unmeasured")]
+    if unmeasured:
+        # the job's own saved-tensor hooks wrapped its forward: none were pushed over them
+        doc["activations_unmeasured"] = {
+            "steps": sorted({s.step for s in unmeasured}),
+            "why": str(unmeasured[-1].attrs["activations_unmeasured"]),
+        }
+    return doc
 
 
 def memory_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:

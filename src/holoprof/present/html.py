@@ -640,6 +640,12 @@ def _memory(doc: dict[str, Any]) -> str:
         parts.append("<h3>Categories at the step with the peak</h3>")
         parts.append(legend([(f"{k} {fmt_bytes(v)}", MEMORY_COLORS.get(k, "#999")) for k, v in items]))
         parts.append("".join(bar))
+    un = mem.get("activations_unmeasured")
+    if un:
+        steps = ", ".join(str(s) for s in un["steps"][:8]) + (" ..." if len(un["steps"]) > 8 else "")
+        parts.append(
+            f"<p class='note'>Activations not measured on step(s) {esc(steps)}: {esc(un['why'])}</p>"
+        )
     layers = mem.get("per_layer") or []
     if layers:
         trs = "".join(

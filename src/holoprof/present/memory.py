@@ -56,6 +56,10 @@ def memory_group(doc: dict[str, Any]) -> Group | None:
     parts.append(keep_whole(t))
     if m.get("other_note"):
         parts.append(Text(m["other_note"], style="dim"))
+    un = m.get("activations_unmeasured")
+    if un:
+        steps = ", ".join(str(s) for s in un["steps"][:8]) + (" ..." if len(un["steps"]) > 8 else "")
+        parts.append(Text(f"activations not measured on step(s) {steps}: {un['why']}", style="yellow"))
     layers = m.get("per_layer") or []
     if layers:
         lt = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
