@@ -2,9 +2,14 @@
 
 Alternates plain and traced runs of the same script; each run times its own loop (after warm-up);
 the result is the median of the traced/plain ratios of adjacent pairs. Where `taskset` exists, the
-job runs on one core (the same one in both variants) so that run-to-run noise is smaller.
+job runs on one core (the same one in both variants) so that run-to-run noise is smaller; `--unpinned`
+lets the scheduler place it, as most jobs run.
 
-    python benchmarks/bench_overhead.py [--pairs 21] [--steps 150]
+    python benchmarks/bench_overhead.py [--pairs 21] [--steps 150] [--width 1024] [--batch 64]
+        [--warmup 20] [--unpinned] [--option memory=off ...]
+
+`--short` is the short-step case: about 7 ms steps of batch 32, timed from the first step (the steps
+the memory collector samples first included): `--width 640 --batch 32 --warmup 0 --steps 400`.
 """
 
 from __future__ import annotations
@@ -30,11 +35,27 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=21)
     ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--short", action="store_true", help="--width 640 --batch 32 --warmup 0 --steps 400")
+    ap.add_argument("--unpinned", action="store_true", help="do not pin the job to one core")
+    ap.add_argument(
+        "--option", action="append", default=[], help="holoprof run option NAME=VALUE, e.g. memory=off"
+    )
     args = ap.parse_args()
+    if args.short:
+        args.width, args.batch, args.warmup, args.steps = 640, 32, 0, 400
     import shutil
 
     holoprof = [sys.executable, "-m", "holoprof.cli"]
-    pin = ["taskset", "-c", str((os.cpu_count() or 1) - 1)] if shutil.which("taskset") else []
+    opts = [x for o in args.option for x in (f"--{o.split('=', 1)[0]}", o.split("=", 1)[1])]
+    pin = (
+        []
+        if args.unpinned or not shutil.which("taskset")
+        else ["taskset", "-c", str((os.cpu_count() or 1) - 1)]
+    )
+    job = [sys.executable, WORKLOAD, str(args.steps), str(args.width), str(args.batch), str(args.warmup)]
     ratios, plain_steps, traced_steps = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.pairs):
@@ -42,7 +63,7 @@ def main() -> None:
             res = {}
             for kind in order:
                 if kind == "plain":
-                    res[kind] = _run([*pin, sys.executable, WORKLOAD, str(args.steps)])
+                    res[kind] = _run([*pin, *job])
                 else:
                     out = os.path.join(tmp, f"run{i}")
                     res[kind] = _run(
@@ -52,11 +73,10 @@ def main() -> None:
                             "--no-report",
                             "--out",
                             out,
+                            *opts,
                             "--",
                             *pin,
-                            sys.executable,
-                            WORKLOAD,
-                            str(args.steps),
+                            *job,
                         ]
                     )
             ratios.append(res["traced"]["loop_s"] / res["plain"]["loop_s"])
@@ -64,7 +84,10 @@ def main() -> None:
             traced_steps.append(res["traced"]["median_step_s"])
     med = statistics.median(ratios)
     print("## Always-on overhead (CPU loop with DataLoader)\n")
-    print(f"`python benchmarks/bench_overhead.py --pairs {args.pairs} --steps {args.steps}`\n")
+    flags = f"--pairs {args.pairs} --steps {args.steps} --width {args.width} --batch {args.batch} --warmup {args.warmup}"
+    flags += " --unpinned" if not pin else ""
+    flags += "".join(f" --option {o}" for o in args.option)
+    print(f"`python benchmarks/bench_overhead.py {flags}`\n")
     print("| measure | value |\n| --- | --- |")
     print(f"| median plain step | {1e3 * statistics.median(plain_steps):.2f} ms |")
     print(f"| median traced step | {1e3 * statistics.median(traced_steps):.2f} ms |")
