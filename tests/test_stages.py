@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import io
 import itertools
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
 import holoprof
-from conftest import TracedRun
+from conftest import TracedRun, traced
 from holoprof.analyze.stages import Stage, mark_critical, process_name
 from holoprof.present.stages import render_stages
 from workflows.runs import PIPELINE_STEPS, pipeline
@@ -200,3 +202,21 @@ def test_terminal_stage_tree_marks_the_critical_path(run: TracedRun) -> None:
     assert {"pipeline.sh", "prepare.py", "train.py", "evaluate.py"} <= set(lines), out
     assert "├─" in out and "└─" in out
     assert "critical path: " in out and "train.py → " in out
+
+
+def test_a_process_shorter_than_a_sampler_tick_has_its_start_cpu_and_memory(tmp_path: Path) -> None:
+    """A Python stage of a fraction of a second (the sampler ticks once a second): its start is when
+    the shell forked it (the kernel's record, not when its interpreter reached holoprof), and its CPU
+    time and peak memory are its own count at its end."""
+    sh = (
+        'echo "$EPOCHREALTIME" > m0; "$PY" -c "x = sum(range(3 * 10**6)); y = bytearray(64 << 20)"; '
+        'echo "$EPOCHREALTIME" > m1'
+    )
+    run = traced(tmp_path, "bash", "-c", sh, env={"PY": sys.executable})
+    assert run.proc.returncode == 0, run.proc.stderr
+    m0, m1 = (float((tmp_path / m).read_text()) for m in ("m0", "m1"))
+    (st,) = [s for s in run.report["stages"] if s["name"] == "python -c"]
+    start = run.report["run"]["start_ns"] / 1e9 + st["start_s"]
+    assert st["cpu_s"] > 0.05, st
+    assert st["max_rss_bytes"] > 64 << 20, st
+    assert m0 - 0.02 <= start <= m1, (m0, start, m1)

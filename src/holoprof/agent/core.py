@@ -287,6 +287,7 @@ class Agent:
         self.storage_error: str | None = None  # the first write to the run directory that failed
         self.clock_offset_ns = time.time_ns() - _perf_ns()
         self.start_ns = _perf_ns()
+        self._kernel_start: tuple[int, int | None] = (0, None)  # (pid, kernel's start) read once
         self.folder = os.path.join(self.run_dir, f"{self.host}-{self.pid}")
         self._seq = itertools.count()
         self._last_identity: tuple[Any, ...] | None = None
@@ -570,6 +571,15 @@ class Agent:
 
     def _process_row(self, ident: dict[str, Any], final: bool) -> dict[str, list[Any]]:
         now_wall = time.time_ns()
+        info = {"source": "agent", **self.info}
+        if final:
+            info["exit_usage"] = _own_usage()
+        start = self.start_ns + self.clock_offset_ns
+        if self._kernel_start[0] != self.pid:
+            self._kernel_start = (self.pid, kernel_start_wall_ns())
+        kstart = self._kernel_start[1]
+        if kstart is not None and start - 60 * 10**9 < kstart < start:
+            start = kstart  # the process began before its interpreter ran this agent
         return {
             "host": [ident["host"]],
             "pid": [ident["pid"]],
@@ -580,7 +590,7 @@ class Agent:
             "role": [ident["role"]],
             "argv": [json.dumps(list(sys.argv))],
             "exe": [sys.executable],
-            "start_ns": [self.start_ns + self.clock_offset_ns],
+            "start_ns": [start],
             "end_ns": [now_wall if final else 0],
             "exit_code": [self.exit_code],
             "updated_ns": [now_wall],
@@ -588,8 +598,34 @@ class Agent:
             "versions": [json.dumps(_versions())],
             "dropped_events": [self.dropped],
             "errors": [json.dumps(self.errors)],
-            "info": [json.dumps({"source": "agent", **self.info}, default=str)],
+            "info": [json.dumps(info, default=str)],
         }
+
+
+def kernel_start_wall_ns() -> int | None:
+    """When the kernel started this process (its fork), on the wall clock, to 10 ms: /proc/self/stat's
+    start time (clock ticks since boot) against CLOCK_BOOTTIME now. None where there is no /proc."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        hz = os.sysconf("SC_CLK_TCK")
+        age_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - ticks * 1_000_000_000 // hz
+        return time.time_ns() - age_ns
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _own_usage() -> dict[str, float]:
+    """This process's CPU time and peak resident memory, at its end: what a sampler that ticks once a
+    second misses for a process shorter than a tick."""
+    try:
+        import resource  # lazy: read once, at the process's end: not loaded at the agent's start-up
+
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return {"cpu_s": round(ru.ru_utime + ru.ru_stime, 6), "max_rss_bytes": int(ru.ru_maxrss) * 1024}
+    except Exception:
+        return {}
 
 
 # --- identity helpers ------------------------------------------------------------------------------

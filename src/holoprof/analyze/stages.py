@@ -171,6 +171,20 @@ class _Proc:
     start_ns: int
     end_ns: int
     sampler_only: bool
+    #: the agent's own CPU time and peak RSS at the process's end (None: not recorded)
+    usage: dict[str, float] | None = None
+
+
+def _exit_usage(info: str | None) -> dict[str, float] | None:
+    if not info or '"exit_usage"' not in info:
+        return None
+    try:
+        u = json.loads(info).get("exit_usage")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(u, dict):
+        return None
+    return {k: float(u[k]) for k in ("cpu_s", "max_rss_bytes") if isinstance(u.get(k), (int, float))}
 
 
 def _load_processes(run: Run) -> list[_Proc]:
@@ -196,6 +210,7 @@ def _load_processes(run: Run) -> list[_Proc]:
                 start_ns=int(s or 0),
                 end_ns=int(e or 0),
                 sampler_only=bool(info and '"source": "sampler"' in info),
+                usage=_exit_usage(info),
             )
         )
     return out
@@ -702,17 +717,22 @@ def workflow(run: Run, loop: Any = None, ctx: dict[str, Any] | None = None) -> W
             st.eval_s += f.get("eval_ns", 0.0) / NS
             st.checkpoint_s += f.get("ckpt_ns", 0.0) / NS
             b = bounds.get((st.host, pid))
+            pp = proc_by_key.get((st.host, pid))
+            own_cpu = pp.usage.get("cpu_s", 0.0) if pp is not None and pp.usage else 0.0
+            # the sampler's last reading, or the process's own count at its end (a process shorter
+            # than one sampler tick has no sample at all)
+            st.cpu_s += max(b[2]["cpu_s"] if b is not None else 0.0, own_cpu)
             if b is not None:
-                st.cpu_s += b[2]["cpu_s"]
                 st.read_bytes += int(b[2]["read_bytes"])
                 st.write_bytes += int(b[2]["write_bytes"])
-                pp = proc_by_key.get((st.host, pid))
                 if pp is not None and pid == st.pid and len(proc_stages) <= MAX_REAP_LOOKUPS:
                     st.exit_write_bytes = _exit_writes(run, pp, b[1])
             st.traced_write_bytes += writes.get((st.host, pid), 0)
     peaks = _rss_peaks(run, proc_stages)
     for st in proc_stages:
-        st.max_rss_bytes = peaks.get(st.id, 0)
+        own = [proc_by_key[(st.host, p)].usage for p in st.pids if (st.host, p) in proc_by_key]
+        own_rss = max((int(u.get("max_rss_bytes", 0)) for u in own if u), default=0)
+        st.max_rss_bytes = max(peaks.get(st.id, 0), own_rss)
     span_stages = _span_stages(run, by_key, owner, ctx)
     for st in span_stages:
         _window_metrics(run, st)
