@@ -302,8 +302,8 @@ def test_the_import_prints_the_short_report_unless_told_not_to(
     for r in (shown, quiet):
         assert r.stderr.startswith(f"holoprof: imported {trace} into ")
         assert "see it again with: holoprof report" in r.stderr.splitlines()[-1]
-    assert "Where each step's time goes" in shown.stderr
-    assert "Where each step's time goes" not in quiet.stderr
+    assert "Where each step's time goes" in shown.stdout
+    assert "Where each step's time goes" not in quiet.stdout
 
 
 # Traces in the shapes of real GPU traces (hand-written here, small): the first Kineto format of a

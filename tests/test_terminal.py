@@ -90,7 +90,7 @@ def _file_column(report: str) -> str:
     col = head.index("file")
     pieces = []
     for line in rows:
-        if not line.strip():
+        if not line.strip("│ ") or line.startswith("╰"):  # a blank line of the panel, or its end
             break
         pieces.append(line[col:].split()[0] if line[col:].strip() else "")
     return "".join(pieces)

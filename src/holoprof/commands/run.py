@@ -64,14 +64,16 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def short_report(run_dir: str) -> None:
-    """The short report of a saved run on stderr, as commands print it when they end; never raises."""
+    """The short report of a saved run on stdout (after the job's own output), as commands print it when
+    they end; never raises."""
     try:
         # lazy: DuckDB and the analyses load once the job has ended, not while the launcher starts it
         from holoprof.analyze.report import build_report
         from holoprof.present.terminal import render  # lazy: with the report, after the job
         from holoprof.store.reader import load  # lazy: DuckDB, after the job
 
-        render(build_report(load(run_dir)), short=True, file=sys.stderr)
+        sys.stdout.flush()
+        render(build_report(load(run_dir)), short=True, file=sys.stdout)
     except Exception as exc:
         sys.stderr.write(f"holoprof: could not build the report ({type(exc).__name__}: {exc})\n")
 

@@ -102,7 +102,11 @@ def _read_sizes(io: dict[str, Any]) -> list[Any]:
     h.add_column("size", style="grey62")
     h.add_column("bar")
     h.add_column("reads", justify="right", no_wrap=True)
-    for name, n in hist.items():
+    names = list(hist)
+    used = [i for i, name in enumerate(names) if hist[name]]
+    # the buckets from the smallest used to the largest used: no run of empty rows at either end
+    for name in names[used[0] : used[-1] + 1]:
+        n = hist[name]
         share = n / total
         h.add_row(name, Text("█" * round(share * BAR_WIDTH), style="blue"), f"{n} ({100 * share:.0f}%)")
     return [Text(""), Text("read sizes", style="bold"), h]

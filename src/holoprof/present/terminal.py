@@ -17,6 +17,7 @@ from typing import IO, Any
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -294,6 +295,12 @@ def _resources(doc: dict[str, Any]) -> Table | None:
     return keep_whole(t)
 
 
+def _evidence_value(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, float):
+        return str(v)
+    return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.3e}"
+
+
 def _findings(doc: dict[str, Any]) -> Group:
     items: list[Any] = []
     if not doc["findings"]:
@@ -307,13 +314,14 @@ def _findings(doc: dict[str, Any]) -> Group:
             head.append(f"  ({gain})", style="dim")
         scalars = {k: v for k, v in f["evidence"].items() if not isinstance(v, (dict, list))}
         nested = [k for k, v in f["evidence"].items() if isinstance(v, (dict, list))]
-        ev = ", ".join(f"{k}={v}" for k, v in scalars.items())
+        ev = ", ".join(f"{k}={_evidence_value(v)}" for k, v in scalars.items())
         if nested:
             ev += f" (and {', '.join(nested)}: see --json)"
+        # indented as a block: a line that wraps keeps the indent
         items += [
             head,
-            Text(f"    evidence: {ev}", style="dim"),
-            Text(f"    fix: {f['recommendation']}"),
+            Padding(Text(f"evidence: {ev}", style="dim"), (0, 0, 0, 4)),
+            Padding(Text(f"fix: {f['recommendation']}"), (0, 0, 0, 4)),
             Text(""),
         ]
     return Group(*items)
@@ -385,9 +393,11 @@ def render(
             Text("Where each step's time goes", style="bold underline"),
             _phases(doc, min(60, inner)),
         ]
+    # the findings on the first screen, right after where the step's time goes; the details after
+    parts += [Text(""), Text("Findings", style="bold underline"), _findings(doc)]
     res = _resources(doc)
     if res is not None and not short:
-        parts += [Text(""), Text("Resources", style="bold underline"), res]
+        parts += [Text("Resources", style="bold underline"), res]
     if not short:
         for title, section in _SECTION_RENDERERS:
             try:
@@ -396,7 +406,6 @@ def render(
                 group = Text(f"({title} could not be shown: {type(exc).__name__}: {exc})", style="yellow")
             if group is not None:
                 parts += [Text(""), Text(title, style="bold underline"), group]
-    parts += [Text(""), Text("Findings", style="bold underline"), _findings(doc)]
     notes = _notes(doc)
     if notes:
         parts += [Text("Notes", style="bold underline"), *notes]
