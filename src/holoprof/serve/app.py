@@ -14,7 +14,9 @@ Security model:
   form or script cannot send, and a same-origin ``Origin`` when one is given; bodies are JSON of at
   most 16 KiB, and actions come from the allow-list of :mod:`holoprof.store.mailbox`;
 * files are served only from the package's static folder (a fixed list made at start) and from a
-  run's ``artifacts/`` folder (a plain name, resolved and checked to stay inside it).
+  run's ``artifacts/`` folder (a plain name, resolved and checked to stay inside it);
+* at most ``max_connections`` connections at once, each closed when its next request is late
+  (``request_timeout_s``): see :mod:`holoprof.serve.connections`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -39,6 +41,7 @@ from holoprof.analyze.report import build_report
 from holoprof.errors import HoloprofError
 from holoprof.present.prometheus import CONTENT_TYPE, prometheus_text
 from holoprof.serve import ctl
+from holoprof.serve.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, WRITE_CHUNK, LimitedServer
 from holoprof.store import layout, mailbox, rundir
 from holoprof.store.reader import load, process_alive
 
@@ -252,16 +255,22 @@ def artifact_file(run_dir: str, name: str) -> str:
 # --- the HTTP server ------------------------------------------------------------------------------------
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
+class Server(LimitedServer):
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], runs: Runs, token: str) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        runs: Runs,
+        token: str,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.runs = runs
         self.token = token
         self.static = _static_files()
         self.loopback = _is_loopback(address[0])
-        super().__init__(address, Handler)
+        super().__init__(address, Handler, request_timeout_s, max_connections)
 
     @property
     def port(self) -> int:
@@ -294,6 +303,21 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log on stderr
         pass
 
+    # connection limits (holoprof.serve.connections) ----------------------------------------------------
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout_s)  # each read, each write
+
+    def handle_one_request(self) -> None:
+        self.server.waiting(self.connection)  # the request line and headers are due within the timeout
+        super().handle_one_request()
+
+    def _write(self, body: bytes) -> None:
+        """Write in pieces, so that the timeout bounds a piece, not the whole answer."""
+        view = memoryview(body)
+        for start in range(0, len(view), WRITE_CHUNK):
+            self.wfile.write(view[start : start + WRITE_CHUNK])
+
     # responses ---------------------------------------------------------------------------------------
     def _send(
         self,
@@ -316,7 +340,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Set-Cookie", self._set_cookie)
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(body)
+            self._write(body)
 
     def _json(self, status: int, doc: Any) -> None:
         try:
@@ -381,6 +405,7 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
+        self.server.answering(self.connection)  # (a POST's body is read under its own deadline)
         self._set_cookie = ""
         try:
             self._check_host()
@@ -499,7 +524,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
+            while chunk := f.read(WRITE_CHUNK):
                 self.wfile.write(chunk)
 
     # POST /api/runs/<id>/actions ----------------------------------------------------------------------
@@ -528,7 +553,9 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(400, "bad Content-Length")
         if length > MAX_BODY_BYTES:
             raise HttpError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        self.server.waiting(self.connection)  # the body is due within the timeout
         raw = self.rfile.read(length)
+        self.server.answering(self.connection)
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
@@ -582,7 +609,15 @@ def _manifest(run_dir: str) -> dict[str, Any]:
 # --- command line --------------------------------------------------------------------------------------
 
 
-def make_server(root: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> Server:
+def make_server(
+    root: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> Server:
+    """The dashboard server over ``root`` (not yet serving)."""
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise HoloprofError(f"{root} is not a directory; pass a run directory or a directory of runs")
@@ -590,6 +625,8 @@ def make_server(root: str, host: str = "127.0.0.1", port: int = 0, token: str | 
     if not runs.single and not runs.paths() and not os.access(root, os.R_OK):
         raise HoloprofError(f"cannot read {root}; check its permissions")
     try:
-        return Server((host, port), runs, token or secrets.token_urlsafe(24))
+        return Server(
+            (host, port), runs, token or secrets.token_urlsafe(24), request_timeout_s, max_connections
+        )
     except OSError as exc:
         raise HoloprofError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port")
