@@ -1,10 +1,12 @@
 """`holoprof serve` at its limits, on real sockets: connections that idle or send half a request are
 closed after the timeout, many idle connections cost a bounded number of threads (the excess is
-answered 503 at once), and a long answer is not cut by the timeout."""
+answered 503 at once), a long answer is not cut by the timeout, and /metrics answers from per-run
+summaries kept in memory and on disk."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import socket
@@ -19,7 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import run_holoprof
 from holoprof.bench.synth import generate_run
+from holoprof.serve import app
 from holoprof.serve.app import Server, make_server
+from holoprof.store.chunks import write_chunk
 from test_serve_api import Client
 
 #: Generous bound on "closed eventually" (the timeouts below are well under a second).
@@ -189,6 +193,92 @@ def test_a_long_answer_is_not_cut_by_the_request_timeout(runs_root: Path, tmp_pa
         s.close()
 
 
+# --- /metrics from summaries ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def unhurried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics waits for every summary it lacks (however loaded the machine is)."""
+    monkeypatch.setattr(app, "METRICS_BUILD_BUDGET_S", 600.0)
+
+
+@pytest.mark.usefixtures("unhurried")
+def test_metrics_answers_from_summaries_stored_on_disk(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    with serving(runs_root, summaries=str(cache)) as server:
+        first = Client(server).get("/metrics")
+    assert first.status == 200
+    assert {s.labels["run"] for s in samples(first.body.decode()) if "run" in s.labels} == {"a", "b", "c"}
+    assert len(list(cache.glob("*.json"))) == 3  # one per finished run
+
+    def no_build(*a: Any, **kw: Any) -> None:
+        raise AssertionError("a report was built although the summary was stored")
+
+    monkeypatch.setattr(app, "build_report", no_build)
+    with serving(runs_root, summaries=str(cache)) as server:
+        client = Client(server)
+        again = client.get("/metrics")
+        listed = {r["id"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert again.status == 200 and again.body == first.body
+    assert listed["a"]["steps"] == 30 and listed["c"]["steps"] == 50  # the list shows them too
+
+
+@pytest.mark.usefixtures("unhurried")
+def test_a_finished_runs_summary_follows_a_change_of_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "runs"
+    generate_run(str(root / "r"), steps=20)
+    runs = app.Runs(str(root), str(tmp_path / "cache"))
+
+    def steps(text: str) -> float:
+        (v,) = [s.value for s in samples(text) if s.name == "holoprof_steps_total"]
+        return v
+
+    assert steps(runs.metrics_text()) == 20
+    start = 2 * 10**18
+    write_chunk(str(root / "r"), "spans", {
+        "host": ["synth"], "pid": [10_000], "tid": [10_000], "span_id": [10**12], "kind": ["step"],
+        "name": ["step"], "start_ns": [start], "end_ns": [start + 10**6], "step": [10**7],
+    })  # fmt: skip
+    monkeypatch.setattr(app, "RECHECK_S", 0.0)  # checked at once, and rebuilt at once
+    monkeypatch.setattr(app, "REPORT_MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(app, "REPORT_DUTY", 0.0)
+    assert steps(runs.metrics_text()) == 21
+    again = app.Runs(str(root), str(tmp_path / "cache"))  # and the stored one was replaced
+    monkeypatch.setattr(app, "build_report", None)
+    assert steps(again.metrics_text()) == 21
+
+
+def test_a_first_scrape_leaves_runs_it_has_not_summarized_yet_pending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pending until the background thread has built them; a run that cannot be read is not
+    pending once that is known, and is left out as before."""
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        generate_run(str(root / name), steps=20)
+    (root / "broken").mkdir()
+    (root / "broken" / "manifest.json").write_text("{ not json")
+    monkeypatch.setattr(app, "METRICS_BUILD_BUDGET_S", 0.0)  # answer at once with what is ready
+    with serving(root) as server:
+        client = Client(server)
+        first = samples(client.get("/metrics").body.decode())
+        listed = {s.labels["run"] for s in first if s.name == "holoprof_run_running"}
+        (pending,) = [s.value for s in first if s.name == "holoprof_runs_pending"]
+        assert pending >= 1 and len(listed) + pending == 3
+
+        def complete() -> bool:
+            got = samples(client.get("/metrics").body.decode())
+            runs = {s.labels["run"] for s in got if s.name == "holoprof_run_running"}
+            return runs == {"a", "b"} and not any(s.name == "holoprof_runs_pending" for s in got)
+
+        wait_until(complete, "the background thread did not summarize every run")
+        assert client.get("/api/runs/broken/report").status == 409
+
+
 @pytest.mark.parametrize(
     "args,message",
     [(["--timeout", "0"], "--timeout"), (["--max-connections", "0"], "--max-connections")],
@@ -197,3 +287,18 @@ def test_bad_limits_are_refused_in_one_line(tmp_path: Path, args: list[str], mes
     proc = run_holoprof("serve", str(tmp_path), *args, cwd=tmp_path, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert proc.stderr.startswith("holoprof: error: ")
+
+
+@pytest.mark.usefixtures("unhurried")
+def test_summary_files_that_are_not_ours_are_ignored(runs_root: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    runs = app.Runs(str(runs_root), str(cache))
+    text = runs.metrics_text()
+    for f in cache.glob("*.json"):
+        entry = json.loads(f.read_text())
+        entry["summary"]["samples"] = "not samples"
+        f.write_text(json.dumps(entry))
+    assert app.Runs(str(runs_root), str(cache)).metrics_text() == text
+    for f in cache.glob("*.json"):
+        f.write_text("[" * 100_000)
+    assert app.Runs(str(runs_root), str(cache)).metrics_text() == text

@@ -8,6 +8,7 @@ import sys
 from holoprof.errors import HoloprofError
 from holoprof.serve.app import make_server
 from holoprof.serve.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from holoprof.serve.summaries import default_folder
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,6 +46,7 @@ def main(args: argparse.Namespace) -> int:
         args.port,
         request_timeout_s=args.timeout,
         max_connections=args.max_connections,
+        summaries=default_folder(),
     )
     if not server.loopback:
         sys.stderr.write(
