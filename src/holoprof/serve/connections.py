@@ -122,7 +122,8 @@ class LimitedServer(ThreadingHTTPServer):
         self._linger(now)
 
     def server_close(self) -> None:
-        super().server_close()
+        """Close the listening socket and every connection (ThreadingMixIn then joins their threads,
+        which end at once)."""
         with self._conns_lock:
             socks = [c.sock for c in self._conns.values()]
         for sock in socks:
@@ -130,6 +131,7 @@ class LimitedServer(ThreadingHTTPServer):
         for sock, _ in self._lingering:
             sock.close()
         self._lingering = []
+        super().server_close()
 
     # the rest -----------------------------------------------------------------------------------------
     def _forget(self, request: Any) -> None:
