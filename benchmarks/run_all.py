@@ -26,6 +26,7 @@ BENCHES = [
     "bench_burst.py",  # BurstBuffer blocking time; pass --durable-dir on slow (network) storage
     "bench_whatif.py",  # what-if predictions against tc-limited veth links (needs root, iproute2)
     "bench_input_model.py",  # input-pipeline model: predicted against measured step, 0/1/2 workers
+    "bench_serve.py",  # holoprof serve: /metrics over 100 runs, 1,050 idle connections
 ]
 
 

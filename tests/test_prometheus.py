@@ -6,6 +6,7 @@ sample of a metric (``rank`` on every per-rank one), and nothing exported that w
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import run_holoprof, script
 from holoprof.analyze.report import build_report
 from holoprof.bench.synth import generate_run
-from holoprof.present.prometheus import prometheus_text
+from holoprof.present.prometheus import prometheus_text, render, run_samples
 from holoprof.store.reader import load
 
 #: The base units of Prometheus' naming conventions, and the suffixes of counts and rates.
@@ -109,3 +110,13 @@ def test_promtool_accepts_the_metrics(ranks_report: dict[str, Any]) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_runs_samples_survive_json_and_render_as_its_report(ranks_report: dict[str, Any]) -> None:
+    """The dashboard server keeps each run's samples (as JSON on disk) and renders /metrics from them."""
+    stored = json.loads(json.dumps(run_samples(ranks_report)))
+    two = [("r", ranks_report), ("s", ranks_report)]
+    assert render([("r", stored), ("s", stored)]) == prometheus_text(two)
+    fams = families(render([("r", stored)], pending=2))
+    assert [s.value for s in fams["holoprof_runs_pending"].samples] == [2]
+    assert "holoprof_runs_pending" not in families(render([("r", stored)], pending=0))

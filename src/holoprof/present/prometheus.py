@@ -6,13 +6,17 @@ fractions, ``_total`` for counters), the same labels on every sample of a metric
 on every per-rank metric), and nothing that was not measured: a run without training steps exports
 no step metrics, a run without I/O records no I/O metrics, a resource that was not sampled is absent.
 The text is written by ``prometheus_client``.
+
+:func:`run_samples` turns one report into its samples (without the ``run`` label), plain JSON data
+that the dashboard server caches per run; :func:`render` writes the text from such samples, so that a
+scrape over many runs renders without rebuilding their reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
@@ -54,6 +58,25 @@ GPU_METRICS: dict[str, tuple[str, str, float]] = {
 }
 
 
+#: One sample of a run: metric name, type (``gauge`` or ``counter``), help text, labels other than
+#: ``run`` (values as text), value. Lists and dicts only, so that it survives a trip through JSON.
+Sample = list[Any]
+
+
+class _Adder(Protocol):
+    def add(self, name: str, kind: str, help_text: str, labels: dict[str, Any], value: Any) -> None: ...
+
+
+class _Samples:
+    """Collects a run's samples in the order they are added."""
+
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []
+
+    def add(self, name: str, kind: str, help_text: str, labels: dict[str, Any], value: Any) -> None:
+        self.samples.append([name, kind, help_text, {k: str(v) for k, v in labels.items()}, float(value)])
+
+
 @dataclass
 class _Family:
     kind: str
@@ -85,7 +108,7 @@ class _Metrics:
             yield metric
 
 
-def _steps(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
+def _steps(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
     st = doc.get("steps") or {}
     if not st.get("count"):
         return  # no step was measured: no step metrics (not zeros)
@@ -123,7 +146,7 @@ def _steps(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
             )
 
 
-def _io(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
+def _io(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
     io = doc.get("io") or {}
     if not io:
         return
@@ -141,7 +164,7 @@ def _io(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
         )
 
 
-def _memory(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
+def _memory(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
     mem = doc.get("memory") or {}
     if mem.get("peak_bytes") is not None:
         m.add(
@@ -162,7 +185,7 @@ def _memory(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
             )
 
 
-def _resources(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
+def _resources(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
     summary = (doc.get("resources") or {}).get("summary") or {}
     for name, s in summary.items():
         if name in RESOURCE_METRICS:
@@ -175,22 +198,45 @@ def _resources(m: _Metrics, run: dict[str, str], doc: dict[str, Any]) -> None:
             m.add(metric, "gauge", help_text, {**run, "gpu": parts[1]}, s["last"] * scale)
 
 
-def prometheus_text(reports: Iterable[tuple[str, dict[str, Any]]]) -> str:
-    """The reports (``(run id, report document)``) as the Prometheus text exposition format."""
+def run_samples(doc: dict[str, Any]) -> list[Sample]:
+    """The samples of one report (``holoprof.report/1``), without the ``run`` label."""
+    m = _Samples()
+    run: dict[str, str] = {}
+    m.add(
+        "holoprof_run_running",
+        "gauge",
+        "1 while the run is running",
+        run,
+        doc["run"]["status"] == "running",
+    )
+    _steps(m, run, doc)
+    _io(m, run, doc)
+    _memory(m, run, doc)
+    _resources(m, run, doc)
+    return m.samples
+
+
+def render(runs: Iterable[tuple[str, Iterable[Sample]]], pending: int | None = None) -> str:
+    """The text of the runs' samples (``(run id, samples)``), each sample labelled with its run.
+    ``pending``: how many runs were left out because their samples are not ready yet, exported as
+    ``holoprof_runs_pending`` while there are any."""
     m = _Metrics()
-    for run_id, doc in reports:
-        run = {"run": run_id}
+    for run_id, samples in runs:
+        for name, kind, help_text, labels, value in samples:
+            m.add(name, kind, help_text, {"run": run_id, **labels}, value)
+    if pending:
         m.add(
-            "holoprof_run_running",
+            "holoprof_runs_pending",
             "gauge",
-            "1 while the run is running",
-            run,
-            doc["run"]["status"] == "running",
+            "runs left out of this scrape while their summary is being built",
+            {},
+            pending,
         )
-        _steps(m, run, doc)
-        _io(m, run, doc)
-        _memory(m, run, doc)
-        _resources(m, run, doc)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(m)
     return generate_latest(registry).decode()
+
+
+def prometheus_text(reports: Iterable[tuple[str, dict[str, Any]]]) -> str:
+    """The reports (``(run id, report document)``) as the Prometheus text exposition format."""
+    return render((run_id, run_samples(doc)) for run_id, doc in reports)

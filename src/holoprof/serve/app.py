@@ -14,12 +14,21 @@ Security model:
   form or script cannot send, and a same-origin ``Origin`` when one is given; bodies are JSON of at
   most 16 KiB, and actions come from the allow-list of :mod:`holoprof.store.mailbox`;
 * files are served only from the package's static folder (a fixed list made at start) and from a
-  run's ``artifacts/`` folder (a plain name, resolved and checked to stay inside it).
+  run's ``artifacts/`` folder (a plain name, resolved and checked to stay inside it);
+* at most ``max_connections`` connections at once, each closed when its next request is late
+  (``request_timeout_s``): see :mod:`holoprof.serve.connections`.
+
+``/metrics`` answers from per-run summaries (:mod:`holoprof.serve.summaries`): a finished run's is
+built once and then read from memory or disk while its files do not change, a running run's follows
+its report (rebuilt at most every few seconds). The summaries a scrape lacks are built by a
+background thread; the scrape waits for them at most METRICS_BUILD_BUDGET_S and leaves out the runs
+still pending, so that a first scrape over hundreds of runs answers within a scrape timeout.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 import math
 import mimetypes
@@ -30,15 +39,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from holoprof import model
 from holoprof.analyze.report import build_report
 from holoprof.errors import HoloprofError
-from holoprof.present.prometheus import CONTENT_TYPE, prometheus_text
+from holoprof.present.prometheus import CONTENT_TYPE, render
 from holoprof.serve import ctl
+from holoprof.serve.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, WRITE_CHUNK, LimitedServer
+from holoprof.serve.summaries import Store, summarize
 from holoprof.store import layout, mailbox, rundir
 from holoprof.store.reader import load, process_alive
 
@@ -56,6 +67,14 @@ REPORT_DUTY = 10.0
 #: ... but never less often than once per REPORT_MAX_INTERVAL_S: the dashboard and /metrics stay within
 #: a few seconds of the job (a build of a compacted running job takes well under a second).
 REPORT_MAX_INTERVAL_S = 2.0
+#: /metrics waits at most this long for the summaries of runs it has not seen before (built one at a
+#: time by a background thread); the runs still without one are left out of that scrape and counted
+#: in ``holoprof_runs_pending`` (present while there are any). Half of Prometheus' default scrape
+#: timeout.
+METRICS_BUILD_BUDGET_S = 5.0
+#: A finished run's files are checked for changes (its summary rebuilt if they did), and a run that
+#: could not be read is read again while its files stay the same, at most this often.
+RECHECK_S = 10.0
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 _ARTIFACT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,250}$")
 CSP = (
@@ -82,6 +101,11 @@ class _Cached:
     doc: dict[str, Any] | None = None
     error: str | None = None  # why the run cannot be read (a broken manifest or chunk)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the run's summary for /metrics and the run list, with a number that changes with it
+    summary: tuple[dict[str, Any], int] | None = None
+    summary_key: tuple[float, int] = (0.0, 0)  # the data it was made from
+    summary_of: dict[str, Any] | None = None  # the report it was made from (none: read from disk)
+    checked_at: float = 0.0  # when a finished run's files were last checked against summary_key
 
 
 def _is_run(path: str) -> bool:
@@ -121,13 +145,21 @@ def data_key(run_dir: str) -> tuple[float, int]:
 
 
 class Runs:
-    """The runs under the served path (one run directory, or a directory of runs), and their reports."""
+    """The runs under the served path (one run directory, or a directory of runs), their reports and
+    their summaries (``summaries``: where finished runs' summaries are stored; None: nowhere)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, summaries: str | None = None) -> None:
         self.root = os.path.realpath(root)
         self.single = _is_run(self.root)
+        self.store = Store(summaries)
         self._cache: dict[str, _Cached] = {}
         self._lock = threading.Lock()
+        self._versions = itertools.count(1)
+        self._text: tuple[Any, str] | None = None  # the last /metrics text, and what it was made of
+        self._queue: dict[str, None] = {}  # runs whose summary the background thread is to build
+        self._building: str | None = None  # the one it builds now
+        self._builder: threading.Thread | None = None
+        self._cond = threading.Condition(self._lock)  # notified after each background build
 
     def paths(self) -> dict[str, str]:
         if self.single:
@@ -149,6 +181,10 @@ class Runs:
             raise HttpError(404, f"no run {run_id!r} here")
         return p
 
+    def _entry(self, run_id: str) -> _Cached:
+        with self._lock:
+            return self._cache.setdefault(run_id, _Cached())
+
     def summary(self) -> list[dict[str, Any]]:
         """One line per run. A running run's report is brought up to date (as /metrics does), so that
         its step count follows the job; a run that cannot be read is listed as ``broken``, with why."""
@@ -167,10 +203,15 @@ class Runs:
                 except HttpError as exc:
                     error = exc.message
             cached = self._cache.get(run_id)
+            steps, median = None, None
             if cached is not None:
                 doc = doc or cached.doc
                 error = error or cached.error
-            steps = doc.get("steps", {}) if doc else {}
+            if doc:
+                st = doc.get("steps") or {}
+                steps, median = st.get("count"), st.get("median_s")
+            elif cached is not None and cached.summary is not None:  # a finished run's, from /metrics
+                steps, median = cached.summary[0].get("steps"), cached.summary[0].get("median_step_s")
             out.append(
                 {
                     "id": run_id,
@@ -181,8 +222,8 @@ class Runs:
                     "start_ns": _int_or_none(m.get("start_ns")),
                     "end_ns": _int_or_none(m.get("end_ns")),
                     "exit_code": m.get("exit_code"),
-                    "steps": steps.get("count"),
-                    "median_step_s": steps.get("median_s"),
+                    "steps": steps,
+                    "median_step_s": median,
                 }
             )
         out.sort(key=lambda r: r["start_ns"] or 0, reverse=True)
@@ -192,34 +233,157 @@ class Runs:
         """The run's report, rebuilt when its data changed (at most once per second, and at most once
         per REPORT_DUTY times the last build's duration)."""
         path = self.path(run_id)
-        with self._lock:
-            cached = self._cache.setdefault(run_id, _Cached())
+        cached = self._entry(run_id)
         with cached.lock:
-            now = time.monotonic()
-            every = max(REPORT_MIN_INTERVAL_S, min(REPORT_DUTY * cached.build_s, REPORT_MAX_INTERVAL_S))
-            if cached.doc is not None and (now - cached.built_at < every):
-                return cached.doc
-            key = data_key(path)
-            if cached.doc is not None and key == cached.key:
-                cached.built_at = now
-                return cached.doc
-            started = time.monotonic()
+            return self._report(cached, path)
+
+    def _report(self, cached: _Cached, path: str) -> dict[str, Any]:
+        """report() with the run's lock held."""
+        now = time.monotonic()
+        every = max(REPORT_MIN_INTERVAL_S, min(REPORT_DUTY * cached.build_s, REPORT_MAX_INTERVAL_S))
+        if cached.doc is not None and (now - cached.built_at < every):
+            return cached.doc
+        key = data_key(path)
+        if cached.doc is not None and key == cached.key:
+            cached.built_at = now
+            return cached.doc
+        if _known_broken(cached, key, now):
+            raise HttpError(409, cached.error or "")  # not changed since it failed: no use reading it yet
+        started = time.monotonic()
+        try:
+            run = load(path)
             try:
-                run = load(path)
+                doc = build_report(run)
+            finally:
                 try:
-                    doc = build_report(run)
-                finally:
-                    try:
-                        run.con.close()
-                    except Exception:
-                        pass
-            except Exception as exc:  # a broken run must not take the other runs' pages down
-                message = str(exc) if isinstance(exc, HoloprofError) else _unreadable(exc)
-                cached.error, cached.doc, cached.built_at = message, None, time.monotonic()
-                raise HttpError(409, message)
-            cached.key, cached.built_at, cached.doc, cached.error = key, time.monotonic(), doc, None
-            cached.build_s = cached.built_at - started
-            return doc
+                    run.con.close()
+                except Exception:
+                    pass
+        except Exception as exc:  # a broken run must not take the other runs' pages down
+            message = str(exc) if isinstance(exc, HoloprofError) else _unreadable(exc)
+            cached.error, cached.doc, cached.built_at, cached.key = message, None, time.monotonic(), key
+            raise HttpError(409, message)
+        cached.key, cached.built_at, cached.doc, cached.error = key, time.monotonic(), doc, None
+        cached.build_s = cached.built_at - started
+        return doc
+
+    # summaries and /metrics ---------------------------------------------------------------------------
+    def run_summary(
+        self, run_id: str, build: bool = True, wait_s: float | None = None
+    ) -> tuple[dict[str, Any], int] | None:
+        """The run's summary (:func:`holoprof.serve.summaries.summarize`) and its version number: a
+        finished run's from memory or disk while its files are unchanged, else from its report.
+        ``build=False``: never build (the last summary, or None); ``wait_s``: wait at most this long
+        for another thread that is building it (then the last summary, or None)."""
+        return self._run_summary(run_id, self.path(run_id), build, wait_s)
+
+    def _run_summary(
+        self, run_id: str, path: str, build: bool = True, wait_s: float | None = None
+    ) -> tuple[dict[str, Any], int] | None:
+        cached = self._entry(run_id)
+        if not cached.lock.acquire(timeout=-1 if wait_s is None else max(0.0, wait_s)):
+            return cached.summary
+        try:
+            return self._summary(cached, path, build)
+        finally:
+            cached.lock.release()
+
+    def _summary(self, cached: _Cached, path: str, build: bool) -> tuple[dict[str, Any], int] | None:
+        """run_summary() with the run's lock held."""
+        now = time.monotonic()
+        last = cached.summary
+        if last is not None and last[0].get("status") != "running":  # final while the files stay
+            if now - cached.checked_at < RECHECK_S:
+                return last
+            if data_key(path) == cached.summary_key:
+                cached.checked_at = now
+                return last
+        elif last is None:
+            key = data_key(path)
+            stored = self.store.get(path, key)
+            if stored is not None and stored.get("status") != "running":
+                return self._keep(cached, stored, key, None)
+            if not build and _known_broken(cached, key, now):
+                raise HttpError(409, cached.error or "")  # broken: left out, not pending
+        if not build:
+            return last
+        doc = self._report(cached, path)
+        if last is None or cached.summary_of is not doc:
+            summary = summarize(doc)
+            self._keep(cached, summary, cached.key, doc)
+            if summary["status"] != "running":
+                self.store.put(path, cached.key, summary)
+        return cached.summary
+
+    def _keep(
+        self, cached: _Cached, summary: dict[str, Any], key: tuple[float, int], doc: dict[str, Any] | None
+    ) -> tuple[dict[str, Any], int]:
+        cached.summary = (summary, next(self._versions))
+        cached.summary_key, cached.summary_of, cached.checked_at = key, doc, time.monotonic()
+        return cached.summary
+
+    def metrics_text(self) -> str:
+        """``/metrics``: every readable run's samples. A run seen for the first time has its summary
+        built by the background thread; the scrape waits for those builds at most
+        METRICS_BUILD_BUDGET_S, and counts the runs still without one in ``holoprof_runs_pending``.
+        The text is made again only when a summary changed."""
+        deadline = time.monotonic() + METRICS_BUILD_BUDGET_S
+        known: dict[str, tuple[dict[str, Any], int] | None] = {}
+        for run_id, path in self.paths().items():
+            try:
+                last = self._entry(run_id).summary
+                # a running run's summary follows its report here; a new run's is built in the background
+                wait_s = max(0.0, deadline - time.monotonic()) if last is not None else 0.0
+                known[run_id] = self._run_summary(run_id, path, build=last is not None, wait_s=wait_s)
+            except HttpError:
+                continue  # broken (or just deleted): left out, as it is from the run's pages
+        new = [run_id for run_id, got in known.items() if got is None]
+        if new:
+            self._build_later(new)
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: not any(r in self._queue or r == self._building for r in new),
+                    timeout=max(0.0, deadline - time.monotonic()),
+                )
+            for run_id in new:
+                known[run_id] = self._entry(run_id).summary
+        ready = [(run_id, got) for run_id, got in known.items() if got is not None]
+        pending = sum(1 for r in new if known[r] is None and self._entry(r).error is None)
+        made_of = (tuple((run_id, version) for run_id, (_, version) in ready), pending)
+        last_text = self._text
+        if last_text is not None and last_text[0] == made_of:
+            return last_text[1]
+        text = render(((run_id, s["samples"]) for run_id, (s, _) in ready), pending=pending)
+        self._text = (made_of, text)
+        return text
+
+    def _build_later(self, run_ids: list[str]) -> None:
+        """Build these runs' summaries in the background (one thread, one run at a time)."""
+        with self._lock:
+            self._queue.update(dict.fromkeys(run_ids))
+            if self._builder is None:
+                self._builder = threading.Thread(
+                    target=self._build_queued, name="holoprof-summaries", daemon=True
+                )
+                self._builder.start()
+
+    def _build_queued(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._builder = None
+                    return
+                run_id = next(iter(self._queue))
+                del self._queue[run_id]
+                self._building = run_id
+            try:
+                self.run_summary(run_id)
+            except Exception:
+                pass  # broken, or gone: left out of /metrics
+            finally:
+                with self._cond:
+                    self._building = None
+                    self._cond.notify_all()
 
 
 # --- static files ---------------------------------------------------------------------------------------
@@ -252,16 +416,22 @@ def artifact_file(run_dir: str, name: str) -> str:
 # --- the HTTP server ------------------------------------------------------------------------------------
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
+class Server(LimitedServer):
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], runs: Runs, token: str) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        runs: Runs,
+        token: str,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.runs = runs
         self.token = token
         self.static = _static_files()
         self.loopback = _is_loopback(address[0])
-        super().__init__(address, Handler)
+        super().__init__(address, Handler, request_timeout_s, max_connections)
 
     @property
     def port(self) -> int:
@@ -294,6 +464,21 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log on stderr
         pass
 
+    # connection limits (holoprof.serve.connections) ----------------------------------------------------
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout_s)  # each read, each write
+
+    def handle_one_request(self) -> None:
+        self.server.waiting(self.connection)  # the request line and headers are due within the timeout
+        super().handle_one_request()
+
+    def _write(self, body: bytes) -> None:
+        """Write in pieces, so that the timeout bounds a piece, not the whole answer."""
+        view = memoryview(body)
+        for start in range(0, len(view), WRITE_CHUNK):
+            self.wfile.write(view[start : start + WRITE_CHUNK])
+
     # responses ---------------------------------------------------------------------------------------
     def _send(
         self,
@@ -316,7 +501,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Set-Cookie", self._set_cookie)
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(body)
+            self._write(body)
 
     def _json(self, status: int, doc: Any) -> None:
         try:
@@ -381,6 +566,7 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
+        self.server.answering(self.connection)  # (a POST's body is read under its own deadline)
         self._set_cookie = ""
         try:
             self._check_host()
@@ -419,13 +605,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._static("/".join(segs[1:]))
         if path == "/metrics":
             self._only(method, "GET")
-            reports = []
-            for run_id in runs.paths():
-                try:
-                    reports.append((run_id, runs.report(run_id)))
-                except HttpError:
-                    continue
-            return self._send(200, prometheus_text(reports).encode(), CONTENT_TYPE)
+            return self._send(200, runs.metrics_text().encode(), CONTENT_TYPE)
         if path == "/api/runs":
             self._only(method, "GET")
             return self._json(200, {"root": runs.root, "single": runs.single, "runs": runs.summary()})
@@ -499,7 +679,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
+            while chunk := f.read(WRITE_CHUNK):
                 self.wfile.write(chunk)
 
     # POST /api/runs/<id>/actions ----------------------------------------------------------------------
@@ -528,7 +708,9 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(400, "bad Content-Length")
         if length > MAX_BODY_BYTES:
             raise HttpError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        self.server.waiting(self.connection)  # the body is due within the timeout
         raw = self.rfile.read(length)
+        self.server.answering(self.connection)
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
@@ -549,6 +731,17 @@ class Handler(BaseHTTPRequestHandler):
         except HoloprofError as exc:
             raise HttpError(409, str(exc))
         self._json(201, {**req, "processes": [p.key for p in procs]})
+
+
+def _known_broken(cached: _Cached, key: tuple[float, int], now: float) -> bool:
+    """The run could not be read, its files have not changed since, and that was under RECHECK_S ago
+    (a failure that the files do not show, such as too many open files, is tried again)."""
+    return (
+        cached.doc is None
+        and cached.error is not None
+        and key == cached.key
+        and now - cached.built_at < RECHECK_S
+    )
 
 
 def _unreadable(exc: BaseException) -> str:
@@ -582,14 +775,26 @@ def _manifest(run_dir: str) -> dict[str, Any]:
 # --- command line --------------------------------------------------------------------------------------
 
 
-def make_server(root: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> Server:
+def make_server(
+    root: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+    summaries: str | None = None,
+) -> Server:
+    """The dashboard server over ``root`` (not yet serving). ``summaries``: the folder where finished
+    runs' summaries are kept between servers (:mod:`holoprof.serve.summaries`); None: memory only."""
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise HoloprofError(f"{root} is not a directory; pass a run directory or a directory of runs")
-    runs = Runs(root)
+    runs = Runs(root, summaries)
     if not runs.single and not runs.paths() and not os.access(root, os.R_OK):
         raise HoloprofError(f"cannot read {root}; check its permissions")
     try:
-        return Server((host, port), runs, token or secrets.token_urlsafe(24))
+        return Server(
+            (host, port), runs, token or secrets.token_urlsafe(24), request_timeout_s, max_connections
+        )
     except OSError as exc:
         raise HoloprofError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port")
