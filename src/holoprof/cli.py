@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from holoprof._version import __version__
-from holoprof.errors import HoloprofError
+from holoprof.errors import HoloprofError, printable_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 1
     except HoloprofError as exc:
-        message = " ".join(str(exc).split())  # always one line, whatever a library put in it
+        message = printable_text(" ".join(str(exc).split()))  # always one line, whatever a library put in it
         sys.stderr.write(f"holoprof: error: {message}\n")
         return exc.exit_code
     except KeyboardInterrupt:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from holoprof.commands.run import short_report
-from holoprof.errors import HoloprofError
+from holoprof.errors import HoloprofError, printable_text
 from holoprof.present.progress import progress
 from holoprof.store.chunks import without_pandas
 from holoprof.store.import_darshan import import_darshan_log
@@ -82,10 +82,11 @@ def main(args: argparse.Namespace) -> int:
 def imported(args: argparse.Namespace, source: str, run_dir: str, notes: Sequence[str] = ()) -> int:
     """What every importer prints when it is done: the run, its notes and (unless ``--no-report``) the
     short report, as ``holoprof run`` ends."""
-    sys.stderr.write(f"holoprof: imported {source} into {run_dir}\n")
+    shown = printable_text(run_dir)
+    sys.stderr.write(f"holoprof: imported {printable_text(source)} into {shown}\n")
     for note in notes:
         sys.stderr.write(f"holoprof: {note}\n")
     if not getattr(args, "no_report", False):
         short_report(run_dir)
-    sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
+    sys.stderr.write(f"holoprof: run saved in {shown}; see it again with: holoprof report {shown}\n")
     return 0

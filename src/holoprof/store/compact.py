@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 
+from holoprof.store import safeio
 from holoprof.store.layout import ChunkDir, chunk_dirs, is_complete_parquet
 from holoprof.store.raw import discard
 
@@ -140,7 +141,7 @@ def compact_run(run_dir: str, min_parts: int = 2, max_rows: int = MAX_ROWS) -> i
     """Compact every process and table of ``run_dir`` (after the run): consecutive files below
     ``max_rows`` rows are merged into files of at most ``max_rows``; returns the files merged."""
     merged = 0
-    for cd in chunk_dirs(run_dir):
+    for cd in chunk_dirs(safeio.utf8_path(run_dir)):  # pyarrow takes UTF-8 file names only
         compacted, parts = _tidy(cd)
         if len(parts) + len(compacted) < min_parts:
             continue
@@ -157,7 +158,7 @@ def compact_live(run_dir: str, files_at: int = LIVE_FILES, max_rows: int = MAX_R
     process numbers its chunks in the order it writes them and the converter converts them in that
     order, so the files there hold every number below the last one: a merge skips none to come."""
     merged = 0
-    for cd in chunk_dirs(run_dir):
+    for cd in chunk_dirs(safeio.utf8_path(run_dir)):  # pyarrow takes UTF-8 file names only
         if cd.old or len(cd.parts) + len(cd.compacted) < files_at:
             continue
         compacted, parts = _tidy(cd, LIVE_GRACE_S)

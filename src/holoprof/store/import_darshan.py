@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import limits, rundir
+from holoprof.store import limits, rundir, safeio
 from holoprof.store.chunks import write_chunk
 
 HOST = "darshan"
@@ -185,7 +185,7 @@ def read_log(log: str) -> Any:
     import darshan  # lazy: the optional darshan extra, in the parsing child only
 
     try:
-        return darshan.DarshanReport(log, read_all=True)
+        return darshan.DarshanReport(safeio.utf8_path(log), read_all=True)  # the library takes UTF-8 names
     except Exception as exc:
         raise HoloprofError(
             f"{log} is not a readable Darshan log ({type(exc).__name__}: {exc}); pass a .darshan file "

@@ -52,7 +52,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import limits, rundir
+from holoprof.store import limits, rundir, safeio
 from holoprof.store.chunks import pyarrow_without_pandas, write_chunk
 from holoprof.store.compact import compact_run
 from holoprof.store.import_darshan import remove_failed_run
@@ -474,9 +474,9 @@ def import_torch_trace(
     existed = os.path.isdir(target)
     run_dir = rundir.create_run_dir(target)
     try:
+        at = safeio.utf8_path(run_dir)  # where pyarrow and DuckDB write and read its chunks
         tasks = [
-            (run_dir, f, head, idx, len(files))
-            for idx, (f, head) in enumerate(zip(files, heads, strict=True))
+            (at, f, head, idx, len(files)) for idx, (f, head) in enumerate(zip(files, heads, strict=True))
         ]
         t_min, t_max, breakdowns = _totals(_import_files(tasks, files, jobs, bar), path)
         compact_run(run_dir)

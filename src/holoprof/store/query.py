@@ -35,7 +35,7 @@ def query(run: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     kind = str(stmt.type).rsplit(".", 1)[-1].upper()
     if kind not in _READ_ONLY:
         raise HoloprofError(f"only queries are run here, not {kind}; `holoprof query` is read-only")
-    allowed = [run.path.rstrip("/") + "/", run.temp_dir.rstrip("/") + "/"]
+    allowed = [run.root.rstrip("/") + "/", run.temp_dir.rstrip("/") + "/"]
     con.execute("SET allowed_directories = ?", [allowed])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")

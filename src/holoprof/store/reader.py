@@ -20,8 +20,8 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from holoprof import model
-from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import convert, layout, rundir
+from holoprof.errors import HoloprofError, MissingExtraError, printable_text
+from holoprof.store import convert, layout, rundir, safeio
 from holoprof.store.pack import open_run
 
 T = TypeVar("T")
@@ -85,11 +85,13 @@ class Run:
         except ImportError:  # pragma: no cover - duckdb is a core dependency
             raise MissingExtraError("loading a run", "duckdb", "duckdb")
         self.path = path
+        #: where the chunks are read: ``path``, or a UTF-8 alias of it (:func:`safeio.utf8_path`)
+        self.root = safeio.utf8_path(path)
         self.manifest = manifest
         self.chunks = chunks
         self.warnings: list[str] = []
         if chunks.bad:
-            rel = [os.path.relpath(p, path) for p in chunks.bad]
+            rel = [self.relpath(p) for p in chunks.bad]
             self.warnings.append(
                 f"skipped {len(rel)} unreadable chunk(s) (truncated: the process was probably killed while "
                 f"writing): {', '.join(rel[:5])}{' ...' if len(rel) > 5 else ''}"
@@ -190,12 +192,14 @@ class Run:
             if why and not os.path.exists(f):
                 continue  # merged away by a live compaction since it was listed: its rows are in another
             if why:
-                self.warnings.append(
-                    f"skipped the corrupt chunk {os.path.relpath(f, self.path)} ({'; '.join(why)[:200]})"
-                )
+                self.warnings.append(f"skipped the corrupt chunk {self.relpath(f)} ({'; '.join(why)[:200]})")
             else:
                 good.append(f)
         return good
+
+    def relpath(self, path: str) -> str:
+        """A chunk's path relative to the run, as text to show."""
+        return printable_text(os.path.relpath(path, self.root))
 
     def _infer_status(self) -> str:
         status = str(self.manifest.get("status", "running"))

@@ -11,7 +11,8 @@ from typing import Any
 
 from holoprof import model
 from holoprof._version import __version__
-from holoprof.errors import HoloprofError
+from holoprof.errors import HoloprofError, printable_text
+from holoprof.store import safeio
 from holoprof.store.raw import discard
 
 DEFAULT_RUNS_DIR = "holoprof-runs"
@@ -54,7 +55,8 @@ def create_run_dir(path: str) -> str:
         os.remove(probe)
     except OSError as exc:
         raise HoloprofError(
-            f"cannot create the run directory {path} ({exc.strerror or exc}); choose a writable place with --out"
+            f"cannot create the run directory {printable_text(path)} ({exc.strerror or exc}); choose a "
+            "writable place with --out"
         )
     return path
 
