@@ -145,6 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, MemoryError) or is_out_of_memory(exc):
             sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
             return 2
+        if isinstance(exc, RecursionError):  # JSON nested past every reader's depth limit
+            sys.stderr.write(
+                "holoprof: error: an input nests too deeply to be read (RecursionError); the file is "
+                "damaged or built to exhaust the parser — check the files the command was given\n"
+            )
+            return 2
         chunk = _corrupt_chunk(exc, args if "args" in locals() else None)
         if chunk is None:
             raise

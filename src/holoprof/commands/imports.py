@@ -12,7 +12,7 @@ from holoprof.errors import HoloprofError, printable_text
 from holoprof.present.progress import progress
 from holoprof.store.chunks import without_pandas
 from holoprof.store.import_darshan import import_darshan_log
-from holoprof.store.import_torch_trace import import_torch_trace, temporal_breakdown
+from holoprof.store.import_torch_trace import import_torch_trace, skipped_files, temporal_breakdown
 
 
 def _darshan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +43,7 @@ def _torch_trace(args: argparse.Namespace) -> int:
             f"non-compute {b['non_compute_fraction']:.1%}"
             for b in temporal_breakdown(run_dir)
         ]
+        notes += [f"skipped {name}" for name in skipped_files(run_dir)]
         return imported(args, args.path, run_dir, notes)
 
 

@@ -37,7 +37,8 @@ LIVE_GRACE_S = 10.0
 def _rows(path: str) -> int:
     import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
-    return int(pq.ParquetFile(path).metadata.num_rows)
+    with safeio.open_regular(path) as f:  # a FIFO or a device among the chunks is skipped, never waited on
+        return int(pq.ParquetFile(f).metadata.num_rows)
 
 
 def _groups(files: list[tuple[int, int, str]], max_rows: int) -> list[list[tuple[int, int, str]]]:
@@ -70,7 +71,8 @@ def _merge(cd: ChunkDir, group: list[tuple[int, int, str]], grace_s: float = 0.0
     tables = []
     for _, _, p in group:
         try:
-            tables.append(pq.read_table(p))
+            with safeio.open_regular(p) as f:
+                tables.append(pq.read_table(f))
         except Exception:
             continue
     if not tables:

@@ -59,11 +59,13 @@ def _check_path(log: str) -> str:
     if not os.path.isfile(path):
         raise HoloprofError(f"{log} is not a file; pass a Darshan log file (.darshan)")
     try:
-        with open(path, "rb") as f:
+        with safeio.open_regular(path) as f:
             f.read(1)
+            size = os.fstat(f.fileno()).st_size
+    except safeio.NotRegularFile:
+        raise HoloprofError(f"{log} is not a file; pass a Darshan log file (.darshan)")
     except OSError as exc:
         raise HoloprofError(f"cannot read {log} ({exc.strerror or exc}); check its permissions")
-    size = os.path.getsize(path)
     if size > limits.value(limits.INPUT_BYTES):
         raise limits.exceeded(log, f"a log of {size:,} bytes", limits.INPUT_BYTES)
     return path

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from holoprof import model
 from holoprof.errors import HoloprofError
-from holoprof.store import limits, rundir
+from holoprof.store import limits, rundir, safeio
 from holoprof.store.compact import compact_run
 from holoprof.store.convert import find_chunks
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from holoprof.progress import Bar
 
 PACK_SUFFIX = ".holoprof"
-MAX_MANIFEST_BYTES = 16 * 2**20
+MAX_MANIFEST_BYTES = rundir.MAX_MANIFEST_BYTES
 _TEMP_DIRS: list[str] = []
 
 
@@ -115,10 +115,12 @@ def _root(name: str) -> str:
 
 
 def _is_tar(p: str) -> bool:
-    """``tarfile.is_tarfile``, False for a compressed stream that is cut short or damaged."""
+    """``tarfile.is_tarfile`` of a regular file, False for a compressed stream that is cut short or
+    damaged (and for a FIFO or a device, which are not read)."""
     try:
-        return tarfile.is_tarfile(p)
-    except (EOFError, zlib.error, lzma.LZMAError, ValueError):
+        with safeio.open_regular(p) as f:
+            return tarfile.is_tarfile(f)
+    except (EOFError, zlib.error, lzma.LZMAError, ValueError, OSError):
         return False
 
 
@@ -172,7 +174,7 @@ def unpack(pack: str | os.PathLike[str], dest: str) -> str:
     """Extract ``pack`` into the directory ``dest`` (checked member by member); returns the run dir."""
     p = os.fspath(pack)
     try:
-        with tarfile.open(p, "r:*") as tar:
+        with safeio.open_regular(p) as f, tarfile.open(fileobj=f, mode="r:*") as tar:
             members = _members(tar, p)
             roots = {_root(m.name) for m in members} - {""}
             for m in members:

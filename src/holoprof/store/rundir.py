@@ -16,6 +16,8 @@ from holoprof.store import safeio
 from holoprof.store.raw import discard
 
 DEFAULT_RUNS_DIR = "holoprof-runs"
+#: a manifest is a few KiB; a larger one is refused (it is not one holoprof wrote)
+MAX_MANIFEST_BYTES = 16 * 2**20
 
 
 def default_run_dir(name: str, base: str = DEFAULT_RUNS_DIR) -> str:
@@ -151,11 +153,15 @@ def read_manifest(run_dir: str) -> dict[str, Any]:
             "(runs are under ./holoprof-runs)"
         )
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = safeio.read_json(path, MAX_MANIFEST_BYTES)
     except ValueError as exc:
         raise HoloprofError(
             f"{path} is corrupted ({exc}); restore it from a copy — the recorded data in {run_dir} is untouched"
+        )
+    except (safeio.NotRegularFile, safeio.FileTooLarge) as exc:
+        raise HoloprofError(
+            f"{path} is not a manifest ({exc.strerror}); restore it from a copy — the recorded data in "
+            f"{run_dir} is untouched"
         )
     except OSError as exc:
         raise HoloprofError(f"cannot read {path} ({exc.strerror or exc}); check its permissions")
