@@ -212,7 +212,7 @@ def run(
     options = dict(options or {})
     argv = resolve_command(command)
     name = name or run_name(argv)
-    run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
+    run_dir = rundir.make_run_dir(out, name)
     manifest = rundir.new_manifest(list(command), name, options)
     try:
         rundir.write_manifest(run_dir, manifest, reserve=rundir.MANIFEST_RESERVE_BYTES)

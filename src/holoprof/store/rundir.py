@@ -31,26 +31,33 @@ def default_run_dir(name: str, base: str = DEFAULT_RUNS_DIR) -> str:
     return path
 
 
+class RunExistsError(HoloprofError):
+    """The run directory is taken: it holds files, or another launcher claimed it first."""
+
+
 def create_run_dir(path: str) -> str:
-    """Create ``path`` as a private run directory; refuse one that exists and is not empty."""
+    """Create ``path`` as a private run directory and claim it: the launcher that creates its
+    ``control/`` folder (``mkdir``, atomic) owns the run, so of two launchers given the same directory
+    at once exactly one goes on. Refuses a directory that exists and is not empty, or that another
+    launcher claims first (:class:`RunExistsError`)."""
     path = os.path.abspath(path)
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise HoloprofError(
-                f"--out {path} exists and is not a directory; choose a new directory for the run"
-            )
-        if os.listdir(path):
-            raise HoloprofError(
-                f"--out {path} already exists and is not empty; choose a new directory (or leave out --out "
-                "to get a fresh one under ./holoprof-runs)"
-            )
-    parent = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise HoloprofError(
+            f"--out {printable_text(path)} exists and is not a directory; choose a new directory for the run"
+        )
     try:
-        os.makedirs(parent, exist_ok=True)
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:  # an empty directory made beforehand is taken as it is
+            if not os.path.isdir(path) or os.listdir(path):
+                raise _taken(path)
         os.chmod(path, 0o700)
-        for sub in (model.CONTROL_DIR, model.ARTIFACTS_DIR):
-            os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(os.path.join(path, model.CONTROL_DIR), 0o700)
+        except FileExistsError:
+            raise _taken(path)
+        os.makedirs(os.path.join(path, model.ARTIFACTS_DIR), mode=0o700, exist_ok=True)
         probe = os.path.join(path, ".write-test")
         with open(probe, "w") as f:
             f.write("ok")
@@ -61,6 +68,28 @@ def create_run_dir(path: str) -> str:
             "writable place with --out"
         )
     return path
+
+
+def _taken(path: str) -> RunExistsError:
+    """The refusal of a run directory that is taken (the one place that decides it)."""
+    return RunExistsError(
+        f"--out {printable_text(path)} already exists and is not empty (or another holoprof run "
+        "started in it just now); choose a new directory (or leave out --out to get a fresh one under "
+        "./holoprof-runs)"
+    )
+
+
+def make_run_dir(out: str | None, name: str) -> str:
+    """:func:`create_run_dir` of ``out``, or of a fresh folder under ./holoprof-runs named after the
+    time and ``name`` (the next free name when another launcher takes one at the same moment)."""
+    if out:
+        return create_run_dir(out)
+    for _ in range(100):
+        try:
+            return create_run_dir(default_run_dir(name))
+        except RunExistsError:
+            continue
+    return create_run_dir(default_run_dir(name))
 
 
 #: Room kept at the end of the manifest written at the start of a run (trailing whitespace, which
