@@ -39,8 +39,8 @@ from holoprof.analyze.report import build_report
 from holoprof.errors import HoloprofError
 from holoprof.present.prometheus import CONTENT_TYPE, prometheus_text
 from holoprof.serve import ctl
-from holoprof.store import layout, mailbox, rundir
-from holoprof.store.reader import load, process_alive
+from holoprof.store import layout, mailbox, rundir, safeio
+from holoprof.store.reader import load, process_alive, skip_corrupt
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 COOKIE = "holoprof_token"
@@ -205,14 +205,7 @@ class Runs:
                 return cached.doc
             started = time.monotonic()
             try:
-                run = load(path)
-                try:
-                    doc = build_report(run)
-                finally:
-                    try:
-                        run.con.close()
-                    except Exception:
-                        pass
+                doc = skip_corrupt(lambda: _build(path), [path])  # a corrupt chunk is skipped, with a warning
             except Exception as exc:  # a broken run must not take the other runs' pages down
                 message = str(exc) if isinstance(exc, HoloprofError) else _unreadable(exc)
                 cached.error, cached.doc, cached.built_at = message, None, time.monotonic()
@@ -220,6 +213,18 @@ class Runs:
             cached.key, cached.built_at, cached.doc, cached.error = key, time.monotonic(), doc, None
             cached.build_s = cached.built_at - started
             return doc
+
+
+def _build(path: str) -> dict[str, Any]:
+    """The report of the run ``path``."""
+    run = load(path)
+    try:
+        return build_report(run)
+    finally:
+        try:
+            run.con.close()
+        except Exception:
+            pass
 
 
 # --- static files ---------------------------------------------------------------------------------------
@@ -572,8 +577,7 @@ def _finite(doc: Any) -> Any:
 
 def _manifest(run_dir: str) -> dict[str, Any]:
     try:
-        with open(os.path.join(run_dir, model.MANIFEST)) as f:
-            m = json.load(f)
+        m = safeio.read_json(os.path.join(run_dir, model.MANIFEST), rundir.MAX_MANIFEST_BYTES)
         return m if isinstance(m, dict) else {}
     except (OSError, ValueError):
         return {}

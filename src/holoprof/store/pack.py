@@ -204,9 +204,14 @@ def unpack(pack: str | os.PathLike[str], dest: str) -> str:
     )
 
 
+#: packs unpacked by this process: (path, size, mtime) -> the run directory (a pack opened again, as
+#: when a command reads it once more without a corrupt chunk, is not unpacked again)
+_UNPACKED: dict[tuple[str, int, int], str] = {}
+
+
 def open_run(path: str | os.PathLike[str]) -> str:
     """A run directory for ``path``: the directory itself, or a pack unpacked into a private
-    temporary directory (0700, removed at exit)."""
+    temporary directory (0700, removed at exit; once per process)."""
     p = os.path.abspath(os.fspath(path))
     if not os.path.isfile(p):
         return p
@@ -215,13 +220,18 @@ def open_run(path: str | os.PathLike[str]) -> str:
             f"{p} is a file but not a holoprof pack; pass a run directory or a .holoprof file made by "
             "`holoprof pack RUN`"
         )
+    st = os.stat(p)
+    key = (p, st.st_size, st.st_mtime_ns)
+    if key in _UNPACKED and os.path.isdir(_UNPACKED[key]):
+        return _UNPACKED[key]
     dest = tempfile.mkdtemp(prefix="holoprof-pack-")
     os.chmod(dest, 0o700)
     _TEMP_DIRS.append(dest)
     try:
-        return unpack(p, dest)
+        _UNPACKED[key] = unpack(p, dest)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         if dest in _TEMP_DIRS:
             _TEMP_DIRS.remove(dest)
         raise
+    return _UNPACKED[key]

@@ -14,7 +14,7 @@ from typing import Any
 
 from holoprof import model
 from holoprof.errors import HoloprofError
-from holoprof.store.reader import VIEWS
+from holoprof.store.reader import VIEWS, corrupt_chunks, is_corrupt_data
 
 #: statement types DuckDB may run here (anything else is refused before it runs)
 _READ_ONLY = ("SELECT", "EXPLAIN")
@@ -42,6 +42,8 @@ def query(run: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     try:
         cur = con.execute(sql)
     except duckdb.Error as exc:
+        if is_corrupt_data(exc) and corrupt_chunks(run.path):
+            raise  # a chunk whose data does not decode: the command reads the run again without it
         raise HoloprofError(f"the query failed ({_first_line(exc)}); the tables and views: {_names(run)}")
     return [d[0] for d in cur.description or []], cur.fetchall()
 
