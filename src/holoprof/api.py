@@ -37,7 +37,7 @@ def start(out: str | None = None, name: str | None = None, sample_interval_s: fl
 
     script = os.path.splitext(os.path.basename(sys.argv[0] or "python"))[0] or "python"
     name = name or script
-    run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
+    run_dir = rundir.make_run_dir(out, name)
     options: dict[str, Any] = {"sample_interval_s": sample_interval_s}
     manifest = rundir.new_manifest(list(sys.argv), name, options)
     rundir.write_manifest(run_dir, manifest, reserve=rundir.MANIFEST_RESERVE_BYTES)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from holoprof._version import __version__
-from holoprof.errors import HoloprofError
+from holoprof.errors import HoloprofError, printable_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,21 +89,40 @@ def _out_of_memory() -> str:
     )
 
 
+#: the commands that only read runs: run again without a chunk whose data turns out not to decode
+_READ_ONLY = frozenset({"report", "export", "diff", "whatif", "query"})
+
+
+def _runs_of(args: argparse.Namespace | None) -> list[str]:
+    """The runs a command was given."""
+    return [getattr(args, a) for a in ("run", "run_a", "run_b") if isinstance(getattr(args, a, None), str)]
+
+
+def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``func(args)``; a command that only reads runs and fails on a chunk whose data does not decode
+    runs again without it (the report's warnings say which were skipped)."""
+    try:
+        return int(func(args) or 0)
+    except Exception as exc:
+        if getattr(args, "cmd", None) not in _READ_ONLY:
+            raise
+        from holoprof.store.reader import skip_corrupt  # lazy: DuckDB, only when a command failed on it
+
+        return skip_corrupt(lambda: int(func(args) or 0), _runs_of(args), failed=exc)
+
+
 def _corrupt_chunk(exc: BaseException, args: argparse.Namespace | None) -> str | None:
     """The one line for a chunk whose pages cannot be decoded (its footer read fine when the run was
     loaded), or None when ``exc`` is not DuckDB failing to read data."""
-    if type(exc).__module__.split(".")[0] not in ("duckdb", "_duckdb") or type(exc).__name__ not in (
-        "Error",
-        "IOException",
-        "InvalidInputException",
-        "SerializationException",
-    ):
-        return None
-    from holoprof.store.reader import corrupt_chunks  # lazy: DuckDB, only when a command failed on it
+    from holoprof.store.reader import (  # lazy: DuckDB, only when a command failed
+        corrupt_chunks,
+        is_corrupt_data,
+    )
 
+    if not is_corrupt_data(exc):
+        return None
     text = " ".join(str(exc).split())[:160]
-    runs = [getattr(args, a) for a in ("run", "run_a", "run_b") if isinstance(getattr(args, a, None), str)]
-    bad = [f for r in runs for f in corrupt_chunks(r)]
+    bad = [f for r in _runs_of(args) for f in corrupt_chunks(r)]
     if not bad:
         return None
     more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
@@ -118,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if func is None:
             parser.print_help()
             return 2
-        rc = int(func(args) or 0)
+        rc = _run_command(func, args)
         sys.stdout.flush()  # a reader that went away shows here, not at exit
         return rc
     except BrokenPipeError:
@@ -132,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 1
     except HoloprofError as exc:
-        message = " ".join(str(exc).split())  # always one line, whatever a library put in it
+        message = printable_text(" ".join(str(exc).split()))  # always one line, whatever a library put in it
         sys.stderr.write(f"holoprof: error: {message}\n")
         return exc.exit_code
     except KeyboardInterrupt:
@@ -144,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if isinstance(exc, MemoryError) or is_out_of_memory(exc):
             sys.stderr.write(f"holoprof: error: {_out_of_memory()}\n")
+            return 2
+        if isinstance(exc, RecursionError):  # JSON nested past every reader's depth limit
+            sys.stderr.write(
+                "holoprof: error: an input nests too deeply to be read (RecursionError); the file is "
+                "damaged or built to exhaust the parser — check the files the command was given\n"
+            )
             return 2
         chunk = _corrupt_chunk(exc, args if "args" in locals() else None)
         if chunk is None:

@@ -26,7 +26,6 @@ Findings:
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from typing import Any
 from holoprof import model
 from holoprof.analyze.engine import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
-from holoprof.store import native_dumps
+from holoprof.store import native_dumps, safeio
 from holoprof.store.reader import Run
 
 NS = 1e9
@@ -384,8 +383,7 @@ def _iobench_reference(run: Run) -> tuple[float, str] | None:
     best: tuple[float, str] | None = None
     for path in glob.glob(os.path.join(run.path, model.ARTIFACTS_DIR, "iobench*.json")):
         try:
-            with open(path) as f:
-                doc = json.load(f)
+            doc = safeio.read_json(path, 16 * 2**20)  # a result of iobench --json: a few KiB
         except (OSError, ValueError):
             continue
 

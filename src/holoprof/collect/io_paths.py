@@ -23,6 +23,11 @@ def _norm_prefix(p: str) -> str:
     return p.rstrip("/") or "/"
 
 
+def _key_text(p: str) -> str:
+    """An absolute path in the text form of :func:`path_key`."""
+    return p if p.isascii() else os.fsencode(p).decode("utf-8", "backslashreplace")
+
+
 def _under(path: str, prefixes: tuple[str, ...]) -> bool:
     return any(path == p or path.startswith(p if p.endswith("/") else p + "/") for p in prefixes)
 
@@ -92,9 +97,10 @@ class PathPolicy:
     def __init__(
         self, include: list[str] | None = None, exclude: list[str] | None = None, run_dir: str | None = None
     ) -> None:
-        self.include = tuple(_norm_prefix(p) for p in include or [])
-        self.exclude = tuple(_norm_prefix(p) for p in exclude or [])
-        self.defaults = tuple(default_excludes(run_dir))
+        # compared with paths as :func:`path_key` writes them (bytes that are not UTF-8 as \xNN)
+        self.include = tuple(_key_text(_norm_prefix(p)) for p in include or [])
+        self.exclude = tuple(_key_text(_norm_prefix(p)) for p in exclude or [])
+        self.defaults = tuple(_key_text(p) for p in default_excludes(run_dir))
         self._cache: dict[str, bool] = {}
 
     def keep(self, path: str) -> bool:

@@ -8,11 +8,11 @@ import sys
 from collections.abc import Callable, Sequence
 
 from holoprof.commands.run import short_report
-from holoprof.errors import HoloprofError
+from holoprof.errors import HoloprofError, printable_text
 from holoprof.present.progress import progress
 from holoprof.store.chunks import without_pandas
 from holoprof.store.import_darshan import import_darshan_log
-from holoprof.store.import_torch_trace import import_torch_trace, temporal_breakdown
+from holoprof.store.import_torch_trace import import_torch_trace, skipped_files, temporal_breakdown
 
 
 def _darshan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +43,7 @@ def _torch_trace(args: argparse.Namespace) -> int:
             f"non-compute {b['non_compute_fraction']:.1%}"
             for b in temporal_breakdown(run_dir)
         ]
+        notes += [f"skipped {name}" for name in skipped_files(run_dir)]
         return imported(args, args.path, run_dir, notes)
 
 
@@ -82,10 +83,11 @@ def main(args: argparse.Namespace) -> int:
 def imported(args: argparse.Namespace, source: str, run_dir: str, notes: Sequence[str] = ()) -> int:
     """What every importer prints when it is done: the run, its notes and (unless ``--no-report``) the
     short report, as ``holoprof run`` ends."""
-    sys.stderr.write(f"holoprof: imported {source} into {run_dir}\n")
+    shown = printable_text(run_dir)
+    sys.stderr.write(f"holoprof: imported {printable_text(source)} into {shown}\n")
     for note in notes:
         sys.stderr.write(f"holoprof: {note}\n")
     if not getattr(args, "no_report", False):
         short_report(run_dir)
-    sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
+    sys.stderr.write(f"holoprof: run saved in {shown}; see it again with: holoprof report {shown}\n")
     return 0

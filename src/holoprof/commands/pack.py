@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from holoprof.errors import printable_text
 from holoprof.present.progress import progress
 from holoprof.store.pack import PACK_SUFFIX, pack_run
 
@@ -23,5 +24,7 @@ def main(args: argparse.Namespace) -> int:
     with progress("packing") as bar:
         path = pack_run(src, out, bar)
     size = os.path.getsize(path)
-    sys.stderr.write(f"holoprof: packed {src} into {path} ({size / 1e6:.1f} MB)\n")
+    sys.stderr.write(
+        f"holoprof: packed {printable_text(src)} into {printable_text(path)} ({size / 1e6:.1f} MB)\n"
+    )
     return 0

@@ -70,10 +70,11 @@ def short_report(run_dir: str) -> None:
         # lazy: DuckDB and the analyses load once the job has ended, not while the launcher starts it
         from holoprof.analyze.report import build_report
         from holoprof.present.terminal import render  # lazy: with the report, after the job
-        from holoprof.store.reader import load  # lazy: DuckDB, after the job
+        from holoprof.store.reader import load, skip_corrupt  # lazy: DuckDB, after the job
 
+        doc = skip_corrupt(lambda: build_report(load(run_dir)), [run_dir])
         sys.stdout.flush()
-        render(build_report(load(run_dir)), short=True, file=sys.stdout)
+        render(doc, short=True, file=sys.stdout)
     except Exception as exc:
         sys.stderr.write(f"holoprof: could not build the report ({type(exc).__name__}: {exc})\n")
 

@@ -30,7 +30,7 @@ from holoprof.agent.core import Agent
 from holoprof.collect import io_native
 from holoprof.collect.io_paths import PathPolicy, default_excludes
 from holoprof.collect.system import SystemSampler
-from holoprof.errors import HoloprofError
+from holoprof.errors import HoloprofError, printable_text
 from holoprof.store import native_dumps, rundir
 from holoprof.store.chunks import write_chunk
 from holoprof.store.compact import compact_run
@@ -212,7 +212,7 @@ def run(
     options = dict(options or {})
     argv = resolve_command(command)
     name = name or run_name(argv)
-    run_dir = rundir.create_run_dir(out or rundir.default_run_dir(name))
+    run_dir = rundir.make_run_dir(out, name)
     manifest = rundir.new_manifest(list(command), name, options)
     try:
         rundir.write_manifest(run_dir, manifest, reserve=rundir.MANIFEST_RESERVE_BYTES)
@@ -221,7 +221,7 @@ def run(
             f"cannot write to the run directory {run_dir} ({exc.strerror or exc}); choose a writable "
             "place with --out"
         )
-    sys.stderr.write(f"holoprof: tracing into {run_dir}\n")
+    sys.stderr.write(f"holoprof: tracing into {printable_text(run_dir)}\n")
     sys.stderr.flush()
 
     rc, storage = _supervise(argv, run_dir, options)
@@ -261,7 +261,8 @@ def run(
             report(run_dir)
         except Exception as exc:
             sys.stderr.write(f"holoprof: could not print the report ({type(exc).__name__}: {exc})\n")
-    sys.stderr.write(f"holoprof: run saved in {run_dir}; see it again with: holoprof report {run_dir}\n")
+    shown = printable_text(run_dir)
+    sys.stderr.write(f"holoprof: run saved in {shown}; see it again with: holoprof report {shown}\n")
     return rc
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from holoprof.present.terminal import PHASE_COLORS, SEVERITY_COLORS, fmt_bytes, fmt_s, make_console
+from holoprof.present.text import printable
 
 
 def _change(c: float | None, higher_is_worse: bool = True) -> Text:
@@ -117,6 +118,7 @@ def _findings(d: dict[str, Any]) -> Table | Text:
 
 
 def render_diff(d: dict[str, Any], file: IO[str] | None = None, width: int | None = None) -> None:
+    d = printable(d)
     console = make_console(file, width)
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")

@@ -21,6 +21,7 @@ from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present.summary import at_most, more_label, top_rows, total, tree_parent
 from holoprof.present.terminal import fmt_phase_per_step
+from holoprof.present.text import printable
 
 PHASE_COLORS = {
     "data_wait": "#d62728",
@@ -706,6 +707,7 @@ def _notes(doc: dict[str, Any]) -> str:
 
 def render_html(doc: dict[str, Any]) -> str:
     """The whole report as one HTML document (a string)."""
+    doc = printable(doc)
     run = doc.get("run", {})
     title = f"holoprof — {run.get('name') or os.path.basename(str(run.get('dir', 'run')))}"
     body = "".join(

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from holoprof.analyze.findings import gain_label
+from holoprof.present.text import printable
 
 PHASE_COLORS = {
     "data_wait": "red",
@@ -383,6 +384,7 @@ def _section_group(target: str, doc: dict[str, Any]) -> Any:
 def render(
     doc: dict[str, Any], short: bool = False, file: IO[str] | None = None, width: int | None = None
 ) -> None:
+    doc = printable(doc)
     console = make_console(file, width)
     inner = max(20, console.width - 4)  # inside the panel's borders and padding
     parts: list[Any] = [_header(doc), Text("")]

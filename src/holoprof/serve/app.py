@@ -50,8 +50,8 @@ from holoprof.present.prometheus import CONTENT_TYPE, render
 from holoprof.serve import ctl
 from holoprof.serve.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, WRITE_CHUNK, LimitedServer
 from holoprof.serve.summaries import Store, summarize
-from holoprof.store import layout, mailbox, rundir
-from holoprof.store.reader import load, process_alive
+from holoprof.store import layout, mailbox, rundir, safeio
+from holoprof.store.reader import load, process_alive, skip_corrupt
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 COOKIE = "holoprof_token"
@@ -251,14 +251,7 @@ class Runs:
             raise HttpError(409, cached.error or "")  # not changed since it failed: no use reading it yet
         started = time.monotonic()
         try:
-            run = load(path)
-            try:
-                doc = build_report(run)
-            finally:
-                try:
-                    run.con.close()
-                except Exception:
-                    pass
+            doc = skip_corrupt(lambda: _build(path), [path])  # a corrupt chunk is skipped, with a warning
         except Exception as exc:  # a broken run must not take the other runs' pages down
             message = str(exc) if isinstance(exc, HoloprofError) else _unreadable(exc)
             cached.error, cached.doc, cached.built_at, cached.key = message, None, time.monotonic(), key
@@ -384,6 +377,18 @@ class Runs:
                 with self._cond:
                     self._building = None
                     self._cond.notify_all()
+
+
+def _build(path: str) -> dict[str, Any]:
+    """The report of the run ``path``."""
+    run = load(path)
+    try:
+        return build_report(run)
+    finally:
+        try:
+            run.con.close()
+        except Exception:
+            pass
 
 
 # --- static files ---------------------------------------------------------------------------------------
@@ -765,8 +770,7 @@ def _finite(doc: Any) -> Any:
 
 def _manifest(run_dir: str) -> dict[str, Any]:
     try:
-        with open(os.path.join(run_dir, model.MANIFEST)) as f:
-            m = json.load(f)
+        m = safeio.read_json(os.path.join(run_dir, model.MANIFEST), rundir.MAX_MANIFEST_BYTES)
         return m if isinstance(m, dict) else {}
     except (OSError, ValueError):
         return {}

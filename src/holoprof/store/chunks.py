@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from holoprof import model
-from holoprof.store import layout
+from holoprof.errors import printable_text
+from holoprof.store import layout, safeio
 from holoprof.store.raw import discard
 
 _counter = itertools.count()
@@ -87,6 +88,7 @@ def write_chunk(
     """
     import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
+    run_dir = safeio.utf8_path(run_dir)  # pyarrow takes UTF-8 file names only
     schema = model.arrow_schema(table)
     unknown = set(columns) - set(schema.names)
     if unknown:
@@ -104,7 +106,7 @@ def write_chunk(
         if values is None:
             arrays.append(pa.nulls(n, type=f.type))
         else:
-            arrays.append(pa.array(values, type=f.type))
+            arrays.append(_array(pa, values, f.type))
     tbl = pa.Table.from_arrays(arrays, schema=schema)
     if seq is None:
         with _lock:
@@ -129,6 +131,15 @@ def write_chunk(
     # milliseconds of pyarrow, which releases the GIL while it writes, so they go on several threads
     with ThreadPoolExecutor(max_workers=min(_MAX_WRITERS, os.cpu_count() or 1)) as pool:
         return list(pool.map(lambda kv: write(*kv), parts))
+
+
+def _array(pa: Any, values: Sequence[Any], type_: Any) -> Any:
+    """``values`` as an Arrow array of ``type_``; strings holding bytes that are not UTF-8 (surrogate
+    escapes: a path the job used) are stored with those bytes as ``\\xNN``, as the I/O layers do."""
+    try:
+        return pa.array(values, type=type_)
+    except UnicodeEncodeError:
+        return pa.array([printable_text(v) if isinstance(v, str) else v for v in values], type=type_)
 
 
 #: parts written by one call from which they are written on several threads, and at most how many

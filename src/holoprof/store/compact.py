@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 
+from holoprof.store import safeio
 from holoprof.store.layout import ChunkDir, chunk_dirs, is_complete_parquet
 from holoprof.store.raw import discard
 
@@ -36,7 +37,8 @@ LIVE_GRACE_S = 10.0
 def _rows(path: str) -> int:
     import pyarrow.parquet as pq  # lazy: pyarrow loads only where chunks are written or read, not with the module
 
-    return int(pq.ParquetFile(path).metadata.num_rows)
+    with safeio.open_regular(path) as f:  # a FIFO or a device among the chunks is skipped, never waited on
+        return int(pq.ParquetFile(f).metadata.num_rows)
 
 
 def _groups(files: list[tuple[int, int, str]], max_rows: int) -> list[list[tuple[int, int, str]]]:
@@ -69,7 +71,8 @@ def _merge(cd: ChunkDir, group: list[tuple[int, int, str]], grace_s: float = 0.0
     tables = []
     for _, _, p in group:
         try:
-            tables.append(pq.read_table(p))
+            with safeio.open_regular(p) as f:
+                tables.append(pq.read_table(f))
         except Exception:
             continue
     if not tables:
@@ -140,7 +143,7 @@ def compact_run(run_dir: str, min_parts: int = 2, max_rows: int = MAX_ROWS) -> i
     """Compact every process and table of ``run_dir`` (after the run): consecutive files below
     ``max_rows`` rows are merged into files of at most ``max_rows``; returns the files merged."""
     merged = 0
-    for cd in chunk_dirs(run_dir):
+    for cd in chunk_dirs(safeio.utf8_path(run_dir)):  # pyarrow takes UTF-8 file names only
         compacted, parts = _tidy(cd)
         if len(parts) + len(compacted) < min_parts:
             continue
@@ -157,7 +160,7 @@ def compact_live(run_dir: str, files_at: int = LIVE_FILES, max_rows: int = MAX_R
     process numbers its chunks in the order it writes them and the converter converts them in that
     order, so the files there hold every number below the last one: a merge skips none to come."""
     merged = 0
-    for cd in chunk_dirs(run_dir):
+    for cd in chunk_dirs(safeio.utf8_path(run_dir)):  # pyarrow takes UTF-8 file names only
         if cd.old or len(cd.parts) + len(cd.compacted) < files_at:
             continue
         compacted, parts = _tidy(cd, LIVE_GRACE_S)

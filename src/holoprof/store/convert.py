@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from holoprof import model
+from holoprof.store import safeio
 from holoprof.store.chunks import write_chunk
 from holoprof.store.compact import compact_live
 from holoprof.store.layout import (
@@ -175,7 +176,9 @@ def remove_empty_staging(run_dir: str) -> None:
 
 def find_chunks(run_dir: str, convert: bool = True) -> Chunks:
     """The readable chunks of a run, after converting raw chunks left behind (when writable and
-    ``convert``: not while the run's own converter is at work)."""
+    ``convert``: not while the run's own converter is at work). Their paths are under
+    :func:`safeio.utf8_path` of ``run_dir``, which DuckDB and pyarrow can open."""
+    run_dir = safeio.utf8_path(run_dir)
     out = Chunks()
     for folder in process_folders(run_dir) if convert else []:
         try:

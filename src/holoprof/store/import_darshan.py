@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import limits, rundir
+from holoprof.store import limits, rundir, safeio
 from holoprof.store.chunks import write_chunk
 
 HOST = "darshan"
@@ -59,11 +59,13 @@ def _check_path(log: str) -> str:
     if not os.path.isfile(path):
         raise HoloprofError(f"{log} is not a file; pass a Darshan log file (.darshan)")
     try:
-        with open(path, "rb") as f:
+        with safeio.open_regular(path) as f:
             f.read(1)
+            size = os.fstat(f.fileno()).st_size
+    except safeio.NotRegularFile:
+        raise HoloprofError(f"{log} is not a file; pass a Darshan log file (.darshan)")
     except OSError as exc:
         raise HoloprofError(f"cannot read {log} ({exc.strerror or exc}); check its permissions")
-    size = os.path.getsize(path)
     if size > limits.value(limits.INPUT_BYTES):
         raise limits.exceeded(log, f"a log of {size:,} bytes", limits.INPUT_BYTES)
     return path
@@ -185,7 +187,7 @@ def read_log(log: str) -> Any:
     import darshan  # lazy: the optional darshan extra, in the parsing child only
 
     try:
-        return darshan.DarshanReport(log, read_all=True)
+        return darshan.DarshanReport(safeio.utf8_path(log), read_all=True)  # the library takes UTF-8 names
     except Exception as exc:
         raise HoloprofError(
             f"{log} is not a readable Darshan log ({type(exc).__name__}: {exc}); pass a .darshan file "

@@ -43,6 +43,7 @@ import multiprocessing
 import os
 import pickle
 import re
+import stat
 import sys
 import time
 import zlib
@@ -52,7 +53,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import limits, rundir
+from holoprof.store import limits, rundir, safeio
 from holoprof.store.chunks import pyarrow_without_pandas, write_chunk
 from holoprof.store.compact import compact_run
 from holoprof.store.import_darshan import remove_failed_run
@@ -72,43 +73,60 @@ I64 = 2**63  # timestamps, ids and step numbers outside (-I64, I64) are not stor
 NOT_A_TRACE = "pass a file written by torch.profiler's export_chrome_trace"
 
 
-def _trace_files(path: str) -> list[str]:
+def _trace_files(path: str) -> tuple[list[str], list[str]]:
+    """The trace files of ``path`` (a file, or the trace files of a folder), and the names in the folder
+    that are skipped, each with why (not a regular file: a FIFO, a device, a folder)."""
     if not os.path.exists(path):
         raise HoloprofError(
             f"{path} does not exist; pass a PyTorch profiler trace (.json / .json.gz) or a folder of them"
         )
-    if os.path.isdir(path):
-        files = sorted(
-            os.path.join(path, f)
-            for f in os.listdir(path)
-            if f.endswith((".json", ".json.gz", ".pt.trace.json"))
+    if not os.path.isdir(path):
+        return [path], []
+    files, skipped = [], []
+    for f in sorted(os.listdir(path)):
+        if not f.endswith((".json", ".json.gz", ".pt.trace.json")):
+            continue
+        p = os.path.join(path, f)
+        try:
+            mode = os.stat(p).st_mode
+        except OSError as exc:
+            skipped.append(f"{f} ({exc.strerror or exc})")
+            continue
+        if stat.S_ISREG(mode):
+            files.append(p)
+        else:
+            skipped.append(f"{f} ({safeio.file_kind(mode)}, not a regular file)")
+    if not files:
+        also = f" (skipped: {', '.join(skipped[:5])})" if skipped else ""
+        raise HoloprofError(
+            f"{path} holds no .json or .json.gz trace files{also}; pass the profiler's output folder"
         )
-        if not files:
-            raise HoloprofError(
-                f"{path} holds no .json or .json.gz trace files; pass the profiler's output folder"
-            )
-        return files
-    return [path]
+    return files, skipped
 
 
 def _open(path: str, scan: bool = True) -> IO[bytes]:
     """The file's JSON text (gunzipped when it is gzipped), checked against the limits of
-    :mod:`holoprof.store.limits` as it is read (with ``scan``, nesting and string length too)."""
+    :mod:`holoprof.store.limits` as it is read (with ``scan``, nesting and string length too). Only a
+    regular file is read (opened without blocking: a FIFO is refused, see :mod:`safeio`)."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(2)
-        size = os.path.getsize(path)
-        return cast(
-            IO[bytes],
-            limits.BoundedJSON(
-                cast(IO[bytes], gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")),
-                path,
-                size,
-                scan=scan,
-            ),
-        )
+        f = safeio.open_regular(path)
+    except safeio.NotRegularFile as exc:
+        raise HoloprofError(f"cannot read {path} ({exc.strerror}); {NOT_A_TRACE}")
     except OSError as exc:
         raise HoloprofError(f"cannot read {path} ({exc.strerror or exc}); check the path and its permissions")
+    try:
+        magic = f.read(2)
+        f.seek(0)
+        size = os.fstat(f.fileno()).st_size
+        raw = cast(IO[bytes], gzip.GzipFile(fileobj=f, mode="rb")) if magic == b"\x1f\x8b" else f
+        return cast(IO[bytes], limits.BoundedJSON(raw, path, size, scan=scan, owner=f))
+    except BaseException as exc:
+        f.close()
+        if isinstance(exc, OSError):
+            raise HoloprofError(
+                f"cannot read {path} ({exc.strerror or exc}); check the path and its permissions"
+            )
+        raise
 
 
 #: What a damaged file raises while it is read: JSON, gzip and zlib errors.
@@ -211,7 +229,7 @@ def _trailing_distributed_info(path: str) -> dict[str, Any]:
     Holistic Trace Analysis's own test data): looked for in the file's last ``TAIL_BYTES``, without
     parsing the events a second time (a gzipped file is decompressed once more, not parsed)."""
     try:
-        with open(path, "rb") as f:
+        with safeio.open_regular(path) as f:
             gzipped = f.read(2) == b"\x1f\x8b"
             if not gzipped:
                 f.seek(0, os.SEEK_END)
@@ -467,16 +485,16 @@ def import_torch_trace(
     except ImportError:
         raise MissingExtraError("importing PyTorch profiler traces", "torch", "ijson")
 
-    files = _trace_files(path)
+    files, skipped = _trace_files(path)
     heads = [_header(f) for f in files]
     name = os.path.basename(os.path.normpath(path)).split(".")[0] or "torch-trace"
     target = os.path.abspath(out or rundir.default_run_dir(name))
     existed = os.path.isdir(target)
     run_dir = rundir.create_run_dir(target)
     try:
+        at = safeio.utf8_path(run_dir)  # where pyarrow and DuckDB write and read its chunks
         tasks = [
-            (run_dir, f, head, idx, len(files))
-            for idx, (f, head) in enumerate(zip(files, heads, strict=True))
+            (at, f, head, idx, len(files)) for idx, (f, head) in enumerate(zip(files, heads, strict=True))
         ]
         t_min, t_max, breakdowns = _totals(_import_files(tasks, files, jobs, bar), path)
         compact_run(run_dir)
@@ -491,6 +509,7 @@ def import_torch_trace(
                 "format": "torch-trace",
                 "path": os.path.abspath(path),
                 "files": len(files),
+                "skipped": skipped,
                 "temporal_breakdown": breakdowns,
             },
         )
@@ -865,3 +884,9 @@ def temporal_breakdown(run_dir: str) -> list[dict[str, Any]]:
 
     source = rundir.read_manifest(run_dir).get("source") or {}
     return list(source.get("temporal_breakdown") or [])
+
+
+def skipped_files(run_dir: str) -> list[str]:
+    """The files of the imported folder that were skipped (not regular files), each with why."""
+    source = rundir.read_manifest(run_dir).get("source") or {}
+    return [str(s) for s in source.get("skipped") or []]

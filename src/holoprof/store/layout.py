@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
 from holoprof import model
+from holoprof.store import safeio
 
 _PART = re.compile(r"^part-(?P<seq>\d{8,})\.parquet$")
 _COMPACT = re.compile(r"^part-c(?P<first>\d+)-(?P<last>\d+)\.parquet$")
@@ -93,11 +94,12 @@ def partition_of(path: str) -> tuple[str, int] | None:
 
 
 def is_complete_parquet(path: str) -> bool:
+    """A regular file (not a FIFO or a device: see :func:`safeio.open_regular`) that starts and ends
+    with Parquet's magic bytes."""
     try:
-        size = os.path.getsize(path)
-        if size < 12:
-            return False
-        with open(path, "rb") as f:
+        with safeio.open_regular(path) as f:
+            if os.fstat(f.fileno()).st_size < 12:
+                return False
             head = f.read(4)
             f.seek(-4, os.SEEK_END)
             tail = f.read(4)

@@ -105,8 +105,11 @@ class BoundedJSON:
     escapes (``\\"``) understood.
     """
 
-    def __init__(self, raw: IO[bytes], source: str, compressed: int, scan: bool = True) -> None:
+    def __init__(
+        self, raw: IO[bytes], source: str, compressed: int, scan: bool = True, owner: IO[bytes] | None = None
+    ) -> None:
         self.raw = raw
+        self.owner = owner  # the file under ``raw`` (a gzip stream's), closed with it
         self.source = source
         self.compressed = compressed
         self.scan = scan
@@ -134,6 +137,8 @@ class BoundedJSON:
 
     def close(self) -> None:
         self.raw.close()
+        if self.owner is not None:
+            self.owner.close()
 
     def __enter__(self) -> BoundedJSON:
         return self

@@ -4,14 +4,17 @@ per file. Read here into ``io_files`` rows, by the launcher and by the analyses 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Final
+
+from holoprof.store import safeio
 
 LAYER: Final = "native"
 DUMP_PREFIX: Final = "io_native-"
 DUMP_SUFFIX: Final = ".jsonl"
 DUMP_FORMAT: Final = "holoprof.io_native/1"
+#: a dump holds one record (about 1 KiB) per file a process used; a larger file is not read
+MAX_DUMP_BYTES: Final = 4 * 2**30
 
 
 def path_text(raw: bytes) -> str:
@@ -56,10 +59,10 @@ def _dump_text(s: str) -> str:
 def read_dump_header(path: str) -> dict[str, Any]:
     """The first line of a dump file: host, pid, ppid, exe, reason (exit, _exit, request), start_ns,
     ts_ns, dropped (files not recorded: table full), trace_dropped, counter_names (per module)."""
-    with open(path, "rb") as f:
-        first = f.readline()
-    head = json.loads(first)
-    if head.get("format") != DUMP_FORMAT:
+    with safeio.open_regular(path, MAX_DUMP_BYTES) as f:
+        first = f.readline(MAX_DUMP_BYTES)
+    head = safeio.loads_json(first)
+    if not isinstance(head, dict) or head.get("format") != DUMP_FORMAT:
         raise ValueError(f"{path}: not a holoprof native I/O dump (format {head.get('format')!r})")
     for key in ("host", "exe"):
         if isinstance(head.get(key), str):
@@ -72,12 +75,11 @@ def read_dump(path: str) -> list[dict[str, Any]]:
 
     A truncated last line (the process died while writing) is skipped.
     """
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+    lines = safeio.read_bytes(path, MAX_DUMP_BYTES).split(b"\n")
     if not lines or not lines[0].strip():
         return []
-    head = json.loads(lines[0])
-    if head.get("format") != DUMP_FORMAT:
+    head = safeio.loads_json(lines[0])
+    if not isinstance(head, dict) or head.get("format") != DUMP_FORMAT:
         raise ValueError(f"{path}: not a holoprof native I/O dump (format {head.get('format')!r})")
     host = _dump_text(str(head.get("host", "")))
     pid = int(head.get("pid", -1))
@@ -92,9 +94,11 @@ def read_dump(path: str) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = safeio.loads_json(line, None)
         except ValueError:
             continue
+        if not _is_record(rec):
+            continue  # not a record the library writes
         counters = dict(zeros.get(rec["module"], {}))
         counters.update(rec["counters"])
         rows.append(
@@ -110,3 +114,12 @@ def read_dump(path: str) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _is_record(rec: Any) -> bool:
+    return (
+        isinstance(rec, dict)
+        and isinstance(rec.get("module"), str)
+        and isinstance(rec.get("path"), str)
+        and isinstance(rec.get("counters"), dict)
+    )

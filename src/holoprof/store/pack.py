@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from holoprof import model
 from holoprof.errors import HoloprofError
-from holoprof.store import limits, rundir
+from holoprof.store import limits, rundir, safeio
 from holoprof.store.compact import compact_run
 from holoprof.store.convert import find_chunks
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from holoprof.progress import Bar
 
 PACK_SUFFIX = ".holoprof"
-MAX_MANIFEST_BYTES = 16 * 2**20
+MAX_MANIFEST_BYTES = rundir.MAX_MANIFEST_BYTES
 _TEMP_DIRS: list[str] = []
 
 
@@ -115,10 +115,12 @@ def _root(name: str) -> str:
 
 
 def _is_tar(p: str) -> bool:
-    """``tarfile.is_tarfile``, False for a compressed stream that is cut short or damaged."""
+    """``tarfile.is_tarfile`` of a regular file, False for a compressed stream that is cut short or
+    damaged (and for a FIFO or a device, which are not read)."""
     try:
-        return tarfile.is_tarfile(p)
-    except (EOFError, zlib.error, lzma.LZMAError, ValueError):
+        with safeio.open_regular(p) as f:
+            return tarfile.is_tarfile(f)
+    except (EOFError, zlib.error, lzma.LZMAError, ValueError, OSError):
         return False
 
 
@@ -172,7 +174,7 @@ def unpack(pack: str | os.PathLike[str], dest: str) -> str:
     """Extract ``pack`` into the directory ``dest`` (checked member by member); returns the run dir."""
     p = os.fspath(pack)
     try:
-        with tarfile.open(p, "r:*") as tar:
+        with safeio.open_regular(p) as f, tarfile.open(fileobj=f, mode="r:*") as tar:
             members = _members(tar, p)
             roots = {_root(m.name) for m in members} - {""}
             for m in members:
@@ -202,9 +204,14 @@ def unpack(pack: str | os.PathLike[str], dest: str) -> str:
     )
 
 
+#: packs unpacked by this process: (path, size, mtime) -> the run directory (a pack opened again, as
+#: when a command reads it once more without a corrupt chunk, is not unpacked again)
+_UNPACKED: dict[tuple[str, int, int], str] = {}
+
+
 def open_run(path: str | os.PathLike[str]) -> str:
     """A run directory for ``path``: the directory itself, or a pack unpacked into a private
-    temporary directory (0700, removed at exit)."""
+    temporary directory (0700, removed at exit; once per process)."""
     p = os.path.abspath(os.fspath(path))
     if not os.path.isfile(p):
         return p
@@ -213,13 +220,18 @@ def open_run(path: str | os.PathLike[str]) -> str:
             f"{p} is a file but not a holoprof pack; pass a run directory or a .holoprof file made by "
             "`holoprof pack RUN`"
         )
+    st = os.stat(p)
+    key = (p, st.st_size, st.st_mtime_ns)
+    if key in _UNPACKED and os.path.isdir(_UNPACKED[key]):
+        return _UNPACKED[key]
     dest = tempfile.mkdtemp(prefix="holoprof-pack-")
     os.chmod(dest, 0o700)
     _TEMP_DIRS.append(dest)
     try:
-        return unpack(p, dest)
+        _UNPACKED[key] = unpack(p, dest)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         if dest in _TEMP_DIRS:
             _TEMP_DIRS.remove(dest)
         raise
+    return _UNPACKED[key]

@@ -14,7 +14,7 @@ from typing import Any
 
 from holoprof import model
 from holoprof.errors import HoloprofError
-from holoprof.store.reader import VIEWS
+from holoprof.store.reader import VIEWS, corrupt_chunks, is_corrupt_data
 
 #: statement types DuckDB may run here (anything else is refused before it runs)
 _READ_ONLY = ("SELECT", "EXPLAIN")
@@ -35,13 +35,15 @@ def query(run: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     kind = str(stmt.type).rsplit(".", 1)[-1].upper()
     if kind not in _READ_ONLY:
         raise HoloprofError(f"only queries are run here, not {kind}; `holoprof query` is read-only")
-    allowed = [run.path.rstrip("/") + "/", run.temp_dir.rstrip("/") + "/"]
+    allowed = [run.root.rstrip("/") + "/", run.temp_dir.rstrip("/") + "/"]
     con.execute("SET allowed_directories = ?", [allowed])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     try:
         cur = con.execute(sql)
     except duckdb.Error as exc:
+        if is_corrupt_data(exc) and corrupt_chunks(run.path):
+            raise  # a chunk whose data does not decode: the command reads the run again without it
         raise HoloprofError(f"the query failed ({_first_line(exc)}); the tables and views: {_names(run)}")
     return [d[0] for d in cur.description or []], cur.fetchall()
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from holoprof import model
+from holoprof.store import safeio
 
 RAW_SUFFIX = ".hpr"
 _MAGIC = b"HPR1"
@@ -53,14 +54,25 @@ def write_raw(folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq
     return path
 
 
+#: bytes of a raw chunk, on disk and decompressed, past which it is not one an agent wrote (a flush
+#: holds at most the agent's buffer: 50,000 rows by default, a few MiB)
+RAW_MAX_BYTES = 2**30
+
+
 def read_raw(path: str) -> tuple[str, dict[str, list[Any]]]:
-    """Read a raw chunk; raises ValueError when it is not a complete raw chunk."""
-    with open(path, "rb") as f:
-        data = f.read()
+    """Read a raw chunk; raises ValueError when it is not a complete raw chunk, OSError when it
+    cannot be read or is not a regular file of at most :data:`RAW_MAX_BYTES`."""
+    data = safeio.read_bytes(path, RAW_MAX_BYTES)
     if not data.startswith(_MAGIC):
         raise ValueError(f"{path}: not a raw chunk")
     try:
-        version, table, cols = marshal.loads(zlib.decompress(data[len(_MAGIC) :]))
+        inflate = zlib.decompressobj()
+        payload = inflate.decompress(data[len(_MAGIC) :], RAW_MAX_BYTES)
+        if inflate.unconsumed_tail:
+            raise ValueError(f"more than {RAW_MAX_BYTES:,} bytes once decompressed")
+        if not inflate.eof:
+            raise ValueError("the compressed data ends early")
+        version, table, cols = marshal.loads(payload)
     except (zlib.error, EOFError, ValueError, TypeError) as exc:
         raise ValueError(f"{path}: truncated or corrupted raw chunk ({exc})")
     if table not in model.TABLES or not isinstance(cols, dict) or int(version) > model.SCHEMA_VERSION:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from holoprof import model
-from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store import convert, layout, rundir
+from holoprof.errors import HoloprofError, MissingExtraError, printable_text
+from holoprof.store import convert, layout, rundir, safeio
 from holoprof.store.pack import open_run
 
 T = TypeVar("T")
@@ -85,11 +86,13 @@ class Run:
         except ImportError:  # pragma: no cover - duckdb is a core dependency
             raise MissingExtraError("loading a run", "duckdb", "duckdb")
         self.path = path
+        #: where the chunks are read: ``path``, or a UTF-8 alias of it (:func:`safeio.utf8_path`)
+        self.root = safeio.utf8_path(path)
         self.manifest = manifest
         self.chunks = chunks
         self.warnings: list[str] = []
         if chunks.bad:
-            rel = [os.path.relpath(p, path) for p in chunks.bad]
+            rel = [self.relpath(p) for p in chunks.bad]
             self.warnings.append(
                 f"skipped {len(rel)} unreadable chunk(s) (truncated: the process was probably killed while "
                 f"writing): {', '.join(rel[:5])}{' ...' if len(rel) > 5 else ''}"
@@ -167,6 +170,14 @@ class Run:
         import duckdb  # lazy: DuckDB loads only where a run is queried
 
         types = {n: model.duckdb_type(t) for n, t in model.COLUMNS[table]}
+        skipped = [f for f in files if f in _CORRUPT]
+        if skipped:
+            files = [f for f in files if f not in _CORRUPT]
+            rel = [self.relpath(f) for f in skipped]
+            self.warnings.append(
+                f"skipped {len(rel)} corrupt chunk(s) of {table} whose data does not decode "
+                f"({_CORRUPT[skipped[0]]}): {', '.join(rel[:5])}{' ...' if len(rel) > 5 else ''}"
+            )
 
         def wrong(rows: list[tuple[Any, ...]]) -> list[str]:
             return [f"{n} is {t}" for n, t, *_ in rows if n in types and str(t) != types[n]]
@@ -190,12 +201,14 @@ class Run:
             if why and not os.path.exists(f):
                 continue  # merged away by a live compaction since it was listed: its rows are in another
             if why:
-                self.warnings.append(
-                    f"skipped the corrupt chunk {os.path.relpath(f, self.path)} ({'; '.join(why)[:200]})"
-                )
+                self.warnings.append(f"skipped the corrupt chunk {self.relpath(f)} ({'; '.join(why)[:200]})")
             else:
                 good.append(f)
         return good
+
+    def relpath(self, path: str) -> str:
+        """A chunk's path relative to the run, as text to show."""
+        return printable_text(os.path.relpath(path, self.root))
 
     def _infer_status(self) -> str:
         status = str(self.manifest.get("status", "running"))
@@ -487,21 +500,70 @@ class Filter:
 
 def corrupt_chunks(path: str) -> list[str]:
     """The chunks of the run ``path`` whose data cannot be decoded, each read whole (slow: for an
-    error message)."""
+    error message, or to leave them out: :func:`skip_corrupt`). Chunks left out already are not
+    read again."""
+    return list(_find_corrupt(path))
+
+
+def _find_corrupt(path: str) -> dict[str, str]:
+    """The chunks of ``path`` whose data cannot be decoded, with DuckDB's reason."""
     import duckdb  # lazy: DuckDB loads only where a run is queried
 
     try:
         run = load(path)
     except HoloprofError:
-        return []
-    bad = []
+        return {}
+    bad = {}
     for files in run.chunks.files.values():
         for f in files:
+            if f in _CORRUPT:
+                continue
             try:
                 run.con.execute(f"SELECT max(hash(COLUMNS(*))) FROM read_parquet({_sql_str(f)})").fetchall()
-            except duckdb.Error:
-                bad.append(f)
+            except duckdb.Error as exc:
+                bad[f] = " ".join(str(exc).split())[:160]
+    run.con.close()
     return bad
+
+
+#: Chunks whose data turned out not to decode in this process (path -> why): every later load leaves
+#: them out, with a warning. A chunk is never changed once written (compaction writes new files).
+_CORRUPT: dict[str, str] = {}
+_corrupt_lock = threading.Lock()
+
+
+def is_corrupt_data(exc: BaseException) -> bool:
+    """``exc`` is DuckDB failing to read a chunk's data (its footer read fine when it was loaded)."""
+    return type(exc).__module__.split(".")[0] in ("duckdb", "_duckdb") and type(exc).__name__ in (
+        "Error",
+        "IOException",
+        "InvalidInputException",
+        "SerializationException",
+    )
+
+
+def skip_corrupt(compute: Callable[[], T], runs: Sequence[str], failed: BaseException | None = None) -> T:
+    """``compute()`` (which loads ``runs`` and reads them); when it fails on a chunk whose data does not
+    decode (a damaged disk, bytes overwritten in the middle), the chunks of ``runs`` that do not are
+    found, left out of every later load (each run's warnings name them) and ``compute()`` runs
+    again: a corrupt chunk is skipped and reported as a truncated one is. ``failed`` is the error of
+    a first call of ``compute()`` made already. Other errors, and this one when no chunk is found
+    corrupt, are raised."""
+    while True:
+        if failed is None:
+            try:
+                return compute()
+            except Exception as exc:
+                failed = exc
+        if not is_corrupt_data(failed):
+            raise failed
+        found = {f: why for r in runs for f, why in _find_corrupt(r).items()}
+        with _corrupt_lock:
+            new = {f: why for f, why in found.items() if f not in _CORRUPT}
+            _CORRUPT.update(new)
+        if not new:
+            raise failed
+        failed = None
 
 
 def load(

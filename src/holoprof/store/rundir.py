@@ -11,10 +11,13 @@ from typing import Any
 
 from holoprof import model
 from holoprof._version import __version__
-from holoprof.errors import HoloprofError
+from holoprof.errors import HoloprofError, printable_text
+from holoprof.store import safeio
 from holoprof.store.raw import discard
 
 DEFAULT_RUNS_DIR = "holoprof-runs"
+#: a manifest is a few KiB; a larger one is refused (it is not one holoprof wrote)
+MAX_MANIFEST_BYTES = 16 * 2**20
 
 
 def default_run_dir(name: str, base: str = DEFAULT_RUNS_DIR) -> str:
@@ -28,35 +31,65 @@ def default_run_dir(name: str, base: str = DEFAULT_RUNS_DIR) -> str:
     return path
 
 
+class RunExistsError(HoloprofError):
+    """The run directory is taken: it holds files, or another launcher claimed it first."""
+
+
 def create_run_dir(path: str) -> str:
-    """Create ``path`` as a private run directory; refuse one that exists and is not empty."""
+    """Create ``path`` as a private run directory and claim it: the launcher that creates its
+    ``control/`` folder (``mkdir``, atomic) owns the run, so of two launchers given the same directory
+    at once exactly one goes on. Refuses a directory that exists and is not empty, or that another
+    launcher claims first (:class:`RunExistsError`)."""
     path = os.path.abspath(path)
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise HoloprofError(
-                f"--out {path} exists and is not a directory; choose a new directory for the run"
-            )
-        if os.listdir(path):
-            raise HoloprofError(
-                f"--out {path} already exists and is not empty; choose a new directory (or leave out --out "
-                "to get a fresh one under ./holoprof-runs)"
-            )
-    parent = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise HoloprofError(
+            f"--out {printable_text(path)} exists and is not a directory; choose a new directory for the run"
+        )
     try:
-        os.makedirs(parent, exist_ok=True)
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:  # an empty directory made beforehand is taken as it is
+            if not os.path.isdir(path) or os.listdir(path):
+                raise _taken(path)
         os.chmod(path, 0o700)
-        for sub in (model.CONTROL_DIR, model.ARTIFACTS_DIR):
-            os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(os.path.join(path, model.CONTROL_DIR), 0o700)
+        except FileExistsError:
+            raise _taken(path)
+        os.makedirs(os.path.join(path, model.ARTIFACTS_DIR), mode=0o700, exist_ok=True)
         probe = os.path.join(path, ".write-test")
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)
     except OSError as exc:
         raise HoloprofError(
-            f"cannot create the run directory {path} ({exc.strerror or exc}); choose a writable place with --out"
+            f"cannot create the run directory {printable_text(path)} ({exc.strerror or exc}); choose a "
+            "writable place with --out"
         )
     return path
+
+
+def _taken(path: str) -> RunExistsError:
+    """The refusal of a run directory that is taken (the one place that decides it)."""
+    return RunExistsError(
+        f"--out {printable_text(path)} already exists and is not empty (or another holoprof run "
+        "started in it just now); choose a new directory (or leave out --out to get a fresh one under "
+        "./holoprof-runs)"
+    )
+
+
+def make_run_dir(out: str | None, name: str) -> str:
+    """:func:`create_run_dir` of ``out``, or of a fresh folder under ./holoprof-runs named after the
+    time and ``name`` (the next free name when another launcher takes one at the same moment)."""
+    if out:
+        return create_run_dir(out)
+    for _ in range(100):
+        try:
+            return create_run_dir(default_run_dir(name))
+        except RunExistsError:
+            continue
+    return create_run_dir(default_run_dir(name))
 
 
 #: Room kept at the end of the manifest written at the start of a run (trailing whitespace, which
@@ -149,11 +182,15 @@ def read_manifest(run_dir: str) -> dict[str, Any]:
             "(runs are under ./holoprof-runs)"
         )
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = safeio.read_json(path, MAX_MANIFEST_BYTES)
     except ValueError as exc:
         raise HoloprofError(
             f"{path} is corrupted ({exc}); restore it from a copy — the recorded data in {run_dir} is untouched"
+        )
+    except (safeio.NotRegularFile, safeio.FileTooLarge) as exc:
+        raise HoloprofError(
+            f"{path} is not a manifest ({exc.strerror}); restore it from a copy — the recorded data in "
+            f"{run_dir} is untouched"
         )
     except OSError as exc:
         raise HoloprofError(f"cannot read {path} ({exc.strerror or exc}); check its permissions")

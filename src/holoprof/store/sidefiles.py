@@ -7,7 +7,11 @@ import json
 import os
 from typing import Any
 
+from holoprof.store import safeio
+
 SWEEP_FILE = "sweep.json"
+#: a sweep's result is a few KiB per configuration; a larger file is not read
+MAX_SWEEP_BYTES = 64 * 2**20
 
 
 def write_sweep(out_dir: str, doc: dict[str, Any]) -> str:
@@ -23,8 +27,7 @@ def sweep_of(run_dir: str) -> tuple[dict[str, Any], int] | None:
     that no sweep made (or whose sweep.json is unreadable)."""
     parent = os.path.dirname(os.path.abspath(run_dir))
     try:
-        with open(os.path.join(parent, SWEEP_FILE)) as f:
-            doc = json.load(f)
+        doc = safeio.read_json(os.path.join(parent, SWEEP_FILE), MAX_SWEEP_BYTES)
         rows = doc["rows"]
         me = os.path.abspath(run_dir)
         idx = next((i for i, r in enumerate(rows) if os.path.abspath(str(r.get("run_dir"))) == me), None)
