@@ -305,19 +305,20 @@ class ForwardTracker:
         saved = self.saved
         try:
             # type() first: isinstance(t, Parameter) runs Parameter's metaclass hook, in Python
-            if len(saved) < MAX_SAVED_RECORDS and (
-                type(t) is self._tensor_cls or not isinstance(t, self._param_cls)
-            ):
-                if type(t) is self._tensor_cls:
+            plain = type(t) is self._tensor_cls
+            if len(saved) < MAX_SAVED_RECORDS and (plain or not isinstance(t, self._param_cls)):
+                stack = self._stack
+                layer = stack[-1] if stack else "?"
+                if plain:
                     st = t.untyped_storage()
-                    keys = [((st.data_ptr(), st.nbytes()), t.is_cuda)]
-                else:  # a subclass (a DTensor: the storage of its local shard)
-                    keys = self.keys_or_note(t)
-                    if not keys:
-                        return t
+                    box = _Saved(t)
+                    saved.append((_ref(box), (st.data_ptr(), st.nbytes()), t.is_cuda, layer))
+                    return box
+                keys = self.keys_or_note(t)  # a subclass (a DTensor: the storage of its local shard)
+                if not keys:
+                    return t
                 box = _Saved(t)
                 ref = _ref(box)
-                layer = self._stack[-1] if self._stack else "?"
                 saved.extend((ref, k, on_gpu, layer) for k, on_gpu in keys)
                 return box
         except Exception as exc:
