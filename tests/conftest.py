@@ -155,8 +155,8 @@ def copy_run(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> str:
 
 #: Test modules that compare measured times or throughputs (a significant 5 ms slowdown, throughput
 #: growing with the batch, a live report's rebuilds spaced by their cost, a LocalCluster's workers, a
-#: read bandwidth against a measured reference, phases against the job's own timers in a 2-rank DDP
-#: job). Under pytest-xdist they run last, on one worker, alone: the other workers stop first, so
+#: read bandwidth against a measured reference, phases against the job's own timers in 2-rank DDP and
+#: FSDP jobs). Under pytest-xdist they run last, on one worker, alone: the other workers stop first, so
 #: that no other test loads the machine meanwhile.
 TIMING_MODULES = frozenset(
     {
@@ -166,6 +166,7 @@ TIMING_MODULES = frozenset(
         "test_dask_engine.py",
         "test_io_report.py",
         "test_frameworks_torch.py",
+        "test_fsdp.py",
     }
 )
 TIMING = "timing"

@@ -34,6 +34,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+class Opaque(torch.Tensor):  # a tensor subclass whose storage cannot be read
+    @staticmethod
+    def __new__(cls, n):
+        return torch.Tensor._make_wrapper_subclass(cls, (n,), dtype=torch.float32)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(func)
+
+
 steps = int(sys.argv[1])
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -46,6 +56,8 @@ for i, (x, y) in enumerate(loader):
     if "--replace" in sys.argv and i == 3:
         # a parameter's storage replaced between steps: a view of a storage twice its size
         model[2].bias.data = torch.zeros(2 * OUT)[:OUT]
+    if "--opaque" in sys.argv and i == 1:
+        opt.state[model[0].weight]["opaque"] = Opaque(8)  # kept with Adam's state, never used
     opt.zero_grad()
     loss = ((model(x) - y) ** 2).mean()
     loss.backward()
@@ -198,6 +210,20 @@ def test_full_picks_up_a_replaced_parameter_storage(tmp_path: Path, mlp_script: 
             assert snapshot(run.report, step, phase)["weights"] == 4 * P + 4 * OUT
     assert snapshot(run.report, 4, "optimizer")["optimizer_state"] == 8 * P + 4 * PARAM_TENSORS
     assert snapshot(run.report, 4, "backward")["gradients"] == 4 * P
+
+
+def test_a_tensor_whose_storage_cannot_be_read_is_left_out_and_said(tmp_path: Path, mlp_script: Path) -> None:
+    """The collector keeps measuring the rest, and the report says what it left out."""
+    run = traced(tmp_path, str(mlp_script), "4", "--opaque")
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert not run.report["run"]["errors"], run.report["run"]["errors"]
+    mem = run.report["memory"]
+    assert mem["tensors_unmeasured"]["types"] == {"Opaque": 1}
+    assert mem["tensors_unmeasured"]["steps"] == [1, 2]  # from the step that added it on
+    assert snapshot(run.report, 2, "optimizer")["optimizer_state"] == 8 * P + 4 * PARAM_TENSORS
+    text = run_holoprof("report", run.run_dir, cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "some tensors not measured" in text.stdout and "Opaque" in text.stdout
 
 
 def test_memory_off_records_nothing(tmp_path: Path, mlp_script: Path) -> None:

@@ -55,9 +55,12 @@ def _versions() -> dict[str, str]:
 class PhaseState(threading.local):
     """Per thread: the phase open (one at a time; nested work belongs to the outer phase), and the
     thread's native id, read once (``threading.get_native_id`` is a system call on every call).
-    A forked child gets a fresh one (``Agent._init_process_state``), so no id outlives a fork."""
+    A forked child gets a fresh one (``Agent._init_process_state``), so no id outlives a fork.
+    ``waits``: the communication the thread waited for inside its open phase, (start, end, call) —
+    see :mod:`holoprof.collect.waits`."""
 
     active: str | None = None
+    waits: list[tuple[int, int, str]] | None = None
 
     def __init__(self) -> None:
         self.tid = threading.get_native_id()

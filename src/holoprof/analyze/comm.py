@@ -6,10 +6,12 @@ activity) are :class:`~holoprof.analyze.engine.Aggregation` queries: under ``--e
 they run on the Dask cluster, with the same SQL and the same rows. Definitions, per step of a process:
 
 * ``exposed``: communication the training loop waited for — its ``communication`` phase: synchronous
-  collectives and ``Work.wait()`` outside any other phase, and, for DDP, the end of backward after
-  the last gradient bucket was ready (backward's compute is over; it waits for the allreduce). It is
-  the very phase of the step breakdown, so the phase table, this section and ``communication_bound``
-  give one figure, and it is never more than the step.
+  collectives and waits (``Work.wait()``, a functional collective's wait: DTensor) outside any other
+  phase; the same inside forward, backward or the optimizer step, carved out of that phase (FSDP's
+  all-gathers and reduce-scatters; an asynchronous collective counts for its wait, not its issue);
+  and, for DDP, the end of backward after the last gradient bucket was ready (backward's compute is
+  over; it waits for the allreduce). It is the very phase of the step breakdown, so the phase table,
+  this section and ``communication_bound`` give one figure, and it is never more than the step.
 * ``total``: the union of its ``comm`` spans (collectives and DDP buckets) and of its exposed
   communication within the step (``exposed <= total``).
 * ``overlapped``: ``total - exposed`` (communication hidden behind compute).
@@ -537,12 +539,42 @@ def _rank_doc(p: ProcComm, waits: dict[int, float]) -> dict[str, Any]:
     }
 
 
+#: Collectives of sharded data parallelism (FSDP, ZeRO): parameters gathered, gradients scattered.
+_SHARDED_OPS = ("all_gather", "_all_gather_base", "reduce_scatter", "_reduce_scatter_base")
+
+
+def _sharded(section: dict[str, Any]) -> bool:
+    """Most of the bytes per step are all-gathers and reduce-scatters (FSDP) rather than all-reduces."""
+    rows = section["collectives"]
+    sharded = sum(int(c["bytes_per_step"]) for c in rows if str(c["op"]).startswith(_SHARDED_OPS))
+    return sharded * 2 > sum(int(c["bytes_per_step"]) for c in rows) > 0
+
+
 def _comm_bound(section: dict[str, Any], main: ProcComm) -> Finding | None:
     frac = float(section["exposed_fraction"])
     if frac < COMM_BOUND_MEDIUM:
         return None
     nb = len(section["buckets"])
     mb = section["bytes_per_step"] / 2**20
+    sharded = _sharded(section)
+    if sharded:
+        how = (
+            f"cut or hide the {mb:.1f} MiB exchanged per step: FSDP all-gathers each unit's parameters "
+            "before its forward (and again before its backward) and reduce-scatters its gradients; "
+            "keep the last units unsharded after forward (reshard_after_forward=False), prefetch "
+            "further ahead (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), "
+            "all-gather in bf16 (MixedPrecisionPolicy(param_dtype=torch.bfloat16)), no synchronous "
+            "collectives such as loss all_reduce/.item() every step, a larger batch per rank so compute "
+            "hides the same traffic"
+        )
+    else:
+        how = (
+            f"cut or hide the {mb:.1f} MiB exchanged per step: let DDP overlap more (bucket_cap_mb "
+            "smaller so the first buckets start earlier, or larger to cut per-call latency; no synchronous "
+            "collectives such as loss all_reduce/.item() every step), compress gradients (DDP comm hooks "
+            "fp16_compress_hook/bf16 or PowerSGD), use a larger batch per rank so compute hides the "
+            "same traffic"
+        )
     return Finding(
         id="communication_bound",
         severity="high" if frac >= COMM_BOUND_HIGH else "medium",
@@ -557,14 +589,9 @@ def _comm_bound(section: dict[str, Any], main: ProcComm) -> Finding | None:
             "step_median_s": round(main.stats.median_s, 6),
             "world_size": section["world_size"],
             "ddp_buckets": nb,
+            "sharded": sharded,
         },
-        recommendation=(
-            f"cut or hide the {mb:.1f} MiB exchanged per step: let DDP overlap more (bucket_cap_mb smaller "
-            "so the first buckets start earlier, or larger to cut per-call latency; no synchronous "
-            "collectives such as loss all_reduce/.item() every step), compress gradients (DDP comm hooks "
-            "fp16_compress_hook/bf16 or PowerSGD), use a larger batch per rank so compute hides the "
-            "same traffic, or a faster network (see `holoprof whatif RUN` for the bandwidth it needs)"
-        ),
+        recommendation=how + ", or a faster network (see `holoprof whatif RUN` for the bandwidth it needs)",
         estimated_gain=round(frac, 4),
         threshold={
             "medium": COMM_BOUND_MEDIUM,

@@ -413,6 +413,15 @@ def section(ms: MemoryStats | None, loader: dict[str, Any]) -> dict[str, Any]:
             "steps": sorted({s.step for s in unmeasured}),
             "why": str(unmeasured[-1].attrs["activations_unmeasured"]),
         }
+    unreadable = [s for s in ms.snapshots if isinstance(s.attrs.get("tensors_unmeasured"), dict)]
+    if unreadable:
+        # tensors of a kind whose storage cannot be read were left out of the categories
+        types: dict[str, int] = dict(unreadable[-1].attrs["tensors_unmeasured"])
+        doc["tensors_unmeasured"] = {
+            "steps": sorted({s.step for s in unreadable}),
+            "types": types,
+            "why": "their storage cannot be read (" + ", ".join(sorted(types)) + "): not counted",
+        }
     return doc
 
 

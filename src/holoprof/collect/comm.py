@@ -3,16 +3,24 @@
 What is patched (each original kept, each patch undone by ``uninstall``):
 
 * every collective and point-to-point call of ``torch.distributed`` (``all_reduce``, ``broadcast``,
-  ``all_gather``, ..., ``send``/``recv``/``isend``/``irecv``, ``barrier``) — one ``comm`` span named
-  after the call, with attrs ``{bytes, group_size, backend, async}``. ``bytes`` is what this rank
-  contributes (the input tensor or tensors). A synchronous call times the call itself; an
-  asynchronous one (``async_op=True``, ``isend``/``irecv``) is timed until its work completes,
-  observed through ``Work.get_future().then(...)`` — no wait is added — or, where the backend has no
-  future for that work (gloo point-to-point), when the job's own ``Work.wait()`` returns.
-* A synchronous collective on a thread that has no phase open (outside forward, backward, the
-  optimizer) is exposed communication: it is also recorded as a ``communication`` phase. Inside a
-  phase (a collective in forward, DDP's allreduce during backward) only the ``comm`` span is written.
-  ``Work.wait()`` called outside a phase is exposed communication too.
+  ``all_gather``, ``all_gather_single``/``all_gather_into_tensor`` and
+  ``reduce_scatter_single``/``reduce_scatter_tensor`` — FSDP2's —, ..., ``send``/``recv``/
+  ``isend``/``irecv``, ``barrier``), looked up on ``torch.distributed`` when the job (or FSDP) makes
+  it — one ``comm`` span named after the call, with attrs ``{bytes, group_size, backend, async}``.
+  ``bytes`` is what this rank contributes (the input tensor or tensors: an all-gather's shard, a
+  reduce-scatter's whole input). A synchronous call times the call itself; an asynchronous one
+  (``async_op=True``, ``isend``/``irecv``) is timed until its work completes, observed through
+  ``Work.get_future().then(...)`` — no wait is added — or, where the backend has no future for that
+  work (gloo point-to-point), when the job's own ``Work.wait()`` returns.
+* DTensor's functional collectives (:mod:`holoprof.collect.comm_functional`): the same spans, with
+  ``api: "functional"``, from their issue to the wait that observed their completion.
+* Exposed communication — what the job waited for: a synchronous collective, ``Work.wait()`` or a
+  functional collective's wait on a thread that has no phase open is also recorded as a
+  ``communication`` phase; inside forward, backward or the optimizer step (FSDP's all-gathers before
+  a unit's forward and backward, its reduce-scatters, the wait for an all-gather prefetched with
+  ``async_op=True``) it is carved out of that phase (:mod:`holoprof.collect.waits`). An asynchronous
+  collective is exposed for its wait, never for its issue. Calls that ``torch.compile`` traces pass
+  straight through.
 * ``DistributedDataParallel``: a comm hook that does exactly what DDP does without one (sum the
   bucket across ranks, then divide by the group size) is registered at construction, so that each
   gradient bucket becomes a ``ddp_bucket`` span from the moment it is ready during backward until
@@ -37,6 +45,8 @@ from typing import Any
 
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
+from holoprof.collect.comm_functional import FunctionalCollectives, sent_bytes
+from holoprof.collect.waits import CARVED, note_wait
 
 #: The patched calls, and the parameter holding what this rank sends (a tensor or a list of tensors).
 COLLECTIVES: dict[str, str | None] = {
@@ -44,8 +54,14 @@ COLLECTIVES: dict[str, str | None] = {
     "broadcast": "tensor",
     "all_gather": "tensor",
     "all_gather_into_tensor": "input_tensor",
+    "all_gather_single": "input_tensor",  # FSDP2's all-gather in recent torch
+    "all_gather_coalesced": "input_tensor_list",
+    "_all_gather_base": "input_tensor",
     "reduce_scatter": "input_list",
     "reduce_scatter_tensor": "input",
+    "reduce_scatter_single": "input",  # FSDP2's reduce-scatter in recent torch
+    "_reduce_scatter_base": "input",
+    "all_reduce_coalesced": "tensors",
     "all_to_all": "input_tensor_list",
     "all_to_all_single": "input",
     "barrier": None,
@@ -61,17 +77,6 @@ ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 _MAX_PENDING = 10_000
 
 
-def _nbytes(x: Any) -> int:
-    if x is None:
-        return 0
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(t) for t in x)
-    try:
-        return int(x.numel()) * int(x.element_size())
-    except Exception:
-        return 0
-
-
 class _Nesting(threading.local):
     depth = 0
 
@@ -85,6 +90,10 @@ class CommCollector(Collector):
         self._nest = _Nesting()
         self._groups: dict[int, tuple[int, str]] = {}
         self._pending: dict[int, tuple[str, int, int, dict[str, Any]]] = {}
+        self._async_names: dict[int, str] = {}  # id of an asynchronous collective's work -> its call
+        self._functional = FunctionalCollectives(self, self)
+        self._dist: Any = None
+        self._is_compiling: Any = _never
         self._sampler: Any = None
 
     # -- install -----------------------------------------------------------------------------------
@@ -112,6 +121,16 @@ class CommCollector(Collector):
     def after_fork_child(self) -> None:
         self._nest = _Nesting()
         self._pending = {}
+        self._async_names = {}
+        self._functional.reset()
+
+    def _on_functional(self, funcol: ModuleType) -> None:
+        if not self.enabled or self._dist is None:
+            return
+        try:
+            self._functional.install(funcol, self._dist, self._is_compiling)
+        except Exception as exc:
+            self.agent.fail(self, exc)
 
     def uninstall(self) -> None:
         super().uninstall()
@@ -144,6 +163,10 @@ class CommCollector(Collector):
 
     def _track_async(self, work: Any, name: str, t0: int, step: int, attrs: dict[str, Any]) -> None:
         """Record the span when ``work`` completes, without waiting for it."""
+        names = self._async_names
+        if len(names) >= _MAX_PENDING:
+            names.clear()  # works never waited for: only their names, for a later wait's phase
+        names[id(work)] = name
         fut = None
         if name not in ALWAYS_ASYNC:  # gloo has no future for point-to-point work
             try:
@@ -164,6 +187,9 @@ class CommCollector(Collector):
 
     # -- the patches -------------------------------------------------------------------------------
     def _patch(self, torch: ModuleType, dist: Any) -> None:
+        compiler = getattr(torch, "compiler", None)
+        self._is_compiling = getattr(compiler, "is_compiling", None) or _never
+        self._dist = dist
         c10d = getattr(dist, "distributed_c10d", None)
         for name, arg in COLLECTIVES.items():
             orig = getattr(dist, name, None)
@@ -175,6 +201,8 @@ class CommCollector(Collector):
                 self._set(c10d, name, wrapped)
         self._patch_work(dist)
         self._patch_ddp(torch, dist)
+        # DTensor's collectives, once something imports them
+        post_import_finder().add("torch.distributed._functional_collectives", self._on_functional)
         self.agent.info["comm"] = {"patched": True}
 
     def _wrap(self, dist: Any, name: str, arg: str | None, orig: Any) -> Any:
@@ -188,8 +216,11 @@ class CommCollector(Collector):
         arg_pos = params.index(arg) if arg in params else -1
         group_pos = params.index("group") if "group" in params else -1
         always_async = name in ALWAYS_ASYNC
+        is_compiling = self._is_compiling
 
         def collective(*args: Any, **kwargs: Any) -> Any:
+            if is_compiling():  # torch.compile maps it to its own collective: nothing of ours there
+                return orig(*args, **kwargs)
             nest = col._nest
             if nest.depth or not col.enabled:
                 return orig(*args, **kwargs)
@@ -199,9 +230,9 @@ class CommCollector(Collector):
                 if arg is None:
                     nbytes = 0
                 elif arg in kwargs:
-                    nbytes = _nbytes(kwargs[arg])
+                    nbytes = sent_bytes(kwargs[arg])
                 else:
-                    nbytes = _nbytes(args[arg_pos]) if 0 <= arg_pos < len(args) else 0
+                    nbytes = sent_bytes(args[arg_pos]) if 0 <= arg_pos < len(args) else 0
                 group = kwargs.get("group")
                 if group is None and 0 <= group_pos < len(args):
                     group = args[group_pos]
@@ -214,7 +245,9 @@ class CommCollector(Collector):
                     "async": is_async,
                 }
                 tls = agent.tls
-                exposed = not is_async and tls.active is None
+                active = tls.active
+                exposed = not is_async and active is None
+                carved = not is_async and active in CARVED
                 step = steps.index
                 t0 = now_ns()
             except Exception as exc:
@@ -238,6 +271,8 @@ class CommCollector(Collector):
                     agent.span("comm", name, t0, t1, step, attrs)
                     if exposed:
                         agent.span("phase", "communication", t0, t1, step, {"op": name})
+                    elif carved:  # the phase waited for it: not forward's (backward's) time
+                        note_wait(tls, t0, t1, name)
             except Exception as exc:
                 agent.fail(col, exc)
             return out
@@ -255,12 +290,16 @@ class CommCollector(Collector):
         orig_wait = work_cls.wait
         col = self
         agent = self.agent
+        is_compiling = self._is_compiling
 
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            if not col.enabled:
+            if is_compiling() or not col.enabled:
                 return orig_wait(work, *args, **kwargs)
             tls = agent.tls
-            exposed = tls.active is None and col._nest.depth == 0
+            outer = col._nest.depth == 0
+            active = tls.active
+            exposed = outer and active is None
+            carved = outer and active in CARVED
             t0 = now_ns()
             if exposed:
                 tls.active = "communication"
@@ -277,8 +316,11 @@ class CommCollector(Collector):
                     if pend is not None:
                         name, s0, step, attrs = pend
                         agent.span("comm", name, s0, t1, step, attrs)
+                    op = col._async_names.pop(id(work), "wait") if col._async_names else "wait"
                     if exposed and t1 - t0 > 0:
-                        agent.span("phase", "communication", t0, t1, agent.steps.index, {"op": "wait"})
+                        agent.span("phase", "communication", t0, t1, agent.steps.index, {"op": op})
+                    elif carved and t1 - t0 > 0:
+                        note_wait(tls, t0, t1, op)
                 except Exception as exc:
                     agent.fail(col, exc)
 
@@ -427,3 +469,7 @@ class _DDPSlot:
                 self.names = {id(p): n for n, p in self.module.named_parameters()}
             attrs["params"] = [self.names.get(id(p), "?") for p in params]
             attrs["param_bytes"] = [int(p.numel()) * int(p.element_size()) for p in params]
+
+
+def _never() -> bool:
+    return False

@@ -6,6 +6,12 @@ parameters the optimizers hold; **gradients** their ``.grad``; **optimizer_state
 Storages shared between tensors are counted once (keyed by storage address and size), in the first
 category that claims them (weights, gradients, optimizer state, activations, in that order). What does
 not change from step to step is counted once and cached.
+
+A tensor subclass that wraps other tensors (a DTensor: FSDP2's sharded parameters, their gradients
+and Adam's state of them) is counted by what it wraps (its local shard: the memory this process
+holds). FSDP2's unsharded parameters count while they exist: their storage is freed (to 0 bytes)
+after the forward. A tensor whose storage cannot be read is not counted, and the snapshots say so
+(``tensors_unmeasured``: how many, of which types).
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ from typing import Any
 
 from holoprof.collect.memory_hooks import ForwardTracker
 from holoprof.collect.memory_schedule import EVERY
+from holoprof.collect.memory_storage import StorageKey, storage_bytes, tensor_ptr
 
 CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer_state", "activations", "other")
 PER_LAYER_TOP = 50
 
-StorageKey = tuple[int, int]  # (data pointer, bytes) of a storage
 #: (storage keys, bytes, count, bytes on a GPU) of one category
 Claimed = tuple[set[StorageKey], int, int, int]
 
@@ -34,14 +40,17 @@ class TensorAccounts:
 
     def reset(self) -> None:
         self._optimizers: dict[int, Any] = {}  # id -> weak reference (a dict: seen twice a step, cheaply)
-        # weights: (key, (params, storage keys, bytes, GPU bytes), data_ptr of each param)
-        self._wcache: (
-            tuple[tuple[int, int, int], tuple[list[Any], set[StorageKey], int, int], list[int]] | None
-        ) = None
+        # weights, for the forward's snapshots and for the others (FSDP2: after the forward the root's
+        # parameters are still unsharded, after the backward every parameter is sharded again):
+        # (key, (params, storage keys, bytes, GPU bytes), data_ptr of each param)
+        self._wcache: dict[
+            bool, tuple[tuple[int, int, int], tuple[list[Any], set[StorageKey], int, int], list[int]]
+        ] = {}
         # gradients: ((id, data_ptr) of each .grad, result, storage key by (id, data_ptr))
         self._gcache: tuple[list[tuple[int, int]], Claimed, dict[Any, Any]] | None = None
         self._ostats: tuple[Any, Any, Claimed] | None = None
-        self._wchecked = -1  # the measured step whose parameters were checked against the cache
+        # the measured step whose parameters were checked against each cache
+        self._wchecked: dict[bool, int] = {}
         self._layer_params: dict[str, int] = {}
         # optimizer state: (epoch, ids of the state's values, [(storage key, bytes, on GPU)])
         self._ocache: tuple[int, list[int], list[tuple[StorageKey, int, bool]]] | None = None
@@ -82,7 +91,7 @@ class TensorAccounts:
     def categories(self, include_per_layer: bool = False, phase: str = "optimizer") -> dict[str, Any]:
         """Bytes per category now (storages counted once, in the first category that claims them:
         weights, gradients, optimizer state, activations), and per layer when asked."""
-        params, wkeys, wbytes, cuda = self._weights()
+        params, wkeys, wbytes, cuda = self._weights(phase == "forward")
         gkeys, gbytes, gcount, gcuda = self._gradients(params, wkeys)
         cuda += gcuda
         entries = self._optimizer_state(phase)
@@ -160,13 +169,11 @@ class TensorAccounts:
         for opt in opts:
             for state in list(opt.state.values()):
                 for v in tensors_in(state.values() if isinstance(state, dict) else ()):
-                    st = v.untyped_storage()
-                    n = int(st.nbytes())
-                    k = (int(st.data_ptr()), n)
-                    if k in keys:
-                        continue
-                    keys.add(k)
-                    entries.append((k, n, bool(v.is_cuda)))
+                    for k, on_gpu in self.tracker.keys_or_note(v):
+                        if k in keys:
+                            continue
+                        keys.add(k)
+                        entries.append((k, k[1], on_gpu))
         if phase == "optimizer":
             self._ocache = (epoch, ids, entries)
         return entries
@@ -178,38 +185,39 @@ class TensorAccounts:
         no reference to it, and the whole result is reused while every parameter has the same gradient
         tensor (the backward and optimizer snapshots of a step, usually).
         """
-        ident = [(id(g), g.data_ptr()) for p in params if (g := p.grad) is not None]
+        ident = [(id(g), tensor_ptr(g)) for p in params if (g := p.grad) is not None]
         c = self._gcache
         if c is not None and c[0] == ident:
             return c[1]
         known = c[2] if c is not None else {}
         keys: set[StorageKey] = set()
         total = count = cuda = 0
-        memo: dict[tuple[int, int], tuple[StorageKey, bool]] = {}
+        memo: dict[tuple[int, int], list[tuple[StorageKey, bool]]] = {}
         for p in params:
             g = p.grad
             if g is None:
                 continue
-            i = (id(g), g.data_ptr())
+            i = (id(g), tensor_ptr(g))
             hit = known.get(i)
             if hit is None:
-                st = g.untyped_storage()
-                hit = ((st.data_ptr(), st.nbytes()), bool(g.is_cuda))
+                hit = self.tracker.keys_or_note(g)
             memo[i] = hit
-            k = hit[0]
-            if k in wkeys or k in keys:
-                continue
-            keys.add(k)
-            total += k[1]
-            count += 1
-            if hit[1]:
-                cuda += k[1]
+            for k, on_gpu in hit:
+                if k in wkeys or k in keys:
+                    continue
+                keys.add(k)
+                total += k[1]
+                count += 1
+                if on_gpu:
+                    cuda += k[1]
         value = (keys, total, count, cuda)
         self._gcache = (ident, value, memo)
         return value
 
-    def _weights(self) -> tuple[list[Any], set[StorageKey], int, int]:
-        """Parameters and buffers: (params, storage keys, bytes, bytes on a GPU), cached.
+    def _weights(self, forward: bool) -> tuple[list[Any], set[StorageKey], int, int]:
+        """Parameters and buffers: (params, storage keys, bytes, bytes on a GPU), cached, one cache
+        for the snapshots after the forward and one for the others (the modules may hold other
+        parameters then: FSDP2's unsharded ones, until the backward reshards them).
 
         They do not change from step to step unless a parameter's storage is replaced (moved to another
         device, loaded into a new tensor): the cache is rebuilt when a module or an optimizer shows up,
@@ -218,12 +226,12 @@ class TensorAccounts:
         """
         tracker = self.tracker
         key = (tracker.measure_step // EVERY, len(tracker.modules), len(self._optimizers))
-        c = self._wcache
+        c = self._wcache.get(forward)
         if c is not None and c[0] == key:
-            if self._wchecked == tracker.measure_step:
+            if self._wchecked.get(forward) == tracker.measure_step:
                 return c[1]
-            self._wchecked = tracker.measure_step
-            if [p.data_ptr() for p in c[1][0]] == c[2]:
+            self._wchecked[forward] = tracker.measure_step
+            if [tensor_ptr(p) for p in c[1][0]] == c[2]:
                 return c[1]
             tracker.roots.clear()  # the device of the model may have changed too
         params = list(self.params())
@@ -231,19 +239,17 @@ class TensorAccounts:
         total = cuda = 0
         tensors = [*params, *(b for m in list(tracker.modules) for b in m.buffers())]
         for t in tensors:
-            st = t.untyped_storage()
-            n = int(st.nbytes())
-            k = (int(st.data_ptr()), n)
-            if k in keys:
-                continue
-            keys.add(k)
-            total += n
-            if t.is_cuda:
-                cuda += n
+            for k, on_gpu in self.tracker.keys_or_note(t):
+                if k in keys:
+                    continue
+                keys.add(k)
+                total += k[1]
+                if on_gpu:
+                    cuda += k[1]
         layer_params = _layer_params(tracker.modules)
         value = (params, keys, total, cuda)
-        self._wcache = (key, value, [p.data_ptr() for p in params])
-        self._wchecked = tracker.measure_step
+        self._wcache[forward] = (key, value, [tensor_ptr(p) for p in params])
+        self._wchecked[forward] = tracker.measure_step
         self._layer_params = layer_params
         return value
 
@@ -263,7 +269,7 @@ def _layer_params(modules: Iterable[Any]) -> dict[str, int]:
     for m in list(modules):
         for name, sub in m.named_modules():
             label = f"{name} ({type(sub).__name__})" if name else type(sub).__name__
-            b = sum(int(p.untyped_storage().nbytes()) for p in sub.parameters(recurse=False))
+            b = sum(storage_bytes(p) for p in sub.parameters(recurse=False))
             if b:
                 layer_params[label] = layer_params.get(label, 0) + b
     return layer_params

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from holoprof.agent.core import Agent
 from holoprof.collect.memory_schedule import EVERY, is_sampled
+from holoprof.collect.memory_storage import storage_keys
 from holoprof.collect.torch.state import TorchState
 
 #: Bound on the saved-tensor records kept for one measured step (memory of the profiler itself).
@@ -85,6 +86,8 @@ class ForwardTracker:
         self._owner = 0  # thread running the outermost forward being measured (0: none)
         #: why the activations of the step being measured are not counted ("" when they are)
         self.unmeasured = ""
+        #: tensors not counted because their storage cannot be read: type name -> count
+        self.unreadable: dict[str, int] = {}
         self._active = False  # the current outermost forward is being measured
         self._layers = False  # this measured step attributes saved tensors to modules (per-layer list)
         self._track = False  # the current outermost forward keeps the module stack (active and layers)
@@ -302,19 +305,36 @@ class ForwardTracker:
         saved = self.saved
         try:
             # type() first: isinstance(t, Parameter) runs Parameter's metaclass hook, in Python
-            if len(saved) < MAX_SAVED_RECORDS and (
-                type(t) is self._tensor_cls or not isinstance(t, self._param_cls)
-            ):
-                st = t.untyped_storage()
-                box = _Saved(t)
+            plain = type(t) is self._tensor_cls
+            if len(saved) < MAX_SAVED_RECORDS and (plain or not isinstance(t, self._param_cls)):
                 stack = self._stack
-                saved.append(
-                    (_ref(box), (st.data_ptr(), st.nbytes()), t.is_cuda, stack[-1] if stack else "?")
-                )
+                layer = stack[-1] if stack else "?"
+                if plain:
+                    st = t.untyped_storage()
+                    box = _Saved(t)
+                    saved.append((_ref(box), (st.data_ptr(), st.nbytes()), t.is_cuda, layer))
+                    return box
+                keys = self.keys_or_note(t)  # a subclass (a DTensor: the storage of its local shard)
+                if not keys:
+                    return t
+                box = _Saved(t)
+                ref = _ref(box)
+                saved.extend((ref, k, on_gpu, layer) for k, on_gpu in keys)
                 return box
         except Exception as exc:
             self.owner.hook_failed(exc)
         return t
+
+    def keys_or_note(self, t: Any) -> list[tuple[tuple[int, int], bool]]:
+        """:func:`storage_keys` of ``t``; none for a tensor whose storage cannot be read (noted in
+        ``unreadable``: the snapshots say what was not counted instead of failing)."""
+        try:
+            return storage_keys(t)
+        except Exception:
+            name = type(t).__name__
+            if len(self.unreadable) < 20 or name in self.unreadable:
+                self.unreadable[name] = self.unreadable.get(name, 0) + 1
+            return []
 
     def prune_saved(self, all_dead: bool) -> None:
         self.saved = [] if all_dead else [s for s in self.saved if s[0]() is not None]

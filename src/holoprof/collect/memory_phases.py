@@ -59,6 +59,8 @@ class PhaseSnapshots:
             attrs["batch_size"] = self.tracker.batch_size
         if self.tracker.unmeasured:
             attrs["activations_unmeasured"] = self.tracker.unmeasured
+        if self.tracker.unreadable:  # not counted: their storage cannot be read
+            attrs["tensors_unmeasured"] = dict(self.tracker.unreadable)
         if "per_layer" in doc:
             attrs["per_layer"] = doc["per_layer"]
         t1 = now_ns()

@@ -36,7 +36,7 @@ def comm_group(doc: dict[str, Any]) -> Group | None:
         parts.append(
             Text(
                 f"{_bytes(c.get('bytes_per_step', 0))} per step; communication {_s(c.get('total_s_per_step', 0))} "
-                f"per step, {_s(c.get('overlapped_s_per_step', 0))} hidden behind backward, "
+                f"per step, {_s(c.get('overlapped_s_per_step', 0))} hidden behind compute, "
                 f"{_s(c.get('exposed_s_per_step', 0))} exposed ({100 * c.get('exposed_fraction', 0):.1f}% of the step)"
             )
         )

@@ -647,6 +647,9 @@ def _memory(doc: dict[str, Any]) -> str:
         parts.append(
             f"<p class='note'>Activations not measured on step(s) {esc(steps)}: {esc(un['why'])}</p>"
         )
+    tu = mem.get("tensors_unmeasured")
+    if tu:
+        parts.append(f"<p class='note'>Some tensors not measured: {esc(tu['why'])}</p>")
     layers = mem.get("per_layer") or []
     if layers:
         trs = "".join(

@@ -60,6 +60,9 @@ def memory_group(doc: dict[str, Any]) -> Group | None:
     if un:
         steps = ", ".join(str(s) for s in un["steps"][:8]) + (" ..." if len(un["steps"]) > 8 else "")
         parts.append(Text(f"activations not measured on step(s) {steps}: {un['why']}", style="yellow"))
+    tu = m.get("tensors_unmeasured")
+    if tu:
+        parts.append(Text(f"some tensors not measured: {tu['why']}", style="yellow"))
     layers = m.get("per_layer") or []
     if layers:
         lt = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)

@@ -8,6 +8,7 @@ from typing import Any
 from holoprof.agent.core import Collector, now_ns
 from holoprof.collect.torch.device import DeviceTimes
 from holoprof.collect.torch.state import TorchState
+from holoprof.collect.waits import phase_spans
 
 
 def install_backward(col: Collector, st: TorchState, dev: DeviceTimes, torch: ModuleType) -> None:
@@ -46,8 +47,9 @@ def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, 
                 if t0 < ready < t1:
                     # DDP: from the moment the last gradient bucket was ready, backward only
                     # waited for the buckets' allreduce (exposed communication)
-                    span("phase", "backward", t0, ready, steps.index)
-                    span("phase", "communication", ready, t1, steps.index, {"op": "ddp_allreduce"})
+                    phase_spans(agent, "backward", t0, t1, steps.index, (ready, "ddp_allreduce"))
+                elif t.waits is not None:  # it waited for communication (FSDP's reduce-scatters)
+                    phase_spans(agent, "backward", t0, t1, steps.index)
                 else:
                     span("phase", "backward", t0, t1, steps.index)
                 if ev0 is not None:

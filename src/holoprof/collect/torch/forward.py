@@ -8,6 +8,7 @@ from typing import Any
 from holoprof.agent.core import Collector, now_ns
 from holoprof.collect.torch.device import DeviceTimes
 from holoprof.collect.torch.state import TorchState
+from holoprof.collect.waits import phase_spans
 
 
 def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: ModuleType) -> None:
@@ -65,7 +66,10 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
             t.active = None
             try:
                 t1 = now_ns()
-                span("phase", name, t0, t1, steps.index)
+                if t.waits is None:
+                    span("phase", name, t0, t1, steps.index)
+                else:  # it waited for communication (FSDP's all-gathers): those parts are not forward
+                    phase_spans(agent, name, t0, t1, steps.index)
                 if ev0 is not None:
                     dev.end(name, steps.index, t0, ev0)
                 for o in observers:

@@ -13,6 +13,7 @@ from typing import Any
 from holoprof.agent.core import Collector, now_ns
 from holoprof.collect.torch.device import DeviceTimes
 from holoprof.collect.torch.state import TorchState
+from holoprof.collect.waits import phase_spans
 
 
 class OptimizerPhases:
@@ -159,7 +160,7 @@ class OptimizerPhases:
         """The optimizer's phase from the start of its step (or the end of its closure) to ``t1``."""
         t0, index = self.t0, self.steps.index
         if t1 > t0:
-            self.agent.span("phase", "optimizer", t0, t1, index)
+            phase_spans(self.agent, "optimizer", t0, t1, index)
         if self.ev0 is not None:
             self.dev.end("optimizer", index, t0, self.ev0)
             self.ev0 = None
