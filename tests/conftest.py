@@ -166,6 +166,7 @@ TIMING_MODULES = frozenset(
         "test_dask_engine.py",
         "test_io_report.py",
         "test_frameworks_torch.py",
+        "test_tf_distribute_keras.py",
     }
 )
 TIMING = "timing"
