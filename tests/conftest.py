@@ -183,6 +183,7 @@ TIMING_MODULES = frozenset(
         "test_io_report.py",
         "test_frameworks_torch.py",
         "test_fsdp.py",
+        "test_tf_distribute_keras.py",
     }
 )
 TIMING = "timing"

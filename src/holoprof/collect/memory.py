@@ -5,9 +5,11 @@ What is measured, with no change to the job:
 * **weights** — parameters (and buffers) of the modules that ran a training forward, plus the
   parameters the optimizers hold; **gradients** — their ``.grad``; **optimizer_state** — every tensor
   in ``optimizer.state`` (Adam: ``exp_avg``, ``exp_avg_sq`` and one 0-dim ``step`` tensor per
-  parameter). Optimizers are found through the global optimizer step hooks, modules through the torch
-  collector's ``Module.__call__`` wrapper, observed only while a sampled step runs (no module hook:
-  nothing ``torch.compile`` traces, nothing that runs in a step that is not measured).
+  parameter; of a Keras optimizer on the torch backend, its variables). Optimizers are found through
+  the global optimizer step hooks (Keras's through the TensorFlow/Keras collector, which runs the same
+  around Keras's update: :class:`~holoprof.collect.torch.state.OptimizerObserver`), modules through
+  the torch collector's ``Module.__call__`` wrapper, observed only while a sampled step runs (no
+  module hook: nothing ``torch.compile`` traces, nothing that runs in a step that is not measured).
 * **activations** — tensors saved for backward. During the outermost training forward of a sampled
   step, ``torch.autograd.graph.saved_tensors_hooks`` is pushed; its pack hook notes the storage of each
   saved tensor (parameters excluded) and the module that was running, and returns the tensor unchanged
@@ -26,7 +28,8 @@ in too), after the backward (at the optimizer's step pre-hook) and after the opt
 sampled steps: the first three steps, then one step in 200 (``holoprof run --memory full``: every
 step; ``--memory off``: none). Each snapshot is one span
 (kind ``op``, name ``memory``) with the categories in its attributes, plus samples
-``mem.<category>_bytes``. Loops without a ``torch.optim`` optimizer get their first step only.
+``mem.<category>_bytes``. Loops with neither a ``torch.optim`` optimizer nor a Keras one get their
+first step only.
 
 Here: the collector, which puts together the hooks (:mod:`holoprof.collect.memory_hooks`), the counts by
 category (:mod:`holoprof.collect.memory_accounts`) and the snapshots they make
@@ -110,6 +113,7 @@ class MemoryCollector(Collector):
             return
         self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(optim_mod.register_optimizer_step_post_hook(self._opt_post))
+        self.tracker.state.optimizer_observers.append(self)  # Keras's optimizers on the torch backend
         if self.mode != "off":
             self.tracker.arm()
         self.agent.info["memory"] = {"mode": self.mode, "every": self.every}
@@ -146,6 +150,13 @@ class MemoryCollector(Collector):
         if self.stop_after and self.agent.steps.index + 1 >= self.stop_after:
             self.agent.info["stopped_after_steps"] = self.stop_after
             raise SystemExit(0)  # asked for with --stop-after-steps: end the job cleanly now
+
+    # the same around the optimizer steps torch's hooks do not see (OptimizerObserver)
+    def step_begins(self, optimizer: Any) -> None:
+        self._opt_pre(optimizer, (), {})
+
+    def step_ends(self, optimizer: Any) -> None:
+        self._opt_post(optimizer, (), {})
 
     def hook_failed(self, exc: BaseException) -> None:
         """A hook raised: stop measuring, and turn the collector off (the job goes on)."""

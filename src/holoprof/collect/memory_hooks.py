@@ -282,9 +282,11 @@ class ForwardTracker:
         return root
 
     def _note_batch_size(self, args: Any) -> None:
+        """The first dimension of the first input that has a known one. A symbolic input has none
+        (Keras calls its layers on ``KerasTensor``s of shape ``(None, ...)`` to build them): skipped."""
         for a in args:
             shape = getattr(a, "shape", None)
-            if shape is not None and len(shape) > 0:
+            if shape is not None and len(shape) > 0 and isinstance(shape[0], int):
                 self.batch_size = int(shape[0])
                 break
 

@@ -14,7 +14,8 @@ installed in this order by :class:`~holoprof.collect.torch.collector.TorchCollec
   own phases (the optimizer's phase is the rest of the call).
 * :mod:`.zero_grad` — ``Optimizer.zero_grad`` and ``Module.zero_grad``: ``optimizer``.
 * :mod:`.dataloader` — ``_BaseDataLoaderIter.__next__``: ``data_wait``; a fetch whose batch feeds an
-  eval forward counts as ``eval``; the end of a training loader is an epoch boundary. The dataset
+  eval forward counts as ``eval``; the end of a training loader is an epoch boundary (except while a
+  framework loop counts the epochs itself: Keras's ``fit`` on the torch backend). The dataset
   fetchers: an ``op`` span ``fetch`` per batch, in the training process and in every DataLoader
   worker.
 * :mod:`.distributed` — ``torch.distributed.init_process_group``: the rank.

@@ -32,6 +32,16 @@ class NestedObserver(Protocol):
     def call(self, orig: Callable[..., Any], module: Any, args: Any, kwargs: Any) -> Any: ...
 
 
+class OptimizerObserver(Protocol):
+    """What another collector runs around an optimizer step that torch's global optimizer step hooks
+    do not see (a Keras optimizer on the torch backend), given a view of that optimizer that reads as
+    a torch one (``param_groups``, ``state``). Each catches its own errors."""
+
+    def step_begins(self, optimizer: Any) -> None: ...
+
+    def step_ends(self, optimizer: Any) -> None: ...
+
+
 class TorchState:
     """One process's shared state of the torch collector; :meth:`reset` makes it fresh (after fork)."""
 
@@ -41,6 +51,8 @@ class TorchState:
         self.observers: list[ForwardObserver] = []
         #: the observer of nested module calls, while one measures them
         self.nested: NestedObserver | None = None
+        #: observers of the optimizer steps that torch's optimizer hooks do not see
+        self.optimizer_observers: list[OptimizerObserver] = []
         self.reset()
 
     def reset(self) -> None:
@@ -52,6 +64,9 @@ class TorchState:
         self.epoch_start: dict[int, int] = {}
         self.epochs = 0
         self.unclaimed_epochs: dict[int, tuple[int, int]] = {}  # loader key -> (start, end)
+        #: framework loops in progress that count the epochs themselves (Keras's ``fit`` on the torch
+        #: backend, whose callback sees each epoch): the end of a loader is no epoch meanwhile
+        self.loop_epochs = 0
 
     def begin_forward(self, training: bool, t0: int) -> None:
         self.agent.steps.just_updated = False
@@ -93,7 +108,7 @@ class TorchState:
 
     def end_epoch(self, key: int, t1: int) -> None:
         start = self.epoch_start.pop(key, None)
-        if start is None:
+        if start is None or self.loop_epochs:
             return
         if key in self.train_loaders:
             self.epoch_span(key, start, t1)
