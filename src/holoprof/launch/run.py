@@ -191,6 +191,7 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> 
                     "layer": ["native"] * len(rows),
                     "path": [r["path"] for r in rows],
                     "counters": [json.dumps(r["counters"]) for r in rows],
+                    "mapped_pages": [r.get("mapped_pages") for r in rows],
                 },
                 seq=IMPORTED_SEQ + i,  # never the number of a raw chunk still waiting for conversion
                 writer=(host, int(header.get("pid") or pid)),

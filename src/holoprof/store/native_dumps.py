@@ -1,6 +1,8 @@
 """The files the native I/O library (:mod:`holoprof.collect.io_native`) writes at a process's exit
 (``<run>/<host>-<pid>/io_native-<pid>.jsonl``): one header line, then one Darshan-style counter record
-per file. Read here into ``io_files`` rows, by the launcher and by the analyses alike."""
+per file (with the distinct pages of a memory-mapped file the process brought in, over all its
+mappings, inherited ones included). Read here into ``io_files`` rows, by the launcher and by the
+analyses alike."""
 
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ def read_dump_header(path: str) -> dict[str, Any]:
 
 
 def read_dump(path: str) -> list[dict[str, Any]]:
-    """The ``io_files`` rows of a dump file (host, pid and rank -1 filled in from its header).
+    """The ``io_files`` rows of a dump file (host, pid and rank -1 filled in from its header; a mapped
+    file's distinct pages brought in as ``mapped_pages``, see :func:`pages_json`).
 
     A truncated last line (the process died while writing) is skipped.
     """
@@ -82,6 +85,7 @@ def read_dump(path: str) -> list[dict[str, Any]]:
     host = _dump_text(str(head.get("host", "")))
     pid = int(head.get("pid", -1))
     ts = int(head.get("ts_ns", 0))
+    page_size = int(head.get("page_size") or 4096)
     # counters that are zero are left out of the records: fill them in, in the header's order
     zeros: dict[str, dict[str, Any]] = {
         module: {name: (0.0 if "_F_" in name else 0) for name in names}
@@ -97,16 +101,45 @@ def read_dump(path: str) -> list[dict[str, Any]]:
             continue
         counters = dict(zeros.get(rec["module"], {}))
         counters.update(rec["counters"])
-        rows.append(
-            {
-                "host": host,
-                "pid": pid,
-                "rank": -1,
-                "ts_ns": ts,
-                "module": rec["module"],
-                "layer": LAYER,
-                "path": _dump_text(rec["path"]),
-                "counters": counters,
-            }
-        )
+        row = {
+            "host": host,
+            "pid": pid,
+            "rank": -1,
+            "ts_ns": ts,
+            "module": rec["module"],
+            "layer": LAYER,
+            "path": _dump_text(rec["path"]),
+            "counters": counters,
+        }
+        if rec.get("mapped_pages"):
+            row["mapped_pages"] = pages_json(page_size, rec["mapped_pages"])
+        rows.append(row)
     return rows
+
+
+# -- pages of mapped files --------------------------------------------------------------------------
+def pages_json(page_size: int, runs: list[list[int]]) -> str:
+    """The ``mapped_pages`` column of an ``io_files`` row: ``{"page_size", "pages": [[first, count]]}``."""
+    return json.dumps({"page_size": int(page_size), "pages": runs}, separators=(",", ":"))
+
+
+def read_pages(text: str | None) -> tuple[int, list[tuple[int, int]]] | None:
+    """A ``mapped_pages`` value as (page size, runs of pages); None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        return int(doc["page_size"]), [(int(a), int(n)) for a, n in doc["pages"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def union_bytes(runs: list[tuple[int, int]], page_size: int) -> int:
+    """The bytes of the pages in ``runs`` (first page, count), each page counted once."""
+    total, end = 0, -1
+    for first, count in sorted(runs):
+        last = first + count
+        if last > end:
+            total += last - max(first, end)
+            end = last
+    return total * page_size

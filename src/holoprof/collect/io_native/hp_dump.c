@@ -1,5 +1,8 @@
-/* hp_dump.c -- the dump of processes no agent reads: JSON lines written at exit (and at _exit/_Exit,
- * which skip destructors) to $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl, or on request. */
+/* hp_dump.c -- the files a process leaves in its folder of the run, $HOLOPROF_RUN_DIR/<host>-<pid>/:
+ *   io_native-<pid>.jsonl  the dump of its counters (JSON lines, with the distinct pages of each
+ *                          mapped file it brought in), written at exit (and at _exit/_Exit, which skip
+ *                          destructors) for processes no agent reads, or on request (an agent's final
+ *                          counters). */
 #include "hp_common.h"
 #include "hp_real.h"
 
@@ -251,6 +254,8 @@ static void jw_header(struct jw *w, const char *reason)
     jw_int(w, atomic_load(&g_dropped));
     jw_str(w, ",\"trace_dropped\":");
     jw_int(w, atomic_load(&g_trace_dropped));
+    jw_str(w, ",\"page_size\":");
+    jw_int(w, g_page);
     jw_str(w, ",\"counter_names\":{\"POSIX\":");
     jw_name_list(w, posix_int_names, posix_f_names);
     jw_str(w, ",\"STDIO\":");
@@ -258,7 +263,30 @@ static void jw_header(struct jw *w, const char *reason)
     jw_str(w, "}}\n");
 }
 
-/* one line per file touched in this process, with its non-zero counters */
+struct runs_ctx {
+    struct jw *w;
+    int first;
+};
+
+static void emit_run(void *ctx, uint64_t first, uint64_t count)
+{
+    struct runs_ctx *c = ctx;
+    struct jw *w = c->w;
+    char *o = jw_reserve(w, 48);
+    size_t k = 0;
+    if (!c->first)
+        o[k++] = ',';
+    c->first = 0;
+    o[k++] = '[';
+    k += fmt_int(o + k, (long)first);
+    o[k++] = ',';
+    k += fmt_int(o + k, (long)count);
+    o[k++] = ']';
+    w->len += k;
+}
+
+/* one line per file touched in this process, with its non-zero counters (and the distinct pages of
+ * a mapped file it brought in: "mapped_pages", runs of [first page, count] from offset 0) */
 static void jw_records(struct jw *w)
 {
     uint32_t n = atomic_load_explicit(&g_nrec, memory_order_acquire);
@@ -283,7 +311,14 @@ static void jw_records(struct jw *w)
             jw_names(w, stdio_int_jnames, copy.c, STDIO_NI, 0, &first);
             jw_names(w, stdio_f_jnames, copy.f, STDIO_NF, 1, &first);
         }
-        jw_str(w, "}}\n");
+        jw_str(w, "}");
+        if (copy.module == MOD_POSIX && copy.c[POSIX_BYTES_MAPPED_DISTINCT]) {
+            struct runs_ctx c = {w, 1};
+            jw_str(w, ",\"mapped_pages\":[");
+            pages_runs(i, emit_run, &c);
+            jw_str(w, "]");
+        }
+        jw_str(w, "}\n");
     }
 }
 
