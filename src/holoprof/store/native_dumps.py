@@ -1,8 +1,12 @@
-"""The files the native I/O library (:mod:`holoprof.collect.io_native`) writes at a process's exit
-(``<run>/<host>-<pid>/io_native-<pid>.jsonl``): one header line, then one Darshan-style counter record
-per file (with the distinct pages of a memory-mapped file the process brought in, over all its
-mappings, inherited ones included). Read here into ``io_files`` rows, by the launcher and by the
-analyses alike."""
+"""The files the native I/O library (:mod:`holoprof.collect.io_native`) leaves in a process's folder
+of the run (``<run>/<host>-<pid>/``), read here by the launcher, the reader and the analyses alike:
+
+* ``io_native-<pid>.jsonl``: the dump of its counters at exit, one header line, then one Darshan-style
+  counter record per file, with the distinct pages of a memory-mapped file the process brought in
+  (over all its mappings, inherited ones included); read into ``io_files`` rows;
+* ``exit-<pid>.json``: when a process an agent reads exited, after its interpreter's finalization (the
+  agent's own end is taken before); the process's end where it is later.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ LAYER: Final = "native"
 DUMP_PREFIX: Final = "io_native-"
 DUMP_SUFFIX: Final = ".jsonl"
 DUMP_FORMAT: Final = "holoprof.io_native/1"
+EXIT_PREFIX: Final = "exit-"
+EXIT_FORMAT: Final = "holoprof.exit/1"
 
 
 def path_text(raw: bytes) -> str:
@@ -27,8 +33,8 @@ def path_text(raw: bytes) -> str:
 
 
 # -- dump files -----------------------------------------------------------------------------------
-def dump_files(run_dir: str) -> list[str]:
-    """The dump files in a run directory (``<run>/<host>-<pid>/io_native-<pid>.jsonl``), sorted."""
+def _process_files(run_dir: str, prefix: str, suffix: str) -> list[str]:
+    """``<run>/<folder>/<prefix>*<suffix>`` files, sorted."""
     out: list[str] = []
     try:
         entries = list(os.scandir(run_dir))
@@ -39,11 +45,23 @@ def dump_files(run_dir: str) -> list[str]:
             continue
         try:
             for f in os.scandir(d.path):
-                if f.name.startswith(DUMP_PREFIX) and f.name.endswith(DUMP_SUFFIX) and f.is_file():
+                if f.name.startswith(prefix) and f.name.endswith(suffix) and f.is_file():
                     out.append(f.path)
         except OSError:
             continue
     return sorted(out)
+
+
+def dump_files(run_dir: str) -> list[str]:
+    """The dump files in a run directory (``<run>/<host>-<pid>/io_native-<pid>.jsonl``), sorted."""
+    return _process_files(run_dir, DUMP_PREFIX, DUMP_SUFFIX)
+
+
+def _folder_host(path: str, pid: int) -> str:
+    """The host of a process folder ``<host>-<pid>`` (its agent's name for it) holding ``path``."""
+    folder = os.path.basename(os.path.dirname(path))
+    tail = f"-{pid}"
+    return _dump_text(folder[: -len(tail)] if folder.endswith(tail) else folder.rpartition("-")[0])
 
 
 def _dump_text(s: str) -> str:
@@ -143,3 +161,26 @@ def union_bytes(runs: list[tuple[int, int]], page_size: int) -> int:
             total += last - max(first, end)
             end = last
     return total * page_size
+
+
+# -- exit times -------------------------------------------------------------------------------------
+def exit_files(run_dir: str) -> list[str]:
+    """The exit files in a run directory (``<run>/<host>-<pid>/exit-<pid>.json``), sorted."""
+    return _process_files(run_dir, EXIT_PREFIX, ".json")
+
+
+def exit_times(run_dir: str) -> dict[tuple[str, int], int]:
+    """When processes of the run exited, wall-clock ns, per (host, pid), from their ``exit-<pid>.json``
+    (those an agent read; unreadable files are skipped)."""
+    out: dict[tuple[str, int], int] = {}
+    for path in exit_files(run_dir):
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read())
+            if doc.get("format") != EXIT_FORMAT:
+                continue
+            pid, ns = int(doc["pid"]), int(doc["exit_ns"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out[(_folder_host(path, pid), pid)] = ns
+    return out

@@ -43,7 +43,7 @@
  *   hp_mmap.c      memory-mapped files: mmap, munmap and resident pages
  *   hp_pages.c     the distinct pages of each mapped file brought in (union over mappings)
  *   hp_stdio.c     fopen/fread/fwrite/... wrappers
- *   hp_dump.c      the JSON-lines dump at exit (and _exit/_Exit)
+ *   hp_dump.c      the JSON-lines dump at exit (and _exit/_Exit), the exit time
  *   hp_init.c      constructor, destructor and fork handlers
  *   hp_api.c       the exported API read from Python through ctypes
  *

@@ -2,7 +2,9 @@
  *   io_native-<pid>.jsonl  the dump of its counters (JSON lines, with the distinct pages of each
  *                          mapped file it brought in), written at exit (and at _exit/_Exit, which skip
  *                          destructors) for processes no agent reads, or on request (an agent's final
- *                          counters). */
+ *                          counters);
+ *   exit-<pid>.json        when it exited (the wall clock, after the interpreter's finalization), for
+ *                          processes an agent reads: the agent's own end is taken earlier. */
 #include "hp_common.h"
 #include "hp_real.h"
 
@@ -354,8 +356,9 @@ int write_dump(const char *target, const char *reason)
     return 0;
 }
 
-/* $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl */
-int default_dump_path(char *out, size_t cap)
+/* $HOLOPROF_RUN_DIR/<host>-<pid>/<prefix><pid><suffix>; the folder is made when `make` is set, else
+ * it must be there already (-1 otherwise) */
+static int proc_file_path(char *out, size_t cap, const char *prefix, const char *suffix, int make)
 {
     struct utsname u;
     if (!g_run_dir_len)
@@ -364,7 +367,8 @@ int default_dump_path(char *out, size_t cap)
         strcpy(u.nodename, "localhost");
     char pid[24];
     fmt_int(pid, raw_getpid());
-    size_t need = g_run_dir_len + 1 + strlen(u.nodename) + 1 + strlen(pid) + 1 + 10 + strlen(pid) + 7 + 1;
+    size_t need = g_run_dir_len + 1 + strlen(u.nodename) + 1 + strlen(pid) + 1 + strlen(prefix) + strlen(pid) +
+                  strlen(suffix) + 1;
     if (need > cap)
         return -1;
     char *p = out;
@@ -375,13 +379,48 @@ int default_dump_path(char *out, size_t cap)
     *p++ = '-';
     p = stpcpy(p, pid);
     *p = 0;
-    if (mkdir(out, 0700) != 0 && errno != EEXIST)
+    if (make ? mkdir(out, 0700) != 0 && errno != EEXIST : access(out, F_OK) != 0)
         return -1;
     *p++ = '/';
-    p = stpcpy(p, "io_native-");
+    p = stpcpy(p, prefix);
     p = stpcpy(p, pid);
-    stpcpy(p, ".jsonl");
+    stpcpy(p, suffix);
     return 0;
+}
+
+/* $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl */
+int default_dump_path(char *out, size_t cap) { return proc_file_path(out, cap, "io_native-", ".jsonl", 1); }
+
+/* {"format": ..., "pid": ..., "exit_ns": ..., "reason": ...} into the process's folder (when the agent
+ * made it): when this process ended, after everything it ran in user space. */
+static void write_exit_time(const char *reason)
+{
+    char target[PATH_MAX];
+    if (!g_run_dir_len || proc_file_path(target, sizeof target, "exit-", ".json", 0) != 0)
+        return;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    char buf[160], *p = buf;
+    p = stpcpy(p, "{\"format\":\"holoprof.exit/1\",\"pid\":");
+    p += fmt_int(p, raw_getpid());
+    p = stpcpy(p, ",\"exit_ns\":");
+    p += fmt_int(p, (long)((int64_t)now.tv_sec * 1000000000LL + now.tv_nsec));
+    p = stpcpy(p, ",\"reason\":\"");
+    p = stpcpy(p, reason);
+    p = stpcpy(p, "\"}\n");
+    int fd = real_open ? real_open(target, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
+    if (fd < 0)
+        return;
+    size_t len = (size_t)(p - buf), done = 0;
+    while (done < len) {
+        ssize_t k = real_write ? real_write(fd, buf + done, len - done) : -1;
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        done += (size_t)k;
+    }
+    real_close(fd);
 }
 
 void dump_at_exit(const char *reason)
@@ -389,8 +428,17 @@ void dump_at_exit(const char *reason)
     if (!atomic_load(&g_ready) || !g_run_dir_len || tl_in)
         return; /* tl_in: _exit from a signal handler that interrupted us while we hold a lock */
     pid_t pid = raw_getpid();
-    if (pid != g_pid || atomic_load(&g_owner_pid) == pid)
-        return; /* a vfork child, or a process whose agent reads the counters itself */
+    if (pid != g_pid)
+        return; /* a vfork child */
+    if (atomic_load(&g_owner_pid) == pid) {
+        /* its agent read the counters (and took its final dump); the end is ours to tell */
+        int e = errno;
+        tl_in = 1;
+        write_exit_time(reason);
+        tl_in = 0;
+        errno = e;
+        return;
+    }
     if (atomic_exchange(&g_dumping, 1))
         return;
     int saved = tl_in;
