@@ -77,6 +77,11 @@ def traced(tmp: Path, name: str, *argv: str, opts: tuple[str, ...] = ()) -> tupl
     return report_json(out), truth, trace
 
 
+def pages(truth: dict[str, Any]) -> int:
+    """The file's size rounded up to whole pages."""
+    return -(-int(truth["size"]) // PAGE) * PAGE
+
+
 def file_entry(doc: dict[str, Any], path: str) -> dict[str, Any]:
     (f,) = [f for f in doc["io"]["files_detail"] if f["path"] == path]
     return f
@@ -96,6 +101,7 @@ def test_memmap_read_whole_is_the_whole_file(tokens: str, tmp_path: Path) -> Non
     assert (f["mmaps"], f["bytes_mapped"], f["mmaps_measured"]) == (1, size, 1)
     # the script touched every byte: every page of the mapping was brought in, and no more
     assert size <= f["bytes_mapped_resident"] < size + PAGE
+    assert f["bytes_brought_in"] == f["bytes_mapped_resident"] == truth["pages_present_bytes"]
     assert doc["io"]["files_detail"][0]["path"] == tokens  # the largest file, though no read call read it
     assert (
         doc["io"]["mapped"]["files"] == 1
@@ -132,11 +138,58 @@ def test_memmap_random_windows(tokens: str, tmp_path: Path, layer: str) -> None:
         # pages brought in: at least what the script touched, at most what it mapped
         assert f["mmaps_measured"] == steps
         assert truth["bytes_touched"] <= f["bytes_mapped_resident"] <= f["bytes_mapped"]
+        # the distinct pages: those present when each memmap went, as the script saw its page tables
+        assert f["bytes_brought_in"] == truth["pages_present_bytes"]
+        assert (
+            truth["pages_touched_bytes"]
+            <= f["bytes_brought_in"]
+            <= min(f["bytes_mapped_resident"], pages(truth))
+        )
     else:
         assert f["bytes_mapped_resident"] is None and f["mmaps_measured"] == 0
     assert "small_file_io" not in {x["id"] for x in doc["findings"]}
     if trace is not None:
         s = strace_calls(trace, tokens)
+        assert (f["mmaps"], f["bytes_mapped"], f["reads"]) == (s["mmaps"], s["bytes_mapped"], s["reads"])
+
+
+def test_memmap_made_anew_per_batch_counts_each_page_once(tmp_path: Path) -> None:
+    """A loader that makes a new memmap of a small file for every batch: the mappings bring the same
+    pages in again and again (their sum is many times the file), the file's figure counts each page
+    once: the pages present when each memmap went, as the script saw them, never more than the file."""
+    path = tmp_path / "small.bin"
+    np.random.default_rng(1).integers(0, 65535, size=1_900_000, dtype=np.uint16).tofile(path)
+    steps = 60
+    doc, truth, _ = traced(
+        tmp_path, "small", str(SCRIPTS / "memmap_loader.py"), str(path), "windows", str(steps)
+    )
+    f = file_entry(doc, str(path))
+    assert (f["mmaps"], f["mmaps_measured"]) == (steps, steps)
+    assert f["bytes_mapped_resident"] > 2 * truth["size"]  # summed over the mappings
+    assert f["bytes_brought_in"] == truth["pages_present_bytes"]
+    assert truth["pages_touched_bytes"] <= f["bytes_brought_in"] <= pages(truth)
+    assert doc["io"]["mapped"]["bytes_brought_in"] == f["bytes_brought_in"]
+    assert doc["io"]["mapped"]["bytes_brought_in_exact"]
+
+
+def test_memmap_read_by_forked_workers_through_the_parents_mapping(tmp_path: Path) -> None:
+    """DataLoader workers forked after the parent mapped the file read its rows through the inherited
+    mapping (the parent touches none): what they brought in is counted, once per page over both."""
+    path = tmp_path / "rows.bin"
+    np.random.default_rng(2).integers(0, 255, size=4608 * 1999, dtype=np.uint8).tofile(path)
+    doc, truth, trace = traced(tmp_path, "workers", str(SCRIPTS / "memmap_workers.py"), str(path))
+    f = file_entry(doc, str(path))
+    assert (f["mmaps"], f["bytes_mapped"], f["processes"]) == (1, truth["size"], 3)
+    assert truth["rows_bytes"] <= truth["pages_touched_bytes"] <= f["bytes_brought_in"] <= pages(truth)
+    assert f["bytes_brought_in"] == truth["pages_present_bytes"]
+    assert doc["io"]["mapped"]["bytes_brought_in"] == f["bytes_brought_in"]
+    roles = doc["io"]["by_role"]
+    assert roles["dataloader_worker"]["processes"] == 2
+    # each worker's own pages: together at least the union, and the main process brought in none
+    assert roles["dataloader_worker"]["bytes_mapped_in"] >= f["bytes_brought_in"]
+    assert roles["main"]["bytes_mapped_in"] == 0
+    if trace is not None:
+        s = strace_calls(trace, str(path))
         assert (f["mmaps"], f["bytes_mapped"], f["reads"]) == (s["mmaps"], s["bytes_mapped"], s["reads"])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,22 @@ def test_a_process_shorter_than_a_sampler_tick_has_its_start_cpu_and_memory(tmp_
     assert st["cpu_s"] > 0.05, st
     assert st["max_rss_bytes"] > 64 << 20, st
     assert m0 - 0.02 <= start <= m1, (m0, start, m1)
+
+
+def test_a_process_ends_when_it_exits_not_when_its_agent_flushed(tmp_path: Path) -> None:
+    """The end of a Python stage is its real exit: after the interpreter's finalization (here an object
+    that takes 0.3 s to go at module teardown, after every atexit handler, the agent's final flush
+    included), as the shell that waited for it sees it."""
+    stage = "import time\nclass Slow:\n    def __del__(self):\n        time.sleep(0.3)\nslow = Slow()\n"
+    (tmp_path / "stage.py").write_text(stage)
+    sh = 'echo "$EPOCHREALTIME" > m0; "$PY" stage.py; echo "$EPOCHREALTIME" > m1'
+    run = traced(tmp_path, "bash", "-c", sh, env={"PY": sys.executable})
+    assert run.proc.returncode == 0, run.proc.stderr
+    m0, m1 = (float((tmp_path / m).read_text()) for m in ("m0", "m1"))
+    (st,) = [s for s in run.report["stages"] if s["name"] == "stage.py"]
+    t0 = run.report["run"]["start_ns"] / 1e9
+    assert m0 - 0.02 <= t0 + st["start_s"] and m1 - 0.05 <= t0 + st["end_s"] <= m1, (m0, st, m1)
+    # every reader of the run agrees: the processes table has the same end
+    rows = holoprof.load(run.run_dir).rows("SELECT argv, end_ns FROM processes")
+    (end_ns,) = [e for a, e in rows if json.loads(a) == ["stage.py"]]
+    assert m1 - 0.05 <= end_ns / 1e9 <= m1

@@ -92,10 +92,11 @@ def stop(status: str = "finished") -> str | None:
         pass  # the raw chunks stay; loading the run converts them
     try:
         # lazy: `import holoprof` stays light in every process; tracing loads on start()
-        from holoprof.launch.run import import_native_dumps
+        from holoprof.launch.run import import_exit_times, import_native_dumps
         from holoprof.store.convert import remove_empty_staging
 
         import_native_dumps(_STATE["run_dir"], _STATE.get("options"))
+        import_exit_times(_STATE["run_dir"])
         remove_empty_staging(_STATE["run_dir"])
     except Exception:
         pass

@@ -127,6 +127,9 @@ COLUMNS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("layer", "string"),  # native | python | darshan
         ("path", "string"),
         ("counters", "string"),  # JSON object: Darshan counter name -> value (all of them)
+        # JSON {"page_size", "pages": [[first page, count], ...]}: the distinct pages of a mapped file
+        # the process brought in (native layer, its final counters); null otherwise
+        ("mapped_pages", "string"),
     ),
     "io_ops": (
         *IDENTITY_COLUMNS,
@@ -199,8 +202,11 @@ _MPIIO_COUNTERS: Final = (
 )
 
 #: holoprof's own counters of memory-mapped files (Darshan counts only POSIX_MMAPS): bytes mapped, the
-#: largest offset mapped, and the pages brought in, measured when a mapping goes (see docs/io.md).
-MAPPED_COUNTERS: Final = "BYTES_MAPPED MAX_BYTE_MAPPED MMAPS_MEASURED BYTES_MAPPED_RESIDENT"
+#: largest offset mapped, and the pages brought in, measured when a mapping goes (see docs/io.md): summed
+#: over the mappings (RESIDENT) and as distinct pages of the file over all of them (DISTINCT).
+MAPPED_COUNTERS: Final = (
+    "BYTES_MAPPED MAX_BYTE_MAPPED MMAPS_MEASURED BYTES_MAPPED_RESIDENT BYTES_MAPPED_DISTINCT"
+)
 
 
 def _darshan_counters() -> tuple[tuple[str, str], ...]:

@@ -80,6 +80,7 @@ _SUMS = (
     ("max_byte_mapped", "MAX_BYTE_MAPPED"),
     ("mmaps_measured", "MMAPS_MEASURED"),
     ("bytes_mapped_resident", "BYTES_MAPPED_RESIDENT"),
+    ("bytes_mapped_distinct", "BYTES_MAPPED_DISTINCT"),
 )
 _FLOATS = (
     ("read_time_s", "F_READ_TIME"),
@@ -335,21 +336,93 @@ def _by_module(rows: list[FileRow]) -> dict[str, dict[str, int]]:
 def _touched(f: FileRow) -> bool:
     v = f.v
     return bool(
-        v["opens"] or v["reads"] or v["writes"] or v["bytes_read"] or v["bytes_written"] or v["mmaps"]
+        v["opens"] or v["reads"] or v["writes"] or v["bytes_read"] or v["bytes_written"] or _mapped_in(v)
     )
 
 
+def _mapped_in(v: dict[str, float]) -> bool:
+    """Mapped, or brought in through a mapping (a forked child reads through its parent's mappings:
+    it made none of them)."""
+    return bool(v["mmaps"] or v["bytes_mapped_resident"] or v["bytes_mapped_distinct"])
+
+
+def _process_pages(v: dict[str, float]) -> float:
+    """The distinct bytes of a file one process brought in through its mappings (the resident bytes
+    summed over mappings, where the run predates the distinct count)."""
+    return v["bytes_mapped_distinct"] or v["bytes_mapped_resident"]
+
+
 def _mapped_bytes(d: dict[str, float]) -> float:
-    """The bytes a file's mappings brought into the process: the resident pages where every mapping
-    was measured; scaled from the measured ones to all where only some were (the native layer
-    measures within a time budget); the bytes mapped (an upper bound) where none was."""
-    if not d["mmaps"]:
+    """The bytes a file's mappings brought in: its distinct pages (``pages``: the union over mappings
+    and processes) where every mapping was measured; where only some were (the native layer measures
+    within a time budget), at least that and at most the scaled per-mapping figure; the bytes mapped
+    (an upper bound) where none was."""
+    if not _mapped_in(d):
         return 0.0
     if d["mmaps_measured"] >= d["mmaps"]:
-        return d["bytes_mapped_resident"]
+        return d["pages"]
     if d["mmaps_measured"] > 0:
-        return min(d["bytes_mapped"], d["bytes_mapped_resident"] * d["mmaps"] / d["mmaps_measured"])
-    return d["bytes_mapped"]
+        scaled = d["bytes_mapped_resident"] * d["mmaps"] / d["mmaps_measured"]
+        return max(d["pages"], min(d["bytes_mapped"], scaled, _page_ceil(d["extent"], d)))
+    return max(d["pages"], d["bytes_mapped"])
+
+
+def _page_ceil(n: float, d: dict[str, float]) -> float:
+    page = d.get("page_size") or 4096
+    return -(-n // page) * page
+
+
+#: Per process and file, the distinct pages of a mapped file it brought in (its newest record of them).
+_PAGES = Aggregation(
+    name="io-mapped-pages",
+    table="io_files",
+    columns=("host", "pid", "path", "mapped_pages", "ts_ns"),
+    chunk="""SELECT host, pid, path, arg_max(mapped_pages, ts_ns) AS pages, max(ts_ns) AS ts
+        FROM {t} WHERE mapped_pages IS NOT NULL GROUP BY host, pid, path""",
+    combine="""SELECT host, pid, path, arg_max(pages, ts) AS pages, max(ts) AS ts
+        FROM {t} GROUP BY host, pid, path""",
+    final="SELECT host, pid, path, pages FROM {t}",
+    order="host, pid, path",
+)
+
+
+def _page_sets(run: Run, ctx: dict[str, Any] | None) -> dict[tuple[str, int, str], str]:
+    """The ``mapped_pages`` of every (host, pid, path): from ``io_files``, else from a native dump not
+    imported yet (a live run)."""
+    out = {(str(h), int(p), str(f)): str(v) for h, p, f, v in aggregate(run, ctx, _PAGES) if v}
+    for path in native_dumps.dump_files(run.path):
+        try:
+            rows = native_dumps.read_dump(path)
+        except (OSError, ValueError):
+            continue
+        for r in rows:
+            if r.get("mapped_pages"):
+                out.setdefault((str(r["host"]), int(r["pid"]), str(r["path"])), r["mapped_pages"])
+    return out
+
+
+def _mapped_pages(
+    run: Run, ctx: dict[str, Any] | None, per: dict[str, dict[str, float]], rows: list[FileRow]
+) -> None:
+    """Per file, ``pages``: the bytes of the distinct pages brought in through mappings, the union over
+    mappings and processes (per host, summed over hosts) of the page sets the native library recorded;
+    a process without one (a library that predates them) adds its own count."""
+    union: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    covered: set[tuple[str, int, str]] = set()
+    page_of: dict[str, int] = {}
+    for (host, pid, p), text in _page_sets(run, ctx).items():
+        got = native_dumps.read_pages(text) if p in per else None
+        if got is None or page_of.setdefault(p, got[0]) != got[0]:
+            continue
+        union.setdefault((host, p), []).extend(got[1])
+        covered.add((host, pid, p))
+    for (_, p), runs in union.items():
+        per[p]["pages"] += native_dumps.union_bytes(runs, page_of[p])
+        per[p]["page_size"] = page_of[p]
+    for f in rows:
+        d = per.get(f.path)
+        if d is not None and (f.host, f.pid, f.path) not in covered and f.module == "POSIX":
+            d["pages"] += _process_pages(f.v)
 
 
 def _roles(run: Run) -> dict[tuple[str, int], str]:
@@ -425,7 +498,7 @@ def _time_series(run: Run, ctx: dict[str, Any] | None, t0_ns: int) -> list[list[
 
 
 #: Per-file sums of the mapping counters.
-_MAPPED_SUMS = ("mmaps", "bytes_mapped", "mmaps_measured", "bytes_mapped_resident")
+_MAPPED_SUMS = ("mmaps", "bytes_mapped", "mmaps_measured", "bytes_mapped_resident", "bytes_mapped_distinct")
 
 
 def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
@@ -450,9 +523,10 @@ def _section(
     tot = _totals(rows)
     hist = _read_size_histogram(rows)
     touched = {
-        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or d["mmaps"]
+        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or _mapped_in(d)
     }
-    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or d["mmaps"]}
+    _mapped_pages(run, ctx, touched, rows)
+    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or _mapped_in(d)}
     sizes = [d["extent"] for d in read_files.values()]
     start_ns, end_ns = _run_bounds(run, ctx)
     ref = _reference_bandwidth(run, read_files)
@@ -478,7 +552,7 @@ def _section(
         "reference_bandwidth": {"bytes_per_s": round(ref[0], 1), "source": ref[1]} if ref else {},
         "data_wait": _data_wait(st, tot),
         "staging": _staging(read_files, ref),
-        "mapped": _mapped_section({p: d for p, d in touched.items() if d["mmaps"]}),
+        "mapped": _mapped_section({p: d for p, d in touched.items() if _mapped_in(d)}),
         "files_detail": _files_detail(touched),
     }
 
@@ -540,6 +614,7 @@ def _new_path_sums() -> dict[str, float]:
         "extent": 0.0,
         "processes": 0.0,
         "small_reads": 0.0,
+        "pages": 0.0,
         **{k: 0.0 for k in _MAPPED_SUMS},
     }
 
@@ -646,8 +721,16 @@ def _bandwidths(rows: list[FileRow], tot: dict[str, float], start_ns: int, end_n
     }
 
 
-#: The per-role sums of the counters of the same name.
-_ROLE_SUMS = ("bytes_read", "bytes_written", "reads", "writes", "read_time_s", "meta_time_s")
+#: The per-role sums of the counters of the same name (and the bytes brought in through mappings).
+_ROLE_SUMS = (
+    "bytes_read",
+    "bytes_written",
+    "reads",
+    "writes",
+    "read_time_s",
+    "meta_time_s",
+    "bytes_mapped_in",
+)
 
 
 def _by_role(rows: list[FileRow], roles: dict[tuple[str, int], str]) -> dict[str, dict[str, Any]]:
@@ -659,8 +742,9 @@ def _by_role(rows: list[FileRow], roles: dict[tuple[str, int], str]) -> dict[str
         # no processes row: a process without an agent (its native dump), or Darshan's shared records
         role = roles.get((f.host, f.pid), "untraced" if f.pid >= 0 else "shared")
         r = by_role.setdefault(role, {k: 0.0 for k in _ROLE_SUMS})
-        for k in r:
+        for k in _ROLE_SUMS[:-1]:
             r[k] += f.v[k]
+        r["bytes_mapped_in"] += _process_pages(f.v) if f.module == "POSIX" else 0.0
         procs.setdefault(role, set()).add((f.host, f.pid))
     return {
         role: {
@@ -701,14 +785,16 @@ def _data_wait(st: Any, tot: dict[str, float]) -> dict[str, Any]:
 
 
 def _mapped_doc(d: dict[str, float]) -> dict[str, Any]:
-    """A file's mappings: how many, the bytes mapped, and the bytes of them the process brought in
-    (resident pages, measured when a mapping goes; None where no mapping of the file was measured)."""
-    resident = int(d["bytes_mapped_resident"]) if d["mmaps_measured"] or not d["mmaps"] else None
+    """A file's mappings: how many, the bytes mapped, the bytes of them brought in summed over the
+    mappings and processes (resident pages, measured when a mapping goes; None where no mapping of the
+    file was measured), and as distinct pages of the file (``bytes_brought_in``)."""
+    measured = d["mmaps_measured"] or d["bytes_mapped_resident"] or not d["mmaps"]
     return {
         "mmaps": int(d["mmaps"]),
         "bytes_mapped": int(d["bytes_mapped"]),
-        "bytes_mapped_resident": resident,
+        "bytes_mapped_resident": int(d["bytes_mapped_resident"]) if measured else None,
         "mmaps_measured": int(d["mmaps_measured"]),
+        **({"bytes_brought_in": int(_mapped_bytes(d)) if measured else None} if "pages" in d else {}),
     }
 
 

@@ -35,6 +35,7 @@ from holoprof.store import native_dumps, rundir
 from holoprof.store.chunks import write_chunk
 from holoprof.store.compact import compact_run
 from holoprof.store.convert import Converter, remove_empty_staging
+from holoprof.store.reader import load
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -191,6 +192,7 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> 
                     "layer": ["native"] * len(rows),
                     "path": [r["path"] for r in rows],
                     "counters": [json.dumps(r["counters"]) for r in rows],
+                    "mapped_pages": [r.get("mapped_pages") for r in rows],
                 },
                 seq=IMPORTED_SEQ + i,  # never the number of a raw chunk still waiting for conversion
                 writer=(host, int(header.get("pid") or pid)),
@@ -198,6 +200,31 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> 
             n += len(rows)
         os.remove(path)  # its rows are in io_files now
     return n
+
+
+EXIT_SEQ = 91_000_000
+
+
+def import_exit_times(run_dir: str) -> int:
+    """The exit times the native library recorded for traced processes (``exit-<pid>.json``: after
+    their interpreter's finalization, which their agent's final row precedes) into ``processes``: per
+    process, its newest row again, ended when it exited. The files are removed once written; until
+    then a loaded run reads them itself."""
+    paths = native_dumps.exit_files(run_dir)
+    if not paths:
+        return 0
+    run = load(run_dir)
+    keys = set(native_dumps.exit_times(run_dir))
+    names = model.column_names("processes")
+    rows = [r for r in run.rows(f"SELECT {', '.join(names)} FROM processes") if (r[0], r[1]) in keys]
+    cols: dict[str, list[Any]] = {k: [r[i] for r in rows] for i, k in enumerate(names)}
+    cols["updated_ns"] = [
+        max(int(u or 0), int(e or 0)) for u, e in zip(cols["updated_ns"], cols["end_ns"], strict=True)
+    ]
+    write_chunk(run_dir, "processes", cols, seq=EXIT_SEQ)  # a part in each process's partition
+    for path in paths:
+        os.remove(path)
+    return len(rows)
 
 
 def run(
@@ -369,5 +396,11 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[
             storage.error = storage.error or f"{exc.strerror or exc}"
         except Exception as exc:
             sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
+        try:
+            import_exit_times(run_dir)
+        except OSError as exc:
+            storage.error = storage.error or f"{exc.strerror or exc}"
+        except Exception as exc:  # the exit files stay: loading the run reads them
+            sys.stderr.write(f"holoprof: could not record when the processes exited ({exc})\n")
         remove_empty_staging(run_dir)
     return (rc if rc >= 0 else 128 - rc), storage

@@ -24,19 +24,19 @@ def _rate(b: float) -> str:
 
 def _mapped_line(m: dict[str, Any]) -> str:
     line = f"{m['files']} files memory-mapped ({m['mmaps']} mappings, {fmt_bytes(m['bytes_mapped'])} mapped"
-    if m.get("bytes_mapped_resident") is not None and m.get("mmaps_measured"):
-        line += (
-            f"; {fmt_bytes(m['bytes_mapped_resident'])} brought in by {m['mmaps_measured']} measured mappings"
-        )
+    if m.get("bytes_mapped_resident") is not None:
+        line += f"; {fmt_bytes(m['bytes_brought_in'])} brought in"
+        if not m.get("bytes_brought_in_exact", True):
+            line += " (estimated: not every mapping was measured)"
     return line + "): their data is read through the mapping, not in read calls"
 
 
 def _mapped_cell(f: dict[str, Any]) -> str:
-    if not f.get("mmaps"):
+    if not f.get("mmaps") and not f.get("bytes_brought_in"):
         return "-"
     cell = fmt_bytes(f.get("bytes_mapped", 0))
-    resident = f.get("bytes_mapped_resident")
-    return cell if resident is None else f"{cell} ({fmt_bytes(resident)} in)"
+    brought = f.get("bytes_brought_in")
+    return cell if brought is None else f"{cell} ({fmt_bytes(brought)} in)"
 
 
 def io_group(doc: dict[str, Any]) -> Group | None:

@@ -1,9 +1,16 @@
-"""The files the native I/O library (:mod:`holoprof.collect.io_native`) writes at a process's exit
-(``<run>/<host>-<pid>/io_native-<pid>.jsonl``): one header line, then one Darshan-style counter record
-per file. Read here into ``io_files`` rows, by the launcher and by the analyses alike."""
+"""The files the native I/O library (:mod:`holoprof.collect.io_native`) leaves in a process's folder
+of the run (``<run>/<host>-<pid>/``), read here by the launcher, the reader and the analyses alike:
+
+* ``io_native-<pid>.jsonl``: the dump of its counters at exit, one header line, then one Darshan-style
+  counter record per file, with the distinct pages of a memory-mapped file the process brought in
+  (over all its mappings, inherited ones included); read into ``io_files`` rows;
+* ``exit-<pid>.json``: when a process an agent reads exited, after its interpreter's finalization (the
+  agent's own end is taken before); the process's end where it is later.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Final
 
@@ -15,6 +22,8 @@ DUMP_SUFFIX: Final = ".jsonl"
 DUMP_FORMAT: Final = "holoprof.io_native/1"
 #: a dump holds one record (about 1 KiB) per file a process used; a larger file is not read
 MAX_DUMP_BYTES: Final = 4 * 2**30
+EXIT_PREFIX: Final = "exit-"
+EXIT_FORMAT: Final = "holoprof.exit/1"
 
 
 def path_text(raw: bytes) -> str:
@@ -28,8 +37,8 @@ def path_text(raw: bytes) -> str:
 
 
 # -- dump files -----------------------------------------------------------------------------------
-def dump_files(run_dir: str) -> list[str]:
-    """The dump files in a run directory (``<run>/<host>-<pid>/io_native-<pid>.jsonl``), sorted."""
+def _process_files(run_dir: str, prefix: str, suffix: str) -> list[str]:
+    """``<run>/<folder>/<prefix>*<suffix>`` files, sorted."""
     out: list[str] = []
     try:
         entries = list(os.scandir(run_dir))
@@ -40,11 +49,23 @@ def dump_files(run_dir: str) -> list[str]:
             continue
         try:
             for f in os.scandir(d.path):
-                if f.name.startswith(DUMP_PREFIX) and f.name.endswith(DUMP_SUFFIX) and f.is_file():
+                if f.name.startswith(prefix) and f.name.endswith(suffix) and f.is_file():
                     out.append(f.path)
         except OSError:
             continue
     return sorted(out)
+
+
+def dump_files(run_dir: str) -> list[str]:
+    """The dump files in a run directory (``<run>/<host>-<pid>/io_native-<pid>.jsonl``), sorted."""
+    return _process_files(run_dir, DUMP_PREFIX, DUMP_SUFFIX)
+
+
+def _folder_host(path: str, pid: int) -> str:
+    """The host of a process folder ``<host>-<pid>`` (its agent's name for it) holding ``path``."""
+    folder = os.path.basename(os.path.dirname(path))
+    tail = f"-{pid}"
+    return _dump_text(folder[: -len(tail)] if folder.endswith(tail) else folder.rpartition("-")[0])
 
 
 def _dump_text(s: str) -> str:
@@ -71,7 +92,8 @@ def read_dump_header(path: str) -> dict[str, Any]:
 
 
 def read_dump(path: str) -> list[dict[str, Any]]:
-    """The ``io_files`` rows of a dump file (host, pid and rank -1 filled in from its header).
+    """The ``io_files`` rows of a dump file (host, pid and rank -1 filled in from its header; a mapped
+    file's distinct pages brought in as ``mapped_pages``, see :func:`pages_json`).
 
     A truncated last line (the process died while writing) is skipped.
     """
@@ -84,6 +106,7 @@ def read_dump(path: str) -> list[dict[str, Any]]:
     host = _dump_text(str(head.get("host", "")))
     pid = int(head.get("pid", -1))
     ts = int(head.get("ts_ns", 0))
+    page_size = int(head.get("page_size") or 4096)
     # counters that are zero are left out of the records: fill them in, in the header's order
     zeros: dict[str, dict[str, Any]] = {
         module: {name: (0.0 if "_F_" in name else 0) for name in names}
@@ -101,18 +124,19 @@ def read_dump(path: str) -> list[dict[str, Any]]:
             continue  # not a record the library writes
         counters = dict(zeros.get(rec["module"], {}))
         counters.update(rec["counters"])
-        rows.append(
-            {
-                "host": host,
-                "pid": pid,
-                "rank": -1,
-                "ts_ns": ts,
-                "module": rec["module"],
-                "layer": LAYER,
-                "path": _dump_text(rec["path"]),
-                "counters": counters,
-            }
-        )
+        row = {
+            "host": host,
+            "pid": pid,
+            "rank": -1,
+            "ts_ns": ts,
+            "module": rec["module"],
+            "layer": LAYER,
+            "path": _dump_text(rec["path"]),
+            "counters": counters,
+        }
+        if rec.get("mapped_pages"):
+            row["mapped_pages"] = pages_json(page_size, rec["mapped_pages"])
+        rows.append(row)
     return rows
 
 
@@ -123,3 +147,53 @@ def _is_record(rec: Any) -> bool:
         and isinstance(rec.get("path"), str)
         and isinstance(rec.get("counters"), dict)
     )
+
+
+# -- pages of mapped files --------------------------------------------------------------------------
+def pages_json(page_size: int, runs: list[list[int]]) -> str:
+    """The ``mapped_pages`` column of an ``io_files`` row: ``{"page_size", "pages": [[first, count]]}``."""
+    return json.dumps({"page_size": int(page_size), "pages": runs}, separators=(",", ":"))
+
+
+def read_pages(text: str | None) -> tuple[int, list[tuple[int, int]]] | None:
+    """A ``mapped_pages`` value as (page size, runs of pages); None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        return int(doc["page_size"]), [(int(a), int(n)) for a, n in doc["pages"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def union_bytes(runs: list[tuple[int, int]], page_size: int) -> int:
+    """The bytes of the pages in ``runs`` (first page, count), each page counted once."""
+    total, end = 0, -1
+    for first, count in sorted(runs):
+        last = first + count
+        if last > end:
+            total += last - max(first, end)
+            end = last
+    return total * page_size
+
+
+# -- exit times -------------------------------------------------------------------------------------
+def exit_files(run_dir: str) -> list[str]:
+    """The exit files in a run directory (``<run>/<host>-<pid>/exit-<pid>.json``), sorted."""
+    return _process_files(run_dir, EXIT_PREFIX, ".json")
+
+
+def exit_times(run_dir: str) -> dict[tuple[str, int], int]:
+    """When processes of the run exited, wall-clock ns, per (host, pid), from their ``exit-<pid>.json``
+    (those an agent read; unreadable files are skipped)."""
+    out: dict[tuple[str, int], int] = {}
+    for path in exit_files(run_dir):
+        try:
+            doc = safeio.read_json(path, 1 << 16)
+            if not isinstance(doc, dict) or doc.get("format") != EXIT_FORMAT:
+                continue
+            pid, ns = int(doc["pid"]), int(doc["exit_ns"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out[(_folder_host(path, pid), pid)] = ns
+    return out

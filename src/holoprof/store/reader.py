@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from holoprof import model
 from holoprof.errors import HoloprofError, MissingExtraError, printable_text
-from holoprof.store import convert, layout, rundir, safeio
+from holoprof.store import convert, layout, native_dumps, rundir, safeio
 from holoprof.store.pack import open_run
 
 T = TypeVar("T")
@@ -145,13 +145,19 @@ class Run:
             cols_ = ", ".join(f'"{n}" {model.duckdb_type(t)}' for n, t in model.COLUMNS[table])
             self.con.execute(f"CREATE TABLE {raw} ({cols_})")
         if table == "processes":
-            # Rows are snapshots: keep the newest per process, an agent's own row over the sampler's.
+            self._register_exits()
+            # Rows are snapshots: keep the newest per process, an agent's own row over the sampler's. A
+            # process ends when it exited (its exit file), where that is after the agent's final row.
             self.con.execute(
-                """CREATE VIEW processes AS SELECT * EXCLUDE (rn) FROM (
+                """CREATE VIEW processes AS SELECT p.* REPLACE (
+                     CASE WHEN x.exit_ns >= p.start_ns AND x.exit_ns > coalesce(p.end_ns, 0)
+                          THEN x.exit_ns ELSE p.end_ns END AS end_ns)
+                   FROM (SELECT * EXCLUDE (rn) FROM (
                      SELECT *, row_number() OVER (
                        PARTITION BY host, pid
                        ORDER BY (coalesce(info, '') LIKE '%"source": "sampler"%'), updated_ns DESC) AS rn
-                     FROM processes_raw) WHERE rn = 1"""
+                     FROM processes_raw) WHERE rn = 1) p
+                   LEFT JOIN process_exits x ON x.host = p.host AND x.pid = p.pid"""
             )
         if table == "io_files":
             self.con.execute("CREATE VIEW io_files AS SELECT * FROM io_files_raw")
@@ -163,6 +169,13 @@ class Run:
                        ORDER BY (counters IS NULL), ts_ns DESC, counters DESC) AS rn
                      FROM io_files_raw) WHERE rn = 1"""
             )
+
+    def _register_exits(self) -> None:
+        """``process_exits``: when the processes an agent read exited (the native library's exit files)."""
+        self.con.execute("CREATE TABLE process_exits (host VARCHAR, pid BIGINT, exit_ns BIGINT)")
+        rows = [(h, p, ns) for (h, p), ns in native_dumps.exit_times(self.path).items()]
+        if rows:
+            self.con.executemany("INSERT INTO process_exits VALUES (?, ?, ?)", rows)
 
     def _readable(self, table: str, files: list[str]) -> list[str]:
         """The files whose footer reads and whose columns have the schema's types; the others are

@@ -41,8 +41,9 @@
  *   hp_stat.c      stat family, fsync/fdatasync wrappers
  *   hp_rename.c    rename wrappers: counters follow a file to its new name
  *   hp_mmap.c      memory-mapped files: mmap, munmap and resident pages
+ *   hp_pages.c     the distinct pages of each mapped file brought in (union over mappings)
  *   hp_stdio.c     fopen/fread/fwrite/... wrappers
- *   hp_dump.c      the JSON-lines dump at exit (and _exit/_Exit)
+ *   hp_dump.c      the JSON-lines dump at exit (and _exit/_Exit), the exit time
  *   hp_init.c      constructor, destructor and fork handlers
  *   hp_api.c       the exported API read from Python through ctypes
  *
@@ -112,6 +113,7 @@
 #define MAX_EXCLUDES 32
 #define MAP_CAP 4096u             /* live file mappings whose resident pages are measured at munmap */
 #define MAP_MEASURE_MAX (1ull << 30) /* larger mappings are not measured (the page-table walk) */
+#define PAGES_MAX (1ull << 26)     /* pages of a file whose set is kept (256 GiB of 4 KiB pages) */
 #define TRACE_MAX_RECORDS (1u << 24)
 
 /* ------------------------------------------------------------------------------------------------
@@ -127,7 +129,8 @@
     X(POSIX_MAX_BYTE_READ) X(POSIX_MAX_BYTE_WRITTEN) X(POSIX_CONSEC_READS) X(POSIX_CONSEC_WRITES) \
     X(POSIX_SEQ_READS) X(POSIX_SEQ_WRITES) X(POSIX_RW_SWITCHES) X(POSIX_MAX_READ_TIME_SIZE) \
     X(POSIX_MAX_WRITE_TIME_SIZE) SIZE_BUCKETS(X, POSIX_SIZE_READ) SIZE_BUCKETS(X, POSIX_SIZE_WRITE) \
-    X(POSIX_BYTES_MAPPED) X(POSIX_MAX_BYTE_MAPPED) X(POSIX_MMAPS_MEASURED) X(POSIX_BYTES_MAPPED_RESIDENT)
+    X(POSIX_BYTES_MAPPED) X(POSIX_MAX_BYTE_MAPPED) X(POSIX_MMAPS_MEASURED) X(POSIX_BYTES_MAPPED_RESIDENT) \
+    X(POSIX_BYTES_MAPPED_DISTINCT)
 
 #define POSIX_F_COUNTERS(X) \
     X(POSIX_F_OPEN_START_TIMESTAMP) X(POSIX_F_READ_START_TIMESTAMP) \
@@ -378,6 +381,11 @@ HIDDEN int32_t follow_rename(int fd, int32_t ri);
 /* hp_mmap.c */
 HIDDEN void map_release_all(void);
 HIDDEN void map_reset_after_fork(void);
+
+/* hp_pages.c */
+HIDDEN int64_t pages_add(uint32_t ri, uint64_t first, const uint64_t *pagemap, uint64_t n);
+HIDDEN long pages_runs(uint32_t ri, void (*emit)(void *ctx, uint64_t first, uint64_t count), void *ctx);
+HIDDEN void pages_reset_after_fork(void);
 
 /* hp_dump.c */
 HIDDEN int default_dump_path(char *out, size_t cap);

@@ -1,5 +1,10 @@
-/* hp_dump.c -- the dump of processes no agent reads: JSON lines written at exit (and at _exit/_Exit,
- * which skip destructors) to $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl, or on request. */
+/* hp_dump.c -- the files a process leaves in its folder of the run, $HOLOPROF_RUN_DIR/<host>-<pid>/:
+ *   io_native-<pid>.jsonl  the dump of its counters (JSON lines, with the distinct pages of each
+ *                          mapped file it brought in), written at exit (and at _exit/_Exit, which skip
+ *                          destructors) for processes no agent reads, or on request (an agent's final
+ *                          counters);
+ *   exit-<pid>.json        when it exited (the wall clock, after the interpreter's finalization), for
+ *                          processes an agent reads: the agent's own end is taken earlier. */
 #include "hp_common.h"
 #include "hp_real.h"
 
@@ -251,6 +256,8 @@ static void jw_header(struct jw *w, const char *reason)
     jw_int(w, atomic_load(&g_dropped));
     jw_str(w, ",\"trace_dropped\":");
     jw_int(w, atomic_load(&g_trace_dropped));
+    jw_str(w, ",\"page_size\":");
+    jw_int(w, g_page);
     jw_str(w, ",\"counter_names\":{\"POSIX\":");
     jw_name_list(w, posix_int_names, posix_f_names);
     jw_str(w, ",\"STDIO\":");
@@ -258,7 +265,30 @@ static void jw_header(struct jw *w, const char *reason)
     jw_str(w, "}}\n");
 }
 
-/* one line per file touched in this process, with its non-zero counters */
+struct runs_ctx {
+    struct jw *w;
+    int first;
+};
+
+static void emit_run(void *ctx, uint64_t first, uint64_t count)
+{
+    struct runs_ctx *c = ctx;
+    struct jw *w = c->w;
+    char *o = jw_reserve(w, 48);
+    size_t k = 0;
+    if (!c->first)
+        o[k++] = ',';
+    c->first = 0;
+    o[k++] = '[';
+    k += fmt_int(o + k, (long)first);
+    o[k++] = ',';
+    k += fmt_int(o + k, (long)count);
+    o[k++] = ']';
+    w->len += k;
+}
+
+/* one line per file touched in this process, with its non-zero counters (and the distinct pages of
+ * a mapped file it brought in: "mapped_pages", runs of [first page, count] from offset 0) */
 static void jw_records(struct jw *w)
 {
     uint32_t n = atomic_load_explicit(&g_nrec, memory_order_acquire);
@@ -283,7 +313,14 @@ static void jw_records(struct jw *w)
             jw_names(w, stdio_int_jnames, copy.c, STDIO_NI, 0, &first);
             jw_names(w, stdio_f_jnames, copy.f, STDIO_NF, 1, &first);
         }
-        jw_str(w, "}}\n");
+        jw_str(w, "}");
+        if (copy.module == MOD_POSIX && copy.c[POSIX_BYTES_MAPPED_DISTINCT]) {
+            struct runs_ctx c = {w, 1};
+            jw_str(w, ",\"mapped_pages\":[");
+            pages_runs(i, emit_run, &c);
+            jw_str(w, "]");
+        }
+        jw_str(w, "}\n");
     }
 }
 
@@ -319,8 +356,9 @@ int write_dump(const char *target, const char *reason)
     return 0;
 }
 
-/* $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl */
-int default_dump_path(char *out, size_t cap)
+/* $HOLOPROF_RUN_DIR/<host>-<pid>/<prefix><pid><suffix>; the folder is made when `make` is set, else
+ * it must be there already (-1 otherwise) */
+static int proc_file_path(char *out, size_t cap, const char *prefix, const char *suffix, int make)
 {
     struct utsname u;
     if (!g_run_dir_len)
@@ -329,7 +367,8 @@ int default_dump_path(char *out, size_t cap)
         strcpy(u.nodename, "localhost");
     char pid[24];
     fmt_int(pid, raw_getpid());
-    size_t need = g_run_dir_len + 1 + strlen(u.nodename) + 1 + strlen(pid) + 1 + 10 + strlen(pid) + 7 + 1;
+    size_t need = g_run_dir_len + 1 + strlen(u.nodename) + 1 + strlen(pid) + 1 + strlen(prefix) + strlen(pid) +
+                  strlen(suffix) + 1;
     if (need > cap)
         return -1;
     char *p = out;
@@ -340,13 +379,48 @@ int default_dump_path(char *out, size_t cap)
     *p++ = '-';
     p = stpcpy(p, pid);
     *p = 0;
-    if (mkdir(out, 0700) != 0 && errno != EEXIST)
+    if (make ? mkdir(out, 0700) != 0 && errno != EEXIST : access(out, F_OK) != 0)
         return -1;
     *p++ = '/';
-    p = stpcpy(p, "io_native-");
+    p = stpcpy(p, prefix);
     p = stpcpy(p, pid);
-    stpcpy(p, ".jsonl");
+    stpcpy(p, suffix);
     return 0;
+}
+
+/* $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl */
+int default_dump_path(char *out, size_t cap) { return proc_file_path(out, cap, "io_native-", ".jsonl", 1); }
+
+/* {"format": ..., "pid": ..., "exit_ns": ..., "reason": ...} into the process's folder (when the agent
+ * made it): when this process ended, after everything it ran in user space. */
+static void write_exit_time(const char *reason)
+{
+    char target[PATH_MAX];
+    if (!g_run_dir_len || proc_file_path(target, sizeof target, "exit-", ".json", 0) != 0)
+        return;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    char buf[160], *p = buf;
+    p = stpcpy(p, "{\"format\":\"holoprof.exit/1\",\"pid\":");
+    p += fmt_int(p, raw_getpid());
+    p = stpcpy(p, ",\"exit_ns\":");
+    p += fmt_int(p, (long)((int64_t)now.tv_sec * 1000000000LL + now.tv_nsec));
+    p = stpcpy(p, ",\"reason\":\"");
+    p = stpcpy(p, reason);
+    p = stpcpy(p, "\"}\n");
+    int fd = real_open ? real_open(target, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
+    if (fd < 0)
+        return;
+    size_t len = (size_t)(p - buf), done = 0;
+    while (done < len) {
+        ssize_t k = real_write ? real_write(fd, buf + done, len - done) : -1;
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        done += (size_t)k;
+    }
+    real_close(fd);
 }
 
 void dump_at_exit(const char *reason)
@@ -354,8 +428,17 @@ void dump_at_exit(const char *reason)
     if (!atomic_load(&g_ready) || !g_run_dir_len || tl_in)
         return; /* tl_in: _exit from a signal handler that interrupted us while we hold a lock */
     pid_t pid = raw_getpid();
-    if (pid != g_pid || atomic_load(&g_owner_pid) == pid)
-        return; /* a vfork child, or a process whose agent reads the counters itself */
+    if (pid != g_pid)
+        return; /* a vfork child */
+    if (atomic_load(&g_owner_pid) == pid) {
+        /* its agent read the counters (and took its final dump); the end is ours to tell */
+        int e = errno;
+        tl_in = 1;
+        write_exit_time(reason);
+        tl_in = 0;
+        errno = e;
+        return;
+    }
     if (atomic_exchange(&g_dumping, 1))
         return;
     int saved = tl_in;

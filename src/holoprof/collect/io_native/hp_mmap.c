@@ -1,5 +1,7 @@
 /* hp_mmap.c -- memory-mapped files: mappings, bytes mapped, and the pages the process brought in
- * (measured from its page tables when a mapping goes: munmap, or the final dump). */
+ * (measured from its page tables when a mapping goes: munmap, or the final dump), per mapping and as
+ * the distinct pages of the file (hp_pages.c). A forked child keeps the mappings of its parent: what
+ * it touches through them is measured at its own final dump. */
 #include "hp_common.h"
 #include "hp_real.h"
 
@@ -7,8 +9,10 @@
 struct mapping {
     uintptr_t addr;
     size_t len;
+    int64_t off;            /* offset in the file of addr */
     int32_t rec;
-    int32_t unmeasured;     /* a part of it went without being measured */
+    uint16_t unmeasured;    /* a part of it went without being measured */
+    uint16_t inherited;     /* made by the parent before fork: not one of this process's mmaps */
 };
 static struct mapping g_maps[MAP_CAP];
 static uint32_t g_nmaps;                /* entries 0 .. g_nmaps-1, guarded by g_map_lock */
@@ -26,8 +30,10 @@ static inline void map_lock(void)
 static inline void map_unlock(void) { atomic_store_explicit(&g_map_lock, 0, memory_order_release); }
 
 /* Bytes of [a, a+len) present in this process's page tables (/proc/self/pagemap, bit 63): the pages
- * the process touched, plus those the kernel mapped around each fault. -1 when it cannot be read. */
-static int64_t resident_bytes(uintptr_t a, size_t len)
+ * the process touched, plus those the kernel mapped around each fault. -1 when it cannot be read.
+ * The pages are added to the set of record ri (file offset `off` at a); *distinct: the bytes of them
+ * that were not in it yet. */
+static int64_t resident_bytes(int32_t ri, uintptr_t a, size_t len, int64_t off, int64_t *distinct)
 {
     ENSURE(open);
     ENSURE(pread64);
@@ -39,7 +45,8 @@ static int64_t resident_bytes(uintptr_t a, size_t len)
         return -1;
     uint64_t buf[512];
     uint64_t first = a / (uint64_t)g_page, end = (a + len + (uint64_t)g_page - 1) / (uint64_t)g_page;
-    int64_t pages = 0;
+    uint64_t file_first = (uint64_t)off / (uint64_t)g_page;
+    int64_t pages = 0, added = 0;
     for (uint64_t pg = first; pg < end;) {
         uint64_t k = end - pg < 512 ? end - pg : 512;
         ssize_t r = real_pread64(fd, buf, k * 8, (off64_t)(pg * 8));
@@ -50,9 +57,13 @@ static int64_t resident_bytes(uintptr_t a, size_t len)
         uint64_t got = (uint64_t)r / 8;
         for (uint64_t i = 0; i < got; i++)
             pages += (int64_t)(buf[i] >> 63);
+        int64_t k_added = pages_add((uint32_t)ri, file_first + (pg - first), buf, got);
+        if (k_added > 0)
+            added += k_added;
         pg += got;
     }
     real_close(fd);
+    *distinct = added * g_page;
     return pages < 0 ? -1 : pages * g_page;
 }
 
@@ -65,13 +76,14 @@ static int measure_allowed(size_t len)
     return atomic_load_explicit(&g_measure_ns, memory_order_relaxed) <= elapsed / 100 + 20000000LL;
 }
 
-/* [a, a+len) of a mapping of record ri goes: add its resident bytes; `whole`: the mapping is gone */
-static void map_account(int32_t ri, uintptr_t a, size_t len, int whole, int unmeasured)
+/* [a, a+len) of a mapping m goes: add its resident bytes; `whole`: the mapping is gone */
+static void map_account(const struct mapping *m, uintptr_t a, size_t len, int whole)
 {
-    int64_t b = -1;
+    int32_t ri = m->rec;
+    int64_t b = -1, distinct = 0;
     if (measure_allowed(len)) {
         int64_t t0 = mono_ns();
-        b = resident_bytes(a, len);
+        b = resident_bytes(ri, a, len, m->off + (int64_t)(a - m->addr), &distinct);
         atomic_fetch_add_explicit(&g_measure_ns, mono_ns() - t0, memory_order_relaxed);
     }
     struct rec *r = &g_recs[ri];
@@ -79,16 +91,17 @@ static void map_account(int32_t ri, uintptr_t a, size_t len, int whole, int unme
     touch(r);
     if (b >= 0)
         r->c[POSIX_BYTES_MAPPED_RESIDENT] += b;
-    if (whole && b >= 0 && !unmeasured)
+    r->c[POSIX_BYTES_MAPPED_DISTINCT] += distinct;
+    if (whole && b >= 0 && !m->unmeasured && !m->inherited)
         r->c[POSIX_MMAPS_MEASURED]++;
     unlock_rec((uint32_t)ri);
 }
 
-static void map_add(int32_t ri, uintptr_t a, size_t len)
+static void map_add(int32_t ri, uintptr_t a, size_t len, int64_t off)
 {
     map_lock();
     if (g_nmaps < MAP_CAP) {
-        g_maps[g_nmaps] = (struct mapping){a, len, ri, 0};
+        g_maps[g_nmaps] = (struct mapping){a, len, off, ri, 0, 0};
         g_nmaps++;
         atomic_store_explicit(&g_maps_live, g_nmaps, memory_order_release);
     }
@@ -123,6 +136,7 @@ static void map_release(uintptr_t a, size_t len)
             continue;
         }
         if (k->lo == x->addr) { /* its head goes */
+            x->off += (int64_t)(k->hi - x->addr);
             x->addr = k->hi;
             x->len = xe - k->hi;
         } else if (k->hi == xe) { /* its tail goes */
@@ -135,7 +149,7 @@ static void map_release(uintptr_t a, size_t len)
     atomic_store_explicit(&g_maps_live, g_nmaps, memory_order_release);
     map_unlock();
     for (int i = 0; i < nw; i++)
-        map_account(w[i].m.rec, w[i].lo, w[i].hi - w[i].lo, w[i].whole, w[i].m.unmeasured);
+        map_account(&w[i].m, w[i].lo, w[i].hi - w[i].lo, w[i].whole);
 }
 
 /* the final dump: every mapping still there counts now (and no more at a later munmap) */
@@ -151,12 +165,19 @@ void map_release_all(void)
         atomic_store_explicit(&g_maps_live, g_nmaps, memory_order_release);
         map_unlock();
         if (m.rec >= 0)
-            map_account(m.rec, m.addr, m.len, 1, m.unmeasured);
+            map_account(&m, m.addr, m.len, 1);
     }
 }
 
-/* in a forked child: the lock may have been held by a thread that is not there */
-void map_reset_after_fork(void) { atomic_store(&g_map_lock, 0); }
+/* in a forked child: the lock may have been held by a thread that is not there; the mappings are the
+ * parent's, still there in the child (measured at its final dump, not counted as its own mmaps) */
+void map_reset_after_fork(void)
+{
+    atomic_store(&g_map_lock, 0);
+    for (uint32_t i = 0; i < g_nmaps; i++)
+        g_maps[i].inherited = 1;
+    pages_reset_after_fork();
+}
 
 static void posix_mapped(uint32_t ri, int64_t off, void *addr, size_t len, int64_t t0, int64_t t1)
 {
@@ -170,7 +191,7 @@ static void posix_mapped(uint32_t ri, int64_t off, void *addr, size_t len, int64
     unlock_rec(ri);
     TRACE(MOD_POSIX, ri, OP_MMAP, off, (int64_t)len, t0, t1);
     if (!foreign_process())
-        map_add((int32_t)ri, (uintptr_t)addr, len);
+        map_add((int32_t)ri, (uintptr_t)addr, len, off);
 }
 
 #define MMAP_BODY(REALCALL) \
