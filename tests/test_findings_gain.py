@@ -230,6 +230,16 @@ def test_environment_files_are_no_evidence_of_the_data(env_run: TracedRun) -> No
     # ...whose gain, a few reads against a 20 ms step, is far below a measurable one: not shown
     assert raw["estimated_gain"] < MIN_GAIN
     assert "small_file_io" not in found(env_run.report)
+    # the terminal report says what was left out
+    from rich.console import Console
+
+    from holoprof.present.io import render_io
+
+    buf = io.StringIO()
+    render_io(env_run.report, Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "I/O findings judge the data the training reads (1 files)" in text
+    assert "files left out, per reason: 3 bookkeeping, 2 configuration, 1 program" in text
 
 
 def test_host_overhead_of_a_cpu_job_gives_no_cuda_advice(env_run: TracedRun) -> None:
