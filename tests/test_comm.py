@@ -156,6 +156,20 @@ def test_exposed_communication_is_the_communication_phase_and_never_more_than_th
             assert 0 < p.exposed[step] <= p.total[step] <= e - s, (p.key, step)
 
 
+def test_communication_advice_fits_one_host_and_a_few_kilobytes(ddp_run: TracedRun) -> None:
+    """Both ranks on one host exchange 27 KB a step: what the loop waits for is the collectives' latency
+    and the ranks arriving apart, so the advice is neither compression nor a faster network."""
+    doc = ddp_run.report
+    assert len(doc["run"]["hosts"]) == 1
+    assert doc["communication"]["bytes_per_step"] < 64 << 10
+    (f,) = [f for f in doc["findings"] if f["id"] == "communication_bound"]
+    assert f["evidence"]["hosts"] == 1
+    text = f["recommendation"]
+    assert "not bandwidth" in text and "make the work even across ranks" in text
+    for word in ("network", "whatif", "compress", "PowerSGD"):
+        assert word not in text, word
+
+
 def test_slow_rank_is_named_the_straggler(straggler_run: TracedRun) -> None:
     doc = straggler_run.report
     assert doc["run"]["ranks"] == 3

@@ -87,8 +87,16 @@ def assert_agrees(doc: dict[str, Any], timers: dict[str, float], *names: str) ->
 
 
 def assert_no_false_findings(doc: dict[str, Any]) -> None:
-    """A CPU run gives no measurement that a larger batch would help."""
+    """A CPU run gives no measurement that a larger batch would help; no finding is shown without a
+    measurable gain, none speaks of CUDA without a GPU or of the network when every rank ran on one host."""
     assert "memory_headroom" not in {f["id"] for f in doc["findings"]}
+    for f in doc["findings"]:
+        if f["id"] not in ("memory_pressure", "hang"):
+            assert f["estimated_gain"] >= f["threshold"]["min_gain"] >= 0.01, f
+        if not doc["run"]["gpus"]:
+            assert "CUDA" not in f["recommendation"], f
+        if len(doc["run"]["hosts"]) <= 1:
+            assert "network" not in f["recommendation"], f
 
 
 # --- LBFGS: optimizer.step(closure) in a plain loop ---------------------------------------------------

@@ -226,35 +226,33 @@ def test_pandas_pipeline(csv: str, tmp_path: Path, how: str) -> None:
         )
 
 
-def test_io_bandwidth_and_small_reads_see_mapped_bytes() -> None:
+def test_io_bandwidth_and_small_reads_see_mapped_bytes(tmp_path: Path) -> None:
     """Findings that use bytes read count what came through mappings: a job whose data is mapped is
     not judged by the few small header reads it also makes."""
-    from holoprof.analyze.io import _io_bandwidth, _small_file_io
+    from types import SimpleNamespace
 
-    hist = {b: 0 for b in ("0_100", "100_1K", "1K_10K", "10K_100K", "100K_1M", "1M_4M")}
-    hist["0_100"] = 10
-    section: dict[str, Any] = {
-        "files_read": 1,
-        "file_size_median_bytes": 1 << 30,
-        "small_read_fraction": 1.0,
-        "reads": 10,
-        "read_size_histogram": hist,
-        "read_time_s": 0.001,
-        "meta_time_s": 0.0,
-        "meta_time_fraction": 0.0,
-        "data_wait": {},
-        "staging": [],
-        "mapped": {"files": 1, "reads": 10, "small_reads": 10, "bytes_brought_in": 1 << 30},
-        "reference_bandwidth": {"bytes_per_s": 1e9, "source": "test"},
-        "bandwidth_read_window_bytes_per_s": 1e6,
-        "bytes_read": 64 << 20,
-        "read_window_s": 1.0,
-    }
-    assert _small_file_io(section, None) is None
-    assert _io_bandwidth(section, None) is None
-    section["mapped"] = {}
-    assert _small_file_io(section, None) is not None
-    assert _io_bandwidth(section, None) is not None
+    from holoprof import model
+    from holoprof.analyze.io import _FLOATS, _SUMS, FileRow, _data_view, _io_bandwidth, _small_file_io
+
+    def row(mapped: bool) -> FileRow:
+        # a 1 GiB file: 10 small reads of its header (one open), 64 MiB read slowly, mapped or not
+        v = {a: 0.0 for a, _ in list(_SUMS) + list(_FLOATS)}
+        v.update(opens=1, reads=10, bytes_read=64 << 20, max_byte_read=(1 << 30) - 1, read_time_s=0.001)
+        v.update(read_start=100.0, read_end=164.0)
+        if mapped:
+            v.update(mmaps=1, bytes_mapped=1 << 30, max_byte_mapped=(1 << 30) - 1, mmaps_measured=1)
+            v.update(bytes_mapped_resident=1 << 30)
+        sizes = [0] * len(model.DARSHAN_SIZE_BUCKETS)
+        sizes[1] = 10
+        return FileRow("h", 1, "POSIX", "/data/tokens.bin", "native", v, sizes)
+
+    run: Any = SimpleNamespace(path=str(tmp_path))
+    for mapped in (True, False):
+        view = _data_view(run, [row(mapped)], None, 10.0)
+        view["reference_bandwidth"] = {"bytes_per_s": 1e9, "source": "test"}
+        assert view["plain_small_reads"] == (0 if mapped else 10)
+        assert (_small_file_io(view, None) is None) == mapped
+        assert (_io_bandwidth(view, None) is None) == mapped
 
 
 def test_python_installation_paths() -> None:

@@ -256,3 +256,30 @@ DARSHAN_SIZE_BUCKETS: Final[tuple[tuple[str, int, int], ...]] = (
 #: (name, type) of every typed counter column of ``io_files``, after its other columns.
 IO_COUNTERS: Final[tuple[tuple[str, str], ...]] = _darshan_counters()
 COLUMNS["io_files"] = (*COLUMNS["io_files"], *IO_COUNTERS)
+
+
+# --- files of a Python installation ----------------------------------------------------------------
+#: Python source and bytecode: the interpreter reading the program itself (the script, its imports).
+PYTHON_SOURCE_SUFFIXES: Final = (".py", ".pyc", ".pyi", ".pth")
+#: Directories that only Python installations have.
+_PYTHON_ENV_DIRS: Final = frozenset(("site-packages", "dist-packages", "__pycache__"))
+_PYTHON_ENV_DIR_SUFFIXES: Final = (".dist-info", ".egg-info")
+
+
+def python_env_path(path: str) -> bool:
+    """A file of a Python installation, whichever interpreter it belongs to (a job's own virtual
+    environment, a conda env, the system Python): under a ``site-packages``, ``dist-packages``,
+    ``__pycache__``, ``*.dist-info`` or ``*.egg-info`` directory, in a standard library
+    (``lib/pythonX.Y``, ``lib64/pythonX.Y``), a ``pyvenv.cfg``, or Python source and bytecode.
+    The I/O collectors leave these files out (the native library applies the same rules:
+    ``python_env_path`` in ``io_native/hp_paths.c``) and the I/O findings never take them for data."""
+    if path.endswith(PYTHON_SOURCE_SUFFIXES) or path.endswith("/pyvenv.cfg"):
+        return True
+    prev = ""
+    for c in path.split("/")[:-1]:
+        if c in _PYTHON_ENV_DIRS or c.endswith(_PYTHON_ENV_DIR_SUFFIXES):
+            return True
+        if prev in ("lib", "lib64") and len(c) > 6 and c.startswith("python") and c[6].isdigit():
+            return True
+        prev = c
+    return False

@@ -37,6 +37,12 @@ COMM_BOUND_HIGH = 0.25
 STRAGGLER_STEP_EXCESS = 0.10  # a rank's step median above the others' median by more than this
 STRAGGLER_WAIT = 0.10  # the others wait for one rank at least this fraction of a step
 STRAGGLER_CONSISTENCY = 0.75  # ... and it arrives last in at least this share of the steps
+#: communication_bound speaks of bandwidth (compressing gradients, a faster network) only when moving
+#: the step's bytes over a slow link (this many bits per second: 1 Gbit/s Ethernet) would take at least
+#: BANDWIDTH_SHARE of the exposed time; below that the wait is per-call latency and ranks arriving at
+#: different times, which neither makes shorter.
+SLOW_LINK_BITS_PER_S = 1e9
+BANDWIDTH_SHARE = 0.5
 
 
 @dataclass
@@ -459,7 +465,7 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
     findings: list[Finding] = []
     if main_proc is not None and nsteps:
         _main_figures(run, ctx, section, main_proc, nsteps)
-        f = _comm_bound(section, main_proc)
+        f = _comm_bound(section, main_proc, len({p.key.host for p in procs} or {main_proc.key.host}))
         if f is not None:
             findings.append(f)
     straggler, waits = _straggler(procs)
@@ -550,31 +556,14 @@ def _sharded(section: dict[str, Any]) -> bool:
     return sharded * 2 > sum(int(c["bytes_per_step"]) for c in rows) > 0
 
 
-def _comm_bound(section: dict[str, Any], main: ProcComm) -> Finding | None:
+def _comm_bound(section: dict[str, Any], main: ProcComm, hosts: int = 1) -> Finding | None:
+    """``communication_bound``; its advice fits the traffic (bandwidth only when the bytes can explain
+    the wait) and the machines (no network on one host)."""
     frac = float(section["exposed_fraction"])
     if frac < COMM_BOUND_MEDIUM:
         return None
     nb = len(section["buckets"])
-    mb = section["bytes_per_step"] / 2**20
     sharded = _sharded(section)
-    if sharded:
-        how = (
-            f"cut or hide the {mb:.1f} MiB exchanged per step: FSDP all-gathers each unit's parameters "
-            "before its forward (and again before its backward) and reduce-scatters its gradients; "
-            "keep the last units unsharded after forward (reshard_after_forward=False), prefetch "
-            "further ahead (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), "
-            "all-gather in bf16 (MixedPrecisionPolicy(param_dtype=torch.bfloat16)), no synchronous "
-            "collectives such as loss all_reduce/.item() every step, a larger batch per rank so compute "
-            "hides the same traffic"
-        )
-    else:
-        how = (
-            f"cut or hide the {mb:.1f} MiB exchanged per step: let DDP overlap more (bucket_cap_mb "
-            "smaller so the first buckets start earlier, or larger to cut per-call latency; no synchronous "
-            "collectives such as loss all_reduce/.item() every step), compress gradients (DDP comm hooks "
-            "fp16_compress_hook/bf16 or PowerSGD), use a larger batch per rank so compute hides the "
-            "same traffic"
-        )
     return Finding(
         id="communication_bound",
         severity="high" if frac >= COMM_BOUND_HIGH else "medium",
@@ -588,14 +577,57 @@ def _comm_bound(section: dict[str, Any], main: ProcComm) -> Finding | None:
             "step_mean_s": section["step_mean_s"],
             "step_median_s": round(main.stats.median_s, 6),
             "world_size": section["world_size"],
+            "hosts": hosts,
             "ddp_buckets": nb,
             "sharded": sharded,
         },
-        recommendation=how + ", or a faster network (see `holoprof whatif RUN` for the bandwidth it needs)",
+        recommendation=_comm_fix(section, hosts, sharded),
         estimated_gain=round(frac, 4),
         threshold={
             "medium": COMM_BOUND_MEDIUM,
             "high": COMM_BOUND_HIGH,
             "measure": "exposed communication / step time",
+            "bandwidth_advice": f"bytes per step at {SLOW_LINK_BITS_PER_S / 1e9:g} Gbit/s >= "
+            f"{BANDWIDTH_SHARE:g} x exposed time",
         },
     )
+
+
+def _comm_fix(section: dict[str, Any], hosts: int, sharded: bool = False) -> str:
+    nbytes = float(section["bytes_per_step"])
+    exposed = float(section["exposed_s_per_step"])
+    at_slow_link = nbytes * 8 / SLOW_LINK_BITS_PER_S
+    overlap = (
+        "let DDP overlap more (bucket_cap_mb smaller so the first buckets start earlier, or larger to cut "
+        "per-call latency) and take synchronous collectives out of the step (a loss all_reduce or "
+        ".item() every step: do them every N steps)"
+    )
+    if at_slow_link < BANDWIDTH_SHARE * exposed:
+        return (
+            f"the step exchanges {nbytes / 2**10:.0f} KiB, which even a 1 Gbit/s link moves in "
+            f"{1000 * at_slow_link:.2f} ms of the {1000 * exposed:.1f} ms the loop waits: the wait is the "
+            "collectives' per-call latency and ranks arriving at them at different times, not bandwidth. "
+            f"{overlap[0].upper() + overlap[1:]}; make the work even across ranks (see communication.per_rank "
+            "wait_s and the straggler finding)"
+        )
+    if sharded:
+        fix = (
+            f"cut or hide the {nbytes / 2**20:.1f} MiB exchanged per step: FSDP all-gathers each unit's "
+            "parameters before its forward (and again before its backward) and reduce-scatters its "
+            "gradients; keep the last units unsharded after forward (reshard_after_forward=False), prefetch "
+            "further ahead (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), all-gather "
+            "in bf16 (MixedPrecisionPolicy(param_dtype=torch.bfloat16)), take synchronous collectives such "
+            "as a loss all_reduce or .item() out of every step, use a larger batch per rank so compute "
+            "hides the same traffic"
+        )
+    else:
+        fix = (
+            f"cut or hide the {nbytes / 2**20:.1f} MiB exchanged per step: {overlap}; compress gradients "
+            "(DDP comm hooks fp16_compress_hook/bf16 or PowerSGD); use a larger batch per rank so compute "
+            "hides the same traffic"
+        )
+    if hosts > 1:
+        fix += (
+            ", or a faster network between the hosts (see `holoprof whatif RUN` for the bandwidth it needs)"
+        )
+    return fix

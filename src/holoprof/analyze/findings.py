@@ -5,6 +5,12 @@ cannot be backed by a number is not produced. ``estimated_gain`` is the fraction
 fix is expected to save: ``gain_kind`` says whether that is ``predicted`` (a model, named with its
 inputs in ``gain_basis``; for most findings the upper bound of removing the whole share) or
 ``measured`` (a sweep's runs, with the interval).
+
+No finding without a measurable gain: :func:`measurable` keeps a finding only when its gain is at least
+:data:`MIN_GAIN` and at least the run's noise (:func:`gain_floor`), and makes its severity follow the
+gain (:func:`severity_of_gain`); the findings of :data:`RISK_FINDINGS` warn of a failure, not of lost
+time, and are kept whatever their gain. Advice fits the machine: nothing about CUDA without a GPU
+(``gpu``), nothing about the network when every rank ran on one host.
 """
 
 from __future__ import annotations
@@ -25,6 +31,18 @@ HOST_OVERHEAD_MEDIUM = 0.15
 HOST_OVERHEAD_HIGH = 0.30
 GPU_UTIL_MEDIUM = 50.0
 GPU_UTIL_HIGH = 20.0
+#: The smallest expected gain a finding may promise and still be shown: 1% of step time (for a run
+#: without a training loop, 1% of its processes' time). A finding is shown only when its gain is at
+#: least this and at least the run's noise (:func:`gain_floor`).
+MIN_GAIN = 0.01
+#: Severity follows the expected gain: high from this share of step time, medium from
+#: :data:`SEVERITY_MEDIUM_GAIN`, low below (the input_bound thresholds, as XProf has them).
+SEVERITY_HIGH_GAIN = INPUT_BOUND_HIGH
+SEVERITY_MEDIUM_GAIN = INPUT_BOUND_MEDIUM
+#: Findings that warn of a failure to come (running out of memory, a hung job) rather than promise a
+#: saving: shown whatever their gain.
+RISK_FINDINGS = frozenset({"memory_pressure", "hang"})
+_SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
 @dataclass
@@ -172,6 +190,40 @@ def _model_fix_text(m: PipelineModel, loader: dict[str, Any]) -> str:
     )
 
 
+_GENERIC_INPUT_FIX = (
+    "overlap input with compute: load batches in background workers (DataLoader num_workers>0; "
+    "tf.data: .map(..., num_parallel_calls=tf.data.AUTOTUNE), .interleave, .cache(), "
+    ".prefetch(tf.data.AUTOTUNE)) and make per-sample work cheaper; measure a change with no code "
+    "change: holoprof sweep --set num_workers=0,2 -- COMMAND (tf.data: --set num_parallel_calls=autotune)"
+)
+
+
+def _misfit_note(m: PipelineModel) -> str:
+    x = m.inputs
+    return (
+        f"The input-pipeline model does not describe this run (it predicts a mean step of "
+        f"{_ms(m.predicted_now_s)} for num_workers={x.num_workers} against {_ms(x.step_s)} measured), so it "
+        "advises no worker count: measure them instead"
+    )
+
+
+def _upper_bound(frac: float, why: str) -> tuple[float, dict[str, Any]]:
+    return frac, {"model": why, "inputs": {"data_wait_fraction": round(frac, 4)}}
+
+
+def _model_gain(m: PipelineModel, frac: float) -> tuple[float, dict[str, Any]]:
+    """The gain of what the model advises (workers, persistent workers), with its basis; when it
+    advises no change, the wait itself is the most cheaper loading can save (nothing when the model
+    finds that the training loop, not loading, bounds the step)."""
+    if m.advice.advised or m.persistent_advised:
+        return m.gain, {"model": "input_pipeline", "inputs": m.inputs.to_dict()}
+    if m.advice.limit == "main":
+        return 0.0, {"model": "input_pipeline", "inputs": m.inputs.to_dict()}
+    return _upper_bound(
+        frac, "loading made free (an upper bound); no worker count beats the current one (input_pipeline)"
+    )
+
+
 def input_bound(
     st: StepStats,
     loader: dict[str, Any],
@@ -180,13 +232,13 @@ def input_bound(
     imported: bool = False,
 ) -> Finding | None:
     """``input_bound`` with a recommendation from the input-pipeline model when the run measured
-    its inputs (:mod:`holoprof.analyze.input_model`); never one the model predicts slower.
+    its inputs (:mod:`holoprof.analyze.input_model`) and the model fits the run (its prediction for
+    the configuration that ran is near the measured step); never one the model predicts slower.
     ``imported``: the run was read from a file made elsewhere (a profiler trace): the cores of the
     machine that reads it say nothing about the job, so the evidence does not count them."""
     frac = steady_share(st, "data_wait")
     if st.count == 0 or frac < INPUT_BOUND_MEDIUM:
         return None
-    severity = "high" if frac >= INPUT_BOUND_HIGH else "medium"
     evidence = _loader_evidence(st, loader, frac)
     if pipeline is not None:
         evidence["cpu_cores"] = pipeline.inputs.cores
@@ -194,28 +246,29 @@ def input_bound(
         evidence["cpu_cores"] = cpus or os.cpu_count() or 1
     if pipeline is not None:
         evidence["model"] = pipeline.evidence()
+    if pipeline is not None and pipeline.fits:
         fix = _model_fix(pipeline, loader)
-        gain = pipeline.gain
-        basis: dict[str, Any] = {"model": "input_pipeline", "inputs": pipeline.inputs.to_dict()}
-    else:
-        fix = (
-            "overlap input with compute: load batches in background workers (DataLoader num_workers>0; "
-            "tf.data: .map(..., num_parallel_calls=tf.data.AUTOTUNE), .interleave, .cache(), "
-            ".prefetch(tf.data.AUTOTUNE)) and make per-sample work cheaper; measure a change with no code "
-            "change: holoprof sweep --set num_workers=0,2 -- COMMAND (tf.data: --set num_parallel_calls=autotune)"
+        gain, basis = _model_gain(pipeline, frac)
+    elif pipeline is not None and pipeline.persistent_advised:
+        # the workers' start at each epoch is measured, not predicted: still worth saying
+        fix = _persistent_note(pipeline) + ". " + _misfit_note(pipeline)
+        gain, basis = (
+            pipeline.persistent_gain,
+            {"model": "input_pipeline", "inputs": pipeline.inputs.to_dict()},
         )
-        gain = frac
-        basis = {
-            "model": "input fully overlapped (an upper bound)",
-            "inputs": {"data_wait_fraction": round(frac, 4)},
-        }
+    else:
+        fix = _GENERIC_INPUT_FIX
+        gain, basis = _upper_bound(frac, "input fully overlapped (an upper bound)")
+        if pipeline is not None:  # measured, but the model misses where this run's time goes
+            fix += ". " + _misfit_note(pipeline)
+    gain = round(max(0.0, gain), 4)
     return Finding(
         id="input_bound",
-        severity=severity,
+        severity=severity_of_gain(gain),
         title=f"input-bound: {_pct(frac)} of each step waits for data",
         evidence=evidence,
         recommendation=fix,
-        estimated_gain=round(max(0.0, gain), 4),
+        estimated_gain=gain,
         threshold={
             "medium": INPUT_BOUND_MEDIUM,
             "high": INPUT_BOUND_HIGH,
@@ -226,11 +279,26 @@ def input_bound(
     )
 
 
-def host_overhead(st: StepStats) -> Finding | None:
+def host_overhead(st: StepStats, gpu: bool = False) -> Finding | None:
+    """``host_overhead``; its advice speaks of device syncs and CUDA graphs only when the job had a GPU."""
     frac = steady_share(st, "other")
     if st.count == 0 or frac < HOST_OVERHEAD_MEDIUM:
         return None
     severity = "high" if frac >= HOST_OVERHEAD_HIGH else "medium"
+    if gpu:
+        fix = (
+            "look at the Python code that runs between the phases of a step: loss and metric code outside "
+            "the model, .item()/.cpu()/print each step (each forces a device sync on a GPU), logging, "
+            "per-step Python bookkeeping; log every N steps, keep metrics on the device, and consider "
+            "torch.compile or CUDA graphs to cut launch overhead; take a deep profile to see the ops"
+        )
+    else:
+        fix = (
+            "look at the Python code that runs between the phases of a step: loss and metric code outside "
+            "the model, .item()/print each step, logging, per-step Python bookkeeping; log every N steps, "
+            "keep metrics as tensors until then, and consider torch.compile to cut Python overhead; take a "
+            "deep profile to see the ops"
+        )
     return Finding(
         id="host_overhead",
         severity=severity,
@@ -241,12 +309,7 @@ def host_overhead(st: StepStats) -> Finding | None:
             "step_median_s": round(st.median_s, 6),
             "steps": st.count,
         },
-        recommendation=(
-            "look at the Python code that runs between the phases of a step: loss and metric code outside "
-            "the model, .item()/.cpu()/print each step (each forces a device sync on a GPU), logging, "
-            "per-step Python bookkeeping; log every N steps, keep metrics on the device, and consider "
-            "torch.compile or CUDA graphs to cut launch overhead; take a deep profile to see the ops"
-        ),
+        recommendation=fix,
         estimated_gain=round(frac, 4),
         threshold={
             "medium": HOST_OVERHEAD_MEDIUM,
@@ -323,15 +386,66 @@ def all_findings(
     loader: dict[str, Any],
     pipeline: PipelineModel | None = None,
     imported: bool = False,
+    gpu: bool = False,
 ) -> list[Finding]:
     out: list[Finding | None] = []
     if st is not None:
-        out += [input_bound(st, loader, pipeline=pipeline, imported=imported), host_overhead(st)]
+        out += [input_bound(st, loader, pipeline=pipeline, imported=imported), host_overhead(st, gpu)]
     out.append(low_device_utilization(st, res))
     return ordered([f for f in out if f is not None])
 
 
 def ordered(found: list[Finding]) -> list[Finding]:
     """Most severe first, then by expected gain."""
-    order = {"high": 0, "medium": 1, "low": 2}
-    return sorted(found, key=lambda f: (order.get(f.severity, 3), -f.estimated_gain))
+    return sorted(found, key=lambda f: (_SEVERITY_ORDER.get(f.severity, 3), -f.estimated_gain))
+
+
+def severity_of_gain(gain: float) -> str:
+    """The severity a gain deserves: high from :data:`SEVERITY_HIGH_GAIN` of step time, medium from
+    :data:`SEVERITY_MEDIUM_GAIN`, low below."""
+    if gain >= SEVERITY_HIGH_GAIN:
+        return "high"
+    if gain >= SEVERITY_MEDIUM_GAIN:
+        return "medium"
+    return "low"
+
+
+def gain_floor(st: StepStats | None) -> float:
+    """The smallest gain a finding of this run may promise: :data:`MIN_GAIN`, or the run's noise (the
+    relative half-width of the 95% interval of its steady mean step) when that is larger — a smaller
+    saving could not be told from the run's own variation."""
+    noise = st.noise if st is not None and st.count else 0.0
+    return max(MIN_GAIN, noise)
+
+
+def _floor_of(f: Finding, floor: float) -> float:
+    """A gain predicted by the input-pipeline model is a prediction about the steady steps the model
+    measured its noise on (the steps in which the workers started again left out): its floor is that
+    noise, at least :data:`MIN_GAIN` (the model itself advises nothing below the larger of it and 5%)."""
+    basis = f.gain_basis or {}
+    noise = (basis.get("inputs") or {}).get("noise") if basis.get("model") == "input_pipeline" else None
+    return max(MIN_GAIN, float(noise)) if isinstance(noise, (int, float)) else floor
+
+
+def measurable(found: list[Finding], floor: float) -> list[Finding]:
+    """The findings worth showing: those whose expected gain reaches ``floor`` (:func:`gain_floor`),
+    each no more severe than its gain (:func:`severity_of_gain`), with the floor in its threshold;
+    those of :data:`RISK_FINDINGS`, whatever their gain; and those whose gain a sweep measured (its
+    runs compared by the sweep's own significance test: a measured "no significant gain" is an answer
+    to the sweep, shown as one)."""
+    out = []
+    for f in found:
+        if f.id in RISK_FINDINGS or f.gain_kind == "measured":
+            if f.gain_kind == "measured":
+                f.severity = severity_of_gain(f.estimated_gain)
+            out.append(f)
+            continue
+        floor_f = _floor_of(f, floor)
+        if f.estimated_gain < floor_f:
+            continue
+        by_gain = severity_of_gain(f.estimated_gain)
+        if _SEVERITY_ORDER.get(by_gain, 3) > _SEVERITY_ORDER.get(f.severity, 3):
+            f.severity = by_gain
+        f.threshold = {**f.threshold, "min_gain": round(floor_f, 4)}
+        out.append(f)
+    return out

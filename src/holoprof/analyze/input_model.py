@@ -49,6 +49,11 @@ IPC_DEFAULT_S = 0.0004
 OVERSUBSCRIBED_EFFICIENCY = 0.8
 #: Smallest predicted gain ever advised, whatever the noise (the diff's minimum effect).
 MIN_GAIN = 0.05
+#: The model advises only when it describes the run: its prediction for the configuration that ran is
+#: within this share of the measured mean step (or of the measurement's noise, when larger). It is the
+#: accuracy the model's predictions are held to (benchmarks/RESULTS.md); a model that misses the
+#: measured step by more has missed where this run's time goes (time outside the fetches it measures).
+MODEL_FIT_TOLERANCE = 0.25
 #: CPU the training process's other threads burn while it waits for a batch, as a share of the step,
 #: from which their spinning is worth measuring against OMP_WAIT_POLICY=PASSIVE.
 SPIN_SHARE = 0.10
@@ -541,6 +546,11 @@ class PipelineModel:
     persistent_gain: float
     #: the predicted saving of everything advised (workers and persistent workers compound)
     gain: float
+    #: the predicted step of the configuration that ran, its relative error against the measured
+    #: one, and whether that is within :data:`MODEL_FIT_TOLERANCE` (else nothing is advised from it)
+    predicted_now_s: float = 0.0
+    fit_error: float = 0.0
+    fits: bool = True
 
     def evidence(self) -> dict[str, Any]:
         """The model as the finding's evidence shows it."""
@@ -554,7 +564,21 @@ class PipelineModel:
             "persistent_workers_advised": self.persistent_advised,
             "persistent_gain": round(self.persistent_gain, 4),
             "margin": round(self.margin, 4),
+            "fit": {
+                "predicted_now_s": round(self.predicted_now_s, 6),
+                "measured_s": round(self.inputs.step_s, 6),
+                "error": round(self.fit_error, 4),
+                "tolerance": round(max(MODEL_FIT_TOLERANCE, self.inputs.noise), 4),
+                "fits": self.fits,
+            },
         }
+
+
+def fit_error(x: PipelineInputs) -> tuple[float, float]:
+    """The predicted step of the configuration that ran, and its relative error against the measured
+    mean step."""
+    now = predict(x, x.num_workers)["step_s"]
+    return now, (abs(now - x.step_s) / x.step_s if x.step_s > 0 else 1.0)
 
 
 def pipeline_model(x: PipelineInputs) -> PipelineModel:
@@ -564,6 +588,7 @@ def pipeline_model(x: PipelineInputs) -> PipelineModel:
     gain = adv.gain
     if persistent:  # the two savings compound
         gain = 1 - (1 - gain) * (1 - persistent_gain(x))
+    now, err = fit_error(x)
     return PipelineModel(
         inputs=x,
         advice=adv,
@@ -577,4 +602,7 @@ def pipeline_model(x: PipelineInputs) -> PipelineModel:
         persistent_advised=persistent,
         persistent_gain=persistent_gain(x),
         gain=gain,
+        predicted_now_s=now,
+        fit_error=err,
+        fits=err <= max(MODEL_FIT_TOLERANCE, x.noise),
     )

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof import model
+from holoprof.analyze.datafiles import container_file, not_data
 from holoprof.analyze.engine import Aggregation, aggregate
-from holoprof.analyze.findings import Finding
+from holoprof.analyze.findings import Finding, severity_of_gain
 from holoprof.store import native_dumps, safeio
 from holoprof.store.reader import Run
 
@@ -512,7 +513,107 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
         return {}, []
     st = ctx.get("steps")
     section = _section(run, ctx, rows, by_module, st)
-    return section, _findings(run, section, st)
+    data, left_out = data_rows(rows, st)
+    view = _data_view(run, data, st, _time_base_s(run, ctx))
+    section["training_data"] = _training_data_doc(view, left_out)
+    section["staging"] = view["staging"]  # advice: the data's directories, never the environment's
+    return section, _findings(run, view, st)
+
+
+def data_rows(rows: list[FileRow], st: Any) -> tuple[list[FileRow], dict[str, int]]:
+    """The rows of the data the training reads, which every I/O finding takes its evidence from, and
+    the files left out, counted per reason. Left out: files the job did not read (written, or only
+    looked at); files of the job's environment (:func:`holoprof.analyze.datafiles.not_data`: the
+    system, Python installations, programs, tool configuration, bookkeeping); and, for a run with a
+    training loop, files whose reads all ended before its first step or began after its last
+    (``outside_loop``: read once at start-up, the loop never waited for them)."""
+    window = (st.first_start_ns / NS, st.last_end_ns / NS) if st is not None and st.count else None
+    kept: list[FileRow] = []
+    left: dict[str, set[str]] = {}
+    for f in rows:
+        v = f.v
+        why = not_data(f.path) if v["reads"] or v["mmaps"] else "not_read"
+        if why is None and window is not None and not v["mmaps"] and v["read_start"] > 0:
+            why = "outside_loop" if v["read_end"] < window[0] or v["read_start"] > window[1] else None
+        if why is None:
+            kept.append(f)
+        else:
+            left.setdefault(why, set()).add(f.path)
+    return kept, {k: len(v) for k, v in sorted(left.items())}
+
+
+def _time_base_s(run: Run, ctx: dict[str, Any]) -> float:
+    """For a run without a training loop, the time a saving is a share of: its processes' time (the
+    processes, launcher aside, times the run's wall time; the ranks of an imported Darshan log)."""
+    start_ns, end_ns = _run_bounds(run, ctx)
+    try:
+        n = int(run.rows("SELECT count(*) FROM processes WHERE role IS DISTINCT FROM 'launcher'")[0][0] or 0)
+    except Exception:
+        n = 0
+    return max(1, n) * max(0.0, (end_ns - start_ns) / NS)
+
+
+def _data_view(run: Run, rows: list[FileRow], st: Any, base_s: float) -> dict[str, Any]:
+    """The measures the I/O findings use, over the data the training reads (:func:`data_rows`)."""
+    tot = _totals(rows)
+    touched = {
+        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or d["mmaps"]
+    }
+    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or d["mmaps"]}
+    sizes = [d["extent"] for d in read_files.values()]
+    ref = _reference_bandwidth(run, read_files)
+    io_time = tot["read_time_s"] + tot["write_time_s"] + tot["meta_time_s"]
+    # the reads of mapped files say nothing of how the job reads: their data comes through the mapping
+    plain = {p: d for p, d in touched.items() if not d["mmaps"]}
+    small = sum(d["small_reads"] for d in plain.values())
+    containers = {p for p in read_files if container_file(p)}
+    window = _read_window_s(rows)
+    return {
+        **_volumes(tot, touched, read_files),
+        "read_size_histogram": _read_size_histogram(rows),
+        "eof_reads": int(sum(d["eof_reads"] for d in touched.values())),
+        # read calls, and the small ones, on files not mapped, reads at end of file left out
+        "plain_reads": int(sum(d["reads"] - d["eof_reads"] for d in plain.values())),
+        "plain_small_reads": int(small),
+        "container_files": len(containers),
+        "container_small_reads": int(sum(d["small_reads"] for p, d in plain.items() if p in containers)),
+        "file_size_median_bytes": int(_median(sizes)),
+        "meta_time_fraction": round(tot["meta_time_s"] / io_time, 4) if io_time > 0 else 0.0,
+        "bandwidth_read_window_bytes_per_s": round(tot["bytes_read"] / window, 1) if window > 0 else 0.0,
+        "read_window_s": round(window, 6),
+        "reference_bandwidth": {"bytes_per_s": round(ref[0], 1), "source": ref[1]} if ref else {},
+        "data_wait": _data_wait(st, tot),
+        "staging": _staging(read_files, ref),
+        "mapped": _mapped_section({p: d for p, d in touched.items() if d["mmaps"]}),
+        "time_base_s": round(base_s, 6),
+    }
+
+
+def _training_data_doc(view: dict[str, Any], left_out: dict[str, int]) -> dict[str, Any]:
+    """The section's account of what the I/O findings looked at, and what they left out."""
+    return {
+        "files_read": view["files_read"],
+        "bytes_read": view["bytes_read"],
+        "reads": view["reads"],
+        "small_reads": view["plain_small_reads"],
+        "eof_reads": view["eof_reads"],
+        "read_time_s": view["read_time_s"],
+        "meta_time_s": view["meta_time_s"],
+        "container_files": view["container_files"],
+        "left_out_files": left_out,
+    }
+
+
+def _findings(run: Run, view: dict[str, Any], st: Any) -> list[Finding]:
+    """small_file_io and io_bandwidth; else the staging advice as a finding of its own. All from the
+    data the training reads (``view``: :func:`_data_view`)."""
+    hpc = _from_hpc_log(run)
+    findings = [f for f in (_small_file_io(view, st, hpc), _io_bandwidth(view, st, hpc)) if f is not None]
+    if not findings:
+        staging_finding = _staging_finding(view, st, hpc)
+        if staging_finding is not None:
+            findings.append(staging_finding)
+    return findings
 
 
 def _section(
@@ -531,14 +632,16 @@ def _section(
     start_ns, end_ns = _run_bounds(run, ctx)
     ref = _reference_bandwidth(run, read_files)
     io_time = tot["read_time_s"] + tot["write_time_s"] + tot["meta_time_s"]
-    small_reads = sum(hist[b] for b in SMALL_READ_BUCKETS)
+    eof = sum(eof_reads(f) for f in rows)
+    small_reads = sum(hist[b] for b in SMALL_READ_BUCKETS) - eof
     return {
         "layers": sorted({f.layer for f in rows}),
         "by_module": by_module,
         **_volumes(tot, touched, read_files),
         **_bandwidths(rows, tot, start_ns, end_ns),
         "read_size_histogram": hist,
-        "small_read_fraction": round(small_reads / tot["reads"], 4) if tot["reads"] else 0.0,
+        "small_read_fraction": round(small_reads / (tot["reads"] - eof), 4) if tot["reads"] > eof else 0.0,
+        "eof_reads": int(eof),
         "file_size_histogram": _file_size_histogram(sizes),
         "file_size_median_bytes": int(_median(sizes)),
         "seq_read_fraction": round(sum(d["seq_reads"] for d in touched.values()) / tot["reads"], 4)
@@ -555,19 +658,6 @@ def _section(
         "mapped": _mapped_section({p: d for p, d in touched.items() if _mapped_in(d)}),
         "files_detail": _files_detail(touched),
     }
-
-
-def _findings(run: Run, section: dict[str, Any], st: Any) -> list[Finding]:
-    """small_file_io and io_bandwidth; else the staging advice as a finding of its own."""
-    hpc = _from_hpc_log(run)
-    findings = [
-        f for f in (_small_file_io(section, st, hpc), _io_bandwidth(section, st, hpc)) if f is not None
-    ]
-    if not findings:
-        staging_finding = _staging_finding(section, hpc)
-        if staging_finding is not None:
-            findings.append(staging_finding)
-    return findings
 
 
 def _totals(rows: list[FileRow]) -> dict[str, float]:
@@ -615,20 +705,31 @@ def _new_path_sums() -> dict[str, float]:
         "processes": 0.0,
         "small_reads": 0.0,
         "pages": 0.0,
+        "eof_reads": 0.0,
         **{k: 0.0 for k in _MAPPED_SUMS},
     }
 
 
+def eof_reads(f: FileRow) -> int:
+    """The reads of ``f`` taken for reads at end of file, which return 0 bytes: one read of the
+    smallest size bucket (0-100 bytes) per open at most. Reading a file to its end takes one more read
+    call that returns nothing (Python's ``f.read()``, ``while chunk := f.read(n)``); the counters put
+    it among the smallest reads, but it moves no data and is no small read."""
+    return int(min(f.v["opens"], f.size_read[0])) if f.v["reads"] else 0
+
+
 def _per_path(rows: list[FileRow]) -> dict[str, dict[str, float]]:
-    """Per path, over processes: the counters summed, the processes, the small reads and the extent
-    (the largest offset touched plus one)."""
+    """Per path, over processes: the counters summed, the processes, the small reads (reads at end of
+    file left out), those reads at end of file and the extent (the largest offset touched plus one)."""
     per: dict[str, dict[str, float]] = {}
     for f in rows:
         d = per.setdefault(f.path, _new_path_sums())
         for k in _PATH_SUMS:
             d[k] += f.v[k]
         d["processes"] += 1
-        d["small_reads"] += sum(f.size_read[i] for i in _SMALL_READ_INDEX)
+        eof = eof_reads(f)
+        d["small_reads"] += sum(f.size_read[i] for i in _SMALL_READ_INDEX) - eof
+        d["eof_reads"] += eof
         ext = (
             max(f.v["max_byte_read"], f.v["max_byte_written"], f.v["max_byte_mapped"]) + 1
             if _touched(f)
@@ -803,7 +904,9 @@ def _mapped_section(mapped: dict[str, dict[str, float]]) -> dict[str, Any]:
     mapping, so their sizes say nothing about how the job reads)."""
     if not mapped:
         return {}
-    tot = {k: sum(d[k] for d in mapped.values()) for k in (*_MAPPED_SUMS, "reads", "small_reads")}
+    tot = {
+        k: sum(d[k] for d in mapped.values()) for k in (*_MAPPED_SUMS, "reads", "small_reads", "eof_reads")
+    }
     return {
         "files": len(mapped),
         **_mapped_doc(tot),
@@ -811,6 +914,7 @@ def _mapped_section(mapped: dict[str, dict[str, float]]) -> dict[str, Any]:
         "bytes_brought_in_exact": all(d["mmaps_measured"] >= d["mmaps"] for d in mapped.values()),
         "reads": int(tot["reads"]),
         "small_reads": int(tot["small_reads"]),
+        "eof_reads": int(tot["eof_reads"]),
     }
 
 
@@ -846,20 +950,21 @@ def _data_wait_fraction(st: Any) -> float:
     return float(st.phases["data_wait"].fraction)
 
 
-def _gain(section: dict[str, Any], st: Any) -> float:
-    """Upper bound on the share of step time the fix can save: the waiting that I/O time explains."""
-    dw = _data_wait_fraction(st)
-    share = float(section["data_wait"].get("io_time_vs_data_wait", 0.0)) if section["data_wait"] else 0.0
-    return round(dw * min(1.0, share), 4)
+def _time_share(seconds: float, view: dict[str, Any], st: Any) -> float:
+    """The share of the job's time that ``seconds`` of I/O calls can cost it, an upper bound of what a
+    fix saves: for a training loop, of its step time, and never more than the loop waits for data
+    (I/O it does not wait for costs it nothing); without one, of its processes' time
+    (``time_base_s``)."""
+    if st is not None and st.count:
+        total = float(st.total_s)
+        return round(min(_data_wait_fraction(st), seconds / total), 4) if total > 0 else 0.0
+    base = float(view.get("time_base_s") or 0.0)
+    return round(min(1.0, seconds / base), 4) if base > 0 else 0.0
 
 
-def _severity(st: Any, io_explains: float) -> str:
-    dw = _data_wait_fraction(st)
-    if dw >= 0.20 and io_explains >= 0.5:
-        return "high"
-    if dw >= DATA_WAIT_LINK:
-        return "medium"
-    return "low"
+def _gain(view: dict[str, Any], st: Any) -> float:
+    """Upper bound on the share of the job's time the fix can save: its read and metadata time."""
+    return _time_share(view["read_time_s"] + view["meta_time_s"], view, st)
 
 
 def _from_hpc_log(run: Run) -> bool:
@@ -873,24 +978,13 @@ def _from_hpc_log(run: Run) -> bool:
     )
 
 
-def _severity_of_gain(gain: float) -> str:
-    """Severity from the share of step time a fix can save: the thresholds of ``input_bound``
-    (20%: high, 5%: medium), so that a finding that can save nothing is never more than low."""
-    if gain >= 0.20:
-        return "high"
-    if gain >= DATA_WAIT_LINK:
-        return "medium"
-    return "low"
-
-
-def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
-    n = section["files_read"]
-    median = section["file_size_median_bytes"]
-    # reads of mapped files are left out of the share: their data comes through the mapping
-    mapped = section["mapped"]
-    reads = section["reads"] - mapped.get("reads", 0)
-    hist = section["read_size_histogram"]
-    small = sum(hist[b] for b in SMALL_READ_BUCKETS) - mapped.get("small_reads", 0)
+def _small_file_io(view: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
+    n = view["files_read"]
+    median = view["file_size_median_bytes"]
+    # reads of mapped files are left out of the share (their data comes through the mapping), and so are
+    # the reads at end of file (they return nothing)
+    reads = view["plain_reads"]
+    small = view["plain_small_reads"]
     small_share = round(small / reads, 4) if reads > 0 else 0.0
     many_small = n >= SMALL_FILES_MIN and median < SMALL_FILE_BYTES
     small_reads = reads > 0 and small_share >= SMALL_READ_SHARE
@@ -899,49 +993,34 @@ def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Findi
     evidence: dict[str, Any] = {
         "files_read": n,
         "file_size_median_bytes": median,
-        "reads": section["reads"],
+        "reads": view["reads"],
+        "eof_reads": view["eof_reads"],
         "small_read_fraction": small_share,
-        "read_time_s": section["read_time_s"],
-        "meta_time_s": section["meta_time_s"],
-        "meta_time_fraction": section["meta_time_fraction"],
+        "read_time_s": view["read_time_s"],
+        "meta_time_s": view["meta_time_s"],
+        "meta_time_fraction": view["meta_time_fraction"],
     }
-    if mapped:
-        evidence["mapped"] = mapped
-    if section["data_wait"]:
-        evidence["data_wait"] = section["data_wait"]
-    if section["staging"]:
-        evidence["staging"] = section["staging"][:3]
-    io_explains = (
-        float(section["data_wait"].get("io_time_vs_data_wait", 0.0)) if section["data_wait"] else 0.0
+    # small reads of files that already pack many samples: sharding is done, the reading is not
+    sharded = view["container_files"] > 0 and (
+        view["container_small_reads"] >= 0.5 * small if small_reads else view["container_files"] >= 0.5 * n
     )
+    if sharded:
+        evidence["container_files"] = view["container_files"]
+    for key in ("mapped", "data_wait", "staging"):
+        if view[key]:
+            evidence[key] = view[key][:3] if key == "staging" else view[key]
     why = (
         f"{n} files read with a median size of {median / KiB:.0f} KiB"
         if many_small
         else f"{100 * small_share:.0f}% of the reads are smaller than {SMALL_READ_BYTES // KiB} KiB"
     )
-    link = ""
-    if section["data_wait"] and _data_wait_fraction(st) >= DATA_WAIT_LINK:
-        link = (
-            f" The training loop waits for data {100 * _data_wait_fraction(st):.0f}% of each step, and I/O "
-            f"read+open time is {100 * io_explains:.0f}% of that waiting."
-        )
-    gain = _gain(section, st)
+    gain = _gain(view, st)
     return Finding(
         id="small_file_io",
-        severity=_severity_of_gain(gain),
-        title=f"small-file I/O: {why}; {section['read_time_s'] + section['meta_time_s']:.2f} s in reads and metadata",
+        severity=severity_of_gain(gain),
+        title=f"small-file I/O: {why}; {view['read_time_s'] + view['meta_time_s']:.2f} s in reads and metadata",
         evidence=evidence,
-        recommendation=(
-            "gather the application's data into a few large files (HDF5, NetCDF, ADIOS, or one shared file "
-            "through MPI-IO) and access them in blocks of 1 MiB or more; let the job's ranks combine small "
-            "accesses (MPI-IO collective I/O, fewer aggregator ranks) and stage hot inputs on a faster tier "
-            "(burst buffer, node-local NVMe) — see the staging evidence."
-            if hpc
-            else "pack the samples into a few large shards (tar / WebDataset, TFRecord, one .npy per shard) and "
-            "read them sequentially in blocks of 1 MiB or more; until then use more DataLoader workers "
-            "(num_workers) so that opens and small reads overlap, and stage the dataset on a fast tier "
-            "(/dev/shm, local NVMe) — see the staging evidence." + link
-        ),
+        recommendation=_small_file_fix(view, st, hpc, sharded),
         estimated_gain=gain,
         threshold={
             "files_min": SMALL_FILES_MIN,
@@ -952,38 +1031,68 @@ def _small_file_io(section: dict[str, Any], st: Any, hpc: bool = False) -> Findi
     )
 
 
-def _io_bandwidth(section: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
-    ref = section["reference_bandwidth"]
-    achieved = section["bandwidth_read_window_bytes_per_s"]
-    if not ref or section["bytes_read"] < BANDWIDTH_MIN_BYTES or achieved <= 0:
+def _small_file_fix(view: dict[str, Any], st: Any, hpc: bool, sharded: bool) -> str:
+    if hpc:
+        return (
+            "gather the application's data into a few large files (HDF5, NetCDF, ADIOS, or one shared file "
+            "through MPI-IO) and access them in blocks of 1 MiB or more; let the job's ranks combine small "
+            "accesses (MPI-IO collective I/O, fewer aggregator ranks) and stage hot inputs on a faster tier "
+            "(burst buffer, node-local NVMe) — see the staging evidence."
+        )
+    link = ""
+    if view["data_wait"] and _data_wait_fraction(st) >= DATA_WAIT_LINK:
+        io_explains = float(view["data_wait"].get("io_time_vs_data_wait", 0.0))
+        link = (
+            f" The training loop waits for data {100 * _data_wait_fraction(st):.0f}% of each step, and I/O "
+            f"read+open time is {100 * io_explains:.0f}% of that waiting."
+        )
+    if sharded:
+        return (
+            f"the data is already packed in {view['container_files']} shard or container files (tar / "
+            "WebDataset, Arrow, Parquet, TFRecord, HDF5, ...): the small reads come from how they are read. "
+            "Read each shard sequentially through a large buffer (open(path, 'rb', buffering=1 << 20), "
+            "tarfile in stream mode 'r|*', whole-shard reads) or memory-map it (Arrow, NumPy) instead of "
+            "many small read calls; use more DataLoader workers (num_workers) so that what remains overlaps "
+            "compute, and stage the shards on a fast tier (/dev/shm, local NVMe) — see the staging "
+            "evidence." + link
+        )
+    return (
+        "pack the samples into a few large shards (tar / WebDataset, TFRecord, one .npy per shard) and "
+        "read them sequentially in blocks of 1 MiB or more; until then use more DataLoader workers "
+        "(num_workers) so that opens and small reads overlap, and stage the dataset on a fast tier "
+        "(/dev/shm, local NVMe) — see the staging evidence." + link
+    )
+
+
+def _io_bandwidth(view: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
+    ref = view["reference_bandwidth"]
+    achieved = view["bandwidth_read_window_bytes_per_s"]
+    if not ref or view["bytes_read"] < BANDWIDTH_MIN_BYTES or achieved <= 0:
         return None
-    if section["mapped"].get("bytes_brought_in", 0) > section["bytes_read"]:
+    if view["mapped"].get("bytes_brought_in", 0) > view["bytes_read"]:
         return None  # most data comes through mappings, which the read-call bandwidth does not see
     ratio = achieved / ref["bytes_per_s"]
     if ratio >= BANDWIDTH_RATIO:
         return None
-    io_explains = (
-        float(section["data_wait"].get("io_time_vs_data_wait", 0.0)) if section["data_wait"] else 0.0
-    )
-    if section["data_wait"] and (
-        _data_wait_fraction(st) < DATA_WAIT_LINK or io_explains < IO_SHARE_OF_WAIT_MIN
-    ):
+    io_explains = float(view["data_wait"].get("io_time_vs_data_wait", 0.0)) if view["data_wait"] else 0.0
+    if view["data_wait"] and (_data_wait_fraction(st) < DATA_WAIT_LINK or io_explains < IO_SHARE_OF_WAIT_MIN):
         return None  # the loop does not wait for I/O: reading slowly is not what limits it
     evidence: dict[str, Any] = {
         "achieved_read_bytes_per_s": achieved,
         "reference_read_bytes_per_s": ref["bytes_per_s"],
         "reference": ref["source"],
         "ratio": round(ratio, 4),
-        "bytes_read": section["bytes_read"],
-        "read_window_s": section["read_window_s"],
+        "bytes_read": view["bytes_read"],
+        "read_window_s": view["read_window_s"],
     }
-    if section["data_wait"]:
-        evidence["data_wait"] = section["data_wait"]
-    if section["staging"]:
-        evidence["staging"] = section["staging"][:3]
+    if view["data_wait"]:
+        evidence["data_wait"] = view["data_wait"]
+    if view["staging"]:
+        evidence["staging"] = view["staging"][:3]
+    gain = _gain(view, st)
     return Finding(
         id="io_bandwidth",
-        severity=_severity(st, io_explains),
+        severity=severity_of_gain(gain),
         title=(
             f"read bandwidth: the job read at {achieved / MiB:.1f} MiB/s, {100 * ratio:.0f}% of the "
             f"{ref['bytes_per_s'] / MiB:.0f} MiB/s "
@@ -1000,7 +1109,7 @@ def _io_bandwidth(section: dict[str, Any], st: Any, hpc: bool = False) -> Findin
             "sequential blocks, and stage the hottest directories on a faster tier (/dev/shm, local NVMe) "
             "— see the staging evidence; measure the device with `holoprof iobench PATH`"
         ),
-        estimated_gain=_gain(section, st),
+        estimated_gain=gain,
         threshold={
             "ratio_below": BANDWIDTH_RATIO,
             "min_bytes_read": BANDWIDTH_MIN_BYTES,
@@ -1010,20 +1119,22 @@ def _io_bandwidth(section: dict[str, Any], st: Any, hpc: bool = False) -> Findin
     )
 
 
-def _staging_finding(section: dict[str, Any], hpc: bool = False) -> Finding | None:
-    """Low-severity advice: the directories whose reads would gain most from a faster tier."""
-    items = [s for s in section["staging"] if s.get("expected_saving_s", 0) > 0]
-    total = section["read_time_s"] + section["meta_time_s"]
+def _staging_finding(view: dict[str, Any], st: Any, hpc: bool = False) -> Finding | None:
+    """The directories whose reads would gain most from a faster tier; the saving estimated by
+    reading their bytes at the reference bandwidth is its gain."""
+    items = [s for s in view["staging"] if s.get("expected_saving_s", 0) > 0]
+    total = view["read_time_s"] + view["meta_time_s"]
     saving = sum(s["expected_saving_s"] for s in items[:3])
     if not items or total <= 0 or saving < 0.5 * total or saving < 1.0:
         return None
+    gain = _time_share(saving, view, st)
     return Finding(
         id="io_bandwidth",
-        severity="low",
+        severity=severity_of_gain(gain),
         title=f"staging: copying {len(items[:3])} directories to a faster tier would save about {saving:.1f} s of reads",
         evidence={
             "staging": items[:3],
-            "reference": section["reference_bandwidth"].get("source"),
+            "reference": view["reference_bandwidth"].get("source"),
             "read_and_meta_time_s": round(total, 6),
         },
         recommendation=(
@@ -1031,6 +1142,6 @@ def _staging_finding(section: dict[str, Any], hpc: bool = False) -> Finding | No
             if hpc
             else "copy these directories to /dev/shm or local NVMe before training and read them there"
         ),
-        estimated_gain=0.0,
+        estimated_gain=gain,
         threshold={"saving_share_min": 0.5, "saving_s_min": 1.0},
     )

@@ -328,6 +328,26 @@ def _run_doc(
     }
 
 
+def gpu_present(run: Run, res: Resources, loader: dict[str, Any]) -> bool:
+    """Whether the job had a GPU: NVML samples of one (``resources``), a GPU named in a process's
+    record (the system sampler's ``info.gpus``), a DataLoader that fed a job with CUDA initialized
+    (``gpu``), or an imported profiler trace with a device timeline."""
+    if res.gpus or loader.get("gpu") or (run.manifest.get("source") or {}).get("temporal_breakdown"):
+        return True
+    try:
+        rows = run.rows("SELECT info FROM processes WHERE info IS NOT NULL")
+    except Exception:
+        return False
+    for (info,) in rows:
+        try:
+            doc = json.loads(info)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("gpus"):
+            return True
+    return False
+
+
 def _build(run: Run, eng: Engine) -> dict[str, Any]:
     ctx = _core(run, eng)
     st, main, res, loader = ctx["steps"], ctx["main"], ctx["resources"], ctx["loader"]
@@ -336,14 +356,20 @@ def _build(run: Run, eng: Engine) -> dict[str, Any]:
         measured = measure(run, main, st, loader)
         pipeline = pipeline_model(measured) if measured is not None else None
     found = findings_mod.all_findings(
-        st, res, loader, pipeline, imported=run.manifest.get("status") == "imported"
+        st,
+        res,
+        loader,
+        pipeline,
+        imported=run.manifest.get("status") == "imported",
+        gpu=gpu_present(run, res, loader),
     )
     sections, more, section_warnings = _extra_sections(run, ctx)
     failure = (sections.get("communication") or {}).get("first_failure")
     if failure:  # a dead rank matters more than anything else in the report: say it up front
         section_warnings.insert(0, str(failure.get("message")))
-    found = findings_mod.ordered(found + more)
-    _label_measured(run, found)
+    found += more
+    _label_measured(run, found)  # a sweep's run: the gain the sweep measured, with its own test
+    found = findings_mod.ordered(findings_mod.measurable(found, findings_mod.gain_floor(st)))
     processes = _processes(run, ctx)
     run_doc = _run_doc(run, processes, res, section_warnings)
     outside = outside_steps(run, main, st, engine=eng)

@@ -92,16 +92,24 @@ def block_means(xs: list[float], max_blocks: int = 10, min_size: int = 4) -> lis
     the next one waits for a worker, and the pattern repeats with the number of workers. The mean step
     (the throughput) is what the job gets; blocks of consecutive steps each span such patterns, so
     their means are close to independent samples of it, where single steps are not (batch means)."""
-    n = len(xs)
-    k = max(1, min(max_blocks, n // min_size))
-    bounds = [round(i * n / k) for i in range(k + 1)]
+    bounds = block_bounds(len(xs), max_blocks, min_size)
     return [sum(xs[a:b]) / (b - a) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def mean_interval(xs: list[float]) -> tuple[float, float]:
     """95% confidence interval of the mean of ``xs`` from its block means (Student's t); the range of
     the block means when there are fewer than 3 blocks."""
-    bm = block_means(xs)
+    return interval_of_block_means(block_means(xs))
+
+
+def block_bounds(n: int, max_blocks: int = 10, min_size: int = 4) -> list[int]:
+    """Where :func:`block_means` cuts ``n`` values: the first index of each block, then ``n``."""
+    k = max(1, min(max_blocks, n // min_size))
+    return [round(i * n / k) for i in range(k + 1)]
+
+
+def interval_of_block_means(bm: list[float]) -> tuple[float, float]:
+    """95% confidence interval of a mean from its block means (see :func:`mean_interval`)."""
     if not bm:
         return 0.0, 0.0
     m = sum(bm) / len(bm)
@@ -110,6 +118,28 @@ def mean_interval(xs: list[float]) -> tuple[float, float]:
     sd = math.sqrt(sum((v - m) ** 2 for v in bm) / (len(bm) - 1))
     half = _T95[min(len(bm) - 2, len(_T95) - 1)] * sd / math.sqrt(len(bm))
     return max(0.0, m - half), m + half
+
+
+#: The fewest values whose median has a 95% interval narrower than their whole range.
+MEDIAN_INTERVAL_MIN = 9
+
+
+def median_interval_ranks(n: int) -> tuple[int, int] | None:
+    """The ranks (0-based, in sorted order) of the bounds of the distribution-free 95% confidence
+    interval of the median of ``n`` values (order statistics: exact binomial up to 100 values, its
+    normal approximation above); None for fewer than :data:`MEDIAN_INTERVAL_MIN` values."""
+    if n < MEDIAN_INTERVAL_MIN:
+        return None
+    if n <= 100:
+        cdf, j = 0.0, 0
+        while True:  # the largest j with P(Binomial(n, 1/2) < j) <= 2.5%
+            cdf += math.comb(n, j) / 2.0**n
+            if cdf > 0.025:
+                break
+            j += 1
+    else:
+        j = max(1, math.floor(n / 2 - 1.96 * math.sqrt(n) / 2))
+    return j - 1, n - j
 
 
 ALPHA = 0.01

@@ -8,12 +8,14 @@ are taken here from its columns with NumPy, the same on DuckDB (the default) and
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from holoprof.analyze.engine import Aggregation, Engine, engine_for
 from holoprof.analyze.per_step import PHASE_COLS, PerStep, Spilled, leftover, outside_agg, scan_steps
+from holoprof.analyze.stats import WARMUP_STEPS, block_bounds, interval_of_block_means, median_interval_ranks
 from holoprof.store.reader import Run
 
 NS = 1e9
@@ -51,6 +53,9 @@ class StepStats:
     epochs: int = 0
     timeline: list[dict[str, float]] = field(default_factory=list)
     outside_ns: dict[str, float] | None = None  # phase time outside any step, by name (when known)
+    #: the run's noise: the relative half-width of the narrower 95% interval of its steady step (of the
+    #: mean from block means, or of the median from order statistics); 0 with too few steps to know it
+    noise: float = 0.0
 
 
 #: Per process with steps: its rank, its loop thread (the thread that recorded most of its steps, the
@@ -237,7 +242,37 @@ def _stats(ps: PerStep, proc: ProcKey, timeline_points: int) -> StepStats:
         epochs=ps.epochs,
         timeline=timeline.rows(),
         outside_ns=ps.outside_ns,
+        noise=_noise(dur),
     )
+
+
+def _noise(dur: Any) -> float:
+    """How precisely the run knows its step (``dur``: ns per step): the relative half-width of the
+    narrower of two 95% intervals of the steady steps (all but the first two), the mean's (block means,
+    Student's t: right for loops whose steps alternate, as batches from workers make them) and the
+    median's (order statistics: right for loops with a few long steps, an epoch's start or an
+    evaluation). 0 (unknown) when there are too few steps for either."""
+    import numpy as np  # lazy: numpy loads with the first analysis
+
+    n = len(dur)
+    s = np.asarray(dur[WARMUP_STEPS:] if n >= 3 * WARMUP_STEPS + 2 else dur, dtype=np.float64)
+    widths = []
+    bounds = block_bounds(len(s))
+    if len(bounds) > 2:  # two blocks or more
+        means = [float(np.mean(s[a:b])) for a, b in itertools.pairwise(bounds) if b > a]
+        lo, hi = interval_of_block_means(means)
+        mean = float(np.mean(s))
+        if mean > 0:
+            widths.append((hi - lo) / 2 / mean)
+    ranks = median_interval_ranks(len(s))
+    if ranks is not None:
+        m = len(s)
+        mids = sorted({(m - 1) // 2, m // 2})
+        part = np.partition(s, sorted({*ranks, *mids}))
+        med = float(np.mean(part[mids]))
+        if med > 0:
+            widths.append(float(part[ranks[1]] - part[ranks[0]]) / 2 / med)
+    return min(widths, default=0.0)
 
 
 #: Per phase name, the time of every phase span (when there is no training loop).

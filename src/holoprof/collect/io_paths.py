@@ -15,7 +15,9 @@ import os
 import site
 import sys
 import sysconfig
-from typing import Any, Final
+from typing import Any
+
+from holoprof.model import python_env_path as python_env_path  # one rule for collectors and analyses
 
 
 def _norm_prefix(p: str) -> str:
@@ -64,31 +66,6 @@ def default_excludes(run_dir: str | None = None) -> list[str]:
         if q not in seen:
             seen.append(q)
     return seen
-
-
-#: Python source and bytecode: the interpreter reading the program itself (the script, its imports).
-_SOURCE_SUFFIXES: Final = (".py", ".pyc", ".pyi", ".pth")
-#: Directories that only Python installations have.
-_ENV_DIRS: Final = frozenset(("site-packages", "dist-packages", "__pycache__"))
-_ENV_DIR_SUFFIXES: Final = (".dist-info", ".egg-info")
-
-
-def python_env_path(path: str) -> bool:
-    """A file of a Python installation, whichever interpreter it belongs to (a job's own virtual
-    environment, a conda env, the system Python): under a ``site-packages``, ``dist-packages``,
-    ``__pycache__``, ``*.dist-info`` or ``*.egg-info`` directory, in a standard library
-    (``lib/pythonX.Y``, ``lib64/pythonX.Y``), a ``pyvenv.cfg``, or Python source and bytecode.
-    The native library applies the same rules (``python_env_path`` in ``io_native/hp_paths.c``)."""
-    if path.endswith(_SOURCE_SUFFIXES) or path.endswith("/pyvenv.cfg"):
-        return True
-    prev = ""
-    for c in path.split("/")[:-1]:
-        if c in _ENV_DIRS or c.endswith(_ENV_DIR_SUFFIXES):
-            return True
-        if prev in ("lib", "lib64") and len(c) > 6 and c.startswith("python") and c[6].isdigit():
-            return True
-        prev = c
-    return False
 
 
 class PathPolicy:

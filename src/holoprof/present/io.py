@@ -52,7 +52,25 @@ def io_group(doc: dict[str, Any]) -> Group | None:
     if len(roles) > 1:
         line = ", ".join(f"{r} {fmt_bytes(v['bytes_read'])}" for r, v in roles.items())
         parts += [Text(""), Text(f"read by role: {line}", style="grey62")]
+    parts += _training_data(io)
     return Group(*parts)
+
+
+def _training_data(io: dict[str, Any]) -> list[Text]:
+    """What the I/O findings took for the training's data, and the files they left out (not those
+    only written or looked at)."""
+    data = io.get("training_data") or {}
+    left = {k: n for k, n in (data.get("left_out_files") or {}).items() if k != "not_read" and n}
+    if not left:
+        return []
+    why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in left.items())
+    return [
+        Text(
+            f"I/O findings judge the data the training reads ({data.get('files_read', 0)} files); "
+            f"files left out, per reason: {why}",
+            style="grey62",
+        )
+    ]
 
 
 def _totals(io: dict[str, Any]) -> list[Text]:

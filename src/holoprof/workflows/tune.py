@@ -96,7 +96,8 @@ def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> 
     doc["finding"] = finding
     if finding is None:
         doc["message"] = (
-            "the job is not input-bound (it waits for data less than 5% of a step): nothing to tune"
+            "the job is not input-bound (it waits for data less than 5% of a step, or less than a saving "
+            "this run can measure: 1% of the step and the noise of its mean step): nothing to tune"
         )
         return doc
     knobs = candidates(finding)
