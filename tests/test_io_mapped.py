@@ -226,10 +226,16 @@ def test_pandas_pipeline(csv: str, tmp_path: Path, how: str) -> None:
         )
 
 
-def test_io_bandwidth_and_small_reads_see_mapped_bytes(tmp_path: Path) -> None:
+def test_io_bandwidth_and_small_reads_see_mapped_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Findings that use bytes read count what came through mappings: a job whose data is mapped is
     not judged by the few small header reads it also makes."""
     from types import SimpleNamespace
+
+    from holoprof.analyze import io
+
+    monkeypatch.setattr(io, "_page_sets", lambda run, ctx: {})  # no page sets: each process's own count
 
     from holoprof import model
     from holoprof.analyze.io import _FLOATS, _SUMS, FileRow, _data_view, _io_bandwidth, _small_file_io

@@ -514,7 +514,7 @@ def io_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Find
     st = ctx.get("steps")
     section = _section(run, ctx, rows, by_module, st)
     data, left_out = data_rows(rows, st)
-    view = _data_view(run, data, st, _time_base_s(run, ctx))
+    view = _data_view(run, data, st, _time_base_s(run, ctx), ctx)
     section["training_data"] = _training_data_doc(view, left_out)
     section["staging"] = view["staging"]  # advice: the data's directories, never the environment's
     return section, _findings(run, view, st)
@@ -553,18 +553,21 @@ def _time_base_s(run: Run, ctx: dict[str, Any]) -> float:
     return max(1, n) * max(0.0, (end_ns - start_ns) / NS)
 
 
-def _data_view(run: Run, rows: list[FileRow], st: Any, base_s: float) -> dict[str, Any]:
+def _data_view(
+    run: Run, rows: list[FileRow], st: Any, base_s: float, ctx: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The measures the I/O findings use, over the data the training reads (:func:`data_rows`)."""
     tot = _totals(rows)
     touched = {
-        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or d["mmaps"]
+        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or _mapped_in(d)
     }
-    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or d["mmaps"]}
+    _mapped_pages(run, ctx, touched, rows)
+    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or _mapped_in(d)}
     sizes = [d["extent"] for d in read_files.values()]
     ref = _reference_bandwidth(run, read_files)
     io_time = tot["read_time_s"] + tot["write_time_s"] + tot["meta_time_s"]
     # the reads of mapped files say nothing of how the job reads: their data comes through the mapping
-    plain = {p: d for p, d in touched.items() if not d["mmaps"]}
+    plain = {p: d for p, d in touched.items() if not _mapped_in(d)}
     small = sum(d["small_reads"] for d in plain.values())
     containers = {p for p in read_files if container_file(p)}
     window = _read_window_s(rows)
@@ -584,7 +587,7 @@ def _data_view(run: Run, rows: list[FileRow], st: Any, base_s: float) -> dict[st
         "reference_bandwidth": {"bytes_per_s": round(ref[0], 1), "source": ref[1]} if ref else {},
         "data_wait": _data_wait(st, tot),
         "staging": _staging(read_files, ref),
-        "mapped": _mapped_section({p: d for p, d in touched.items() if d["mmaps"]}),
+        "mapped": _mapped_section({p: d for p, d in touched.items() if _mapped_in(d)}),
         "time_base_s": round(base_s, 6),
     }
 
