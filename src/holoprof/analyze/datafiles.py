@@ -17,10 +17,11 @@ interpreter, tool configuration, imported logs).
   that traced it when ``holoprof run`` prints its report);
 * ``program``: a program or a shared library: a file directly in a ``bin`` or ``sbin`` directory (a
   launcher script such as ``venv/bin/torchrun``), or a ``.so`` file;
-* ``configuration``: in a hidden directory, where tools keep their configuration and caches
-  (``~/.keras/keras.json``, ``~/.config``, ``~/.cache``, a project's ``.git``), unless a directory
-  below it holds datasets (``datasets``, ``datasets--*``: where Keras and Hugging Face keep downloaded
-  data, which is the job's data);
+* ``configuration``: in a hidden directory where tools keep their configuration and caches: one
+  directly in the home directory (``~/.keras/keras.json``, ``~/.config``, ``~/.cache``) or one of
+  :data:`TOOL_DIRS` anywhere (a project's ``.git``), unless a directory below it holds datasets
+  (``datasets``, ``datasets--*``: where Keras and Hugging Face keep downloaded data, which is the
+  job's data). Other hidden directories (a project's ``.data/``) may well hold the data;
 * ``bookkeeping``: a lock file (``*.lock``) or a dataset library's metadata file
   (:data:`BOOKKEEPING_NAMES`).
 
@@ -103,11 +104,20 @@ def _interpreter_prefixes() -> tuple[str, ...]:
 _PREFIXES: Final = _interpreter_prefixes()
 
 
+#: Hidden directories of tools, wherever they are (a project's ``.git``, a cache in a work directory).
+TOOL_DIRS: Final = frozenset(
+    (".git", ".hg", ".svn", ".cache", ".config", ".local", ".keras", ".ipython", ".jupyter", ".triton",
+     ".nv", ".conda", ".venv", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".vscode",
+     ".idea")
+)  # fmt: skip
+_HOME: Final = os.path.expanduser("~")
+
+
 def _hidden_dir(parts: list[str]) -> bool:
-    """Under a hidden directory (``~/.keras/...``, ``~/.cache/...``, ``proj/.git/...``), not in a
-    dataset directory below it."""
+    """Under a hidden directory of a tool (``~/.keras/...``, ``~/.cache/...``, ``proj/.git/...``), not in
+    a dataset directory below it."""
     for i, c in enumerate(parts[:-1]):
-        if c.startswith(".") and c not in (".", ".."):
+        if c.startswith(".") and c not in (".", "..") and (c in TOOL_DIRS or "/".join(parts[:i]) == _HOME):
             return not any(d == "datasets" or d.startswith("datasets--") for d in parts[i + 1 : -1])
     return False
 
