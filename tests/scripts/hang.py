@@ -1,11 +1,13 @@
 """A small 2-rank job on gloo for the hang watchdog (run under torchrun).
 
 HANG_RANK sleeps HANG_SLEEP_S seconds before its all_reduce at step HANG_STEP (the others wait in it);
-DEAD_RANK exits right after joining the process group (run it with TORCH_GLOO_LAZY_INIT=1: the others
-then wait in their first collective for a peer that never comes).
+DEAD_RANK exits there instead. On gloo the others would fail at once on the closed connection, so the
+dying rank leaves a child holding its connections open (DEAD_LINGER_S seconds): the others wait for
+a peer that is gone, as they do on NCCL.
 """
 
 import os
+import subprocess
 import sys
 import time
 
@@ -14,8 +16,6 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-if rank == int(os.environ.get("DEAD_RANK", "-1")):
-    sys.exit(0)
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -31,6 +31,12 @@ for step in range(int(os.environ.get("HANG_STEPS", "6"))):
         dist.all_reduce(p.grad)
     if rank == hang_rank and step == hang_step:
         time.sleep(float(os.environ.get("HANG_SLEEP_S", "20")))  # the hang
+    if rank == int(os.environ.get("DEAD_RANK", "-1")) and step == hang_step:
+        linger = ["sleep", os.environ.get("DEAD_LINGER_S", "60")]
+        subprocess.Popen(
+            linger, close_fds=False, env={}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        sys.exit(0)
     total = loss.detach().clone()
     dist.all_reduce(total)
     opt.step()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
 import time
 from collections import Counter
 from typing import Any
@@ -88,6 +89,19 @@ def _ranks(run: Run) -> dict[int, dict[str, Any]]:
             "world_size": int(ws or 0),
         }
     return out
+
+
+def _gone(proc: dict[str, Any]) -> bool:
+    """A process of this host that no longer exists (killed before it could say so: SIGKILL)."""
+    if proc["host"] != socket.gethostname():
+        return False
+    try:
+        os.kill(proc["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _key(w: dict[str, Any]) -> tuple[str, int, str]:
@@ -168,9 +182,15 @@ def _rank_state(
         }
     last = ep[1]["seqs"].get(group) if ep is not None else None
     entered = f"its last collective on group {group} was #{last}" if isinstance(last, int) else ""
-    if proc is not None and proc["ended"] and (ep is None or ep[1]["state"] == "hung"):
+    if proc is not None and (proc["ended"] or _gone(proc)) and (ep is None or ep[1]["state"] == "hung"):
         code = proc["exit_code"]
-        how = f"exit code {code}" if code is not None else "no exit record: killed by a signal"
+        how = (
+            f"exit code {code}"
+            if code is not None
+            else "it exited"
+            if proc["ended"]
+            else "no exit record: killed by a signal"
+        )
         return {
             "state": "died",
             "reason": f"its process ended ({how}) while the others wait",
