@@ -33,9 +33,11 @@ for step in range(int(os.environ.get("HANG_STEPS", "6"))):
         time.sleep(float(os.environ.get("HANG_SLEEP_S", "20")))  # the hang
     if rank == int(os.environ.get("DEAD_RANK", "-1")) and step == hang_step:
         linger = ["sleep", os.environ.get("DEAD_LINGER_S", "60")]
-        subprocess.Popen(
-            linger, close_fds=False, env={}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        out = subprocess.DEVNULL
+        child = subprocess.Popen(linger, close_fds=False, env={}, stdout=out, stderr=out)
+        if os.environ.get("DEAD_PID_FILE"):
+            with open(os.environ["DEAD_PID_FILE"], "w") as f:
+                f.write(str(child.pid))
         sys.exit(0)
     total = loss.detach().clone()
     dist.all_reduce(total)
