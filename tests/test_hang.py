@@ -9,6 +9,7 @@ that all_reduce for good: the finding names the dead rank, and keeps it once the
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -17,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from conftest import free_port, job_env, report_json, script, start_holoprof
+from holoprof.analyze.report import build_report
+from holoprof.bench.synth import generate_run
 from holoprof.present.prometheus import prometheus_text
 from holoprof.present.terminal import render
+from holoprof.store.reader import load
 
 HANG_SCRIPT = script("hang.py")
 
@@ -132,3 +136,42 @@ def test_a_rank_that_exits_early_is_named_as_dead(tmp_path: Path) -> None:
     ev = f["evidence"]
     assert ev["status"] == "killed" and ev["dead_ranks"] == [1], ev
     assert "killed" in f["title"]
+
+
+def hang_file(folder: Path, rank: int, waiting_in: dict[str, Any] | None, seqs: dict[str, int]) -> None:
+    """A rank's hang state as its watchdog writes it (holoprof.collect.hangs), still stuck."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "schema": "holoprof.hang/1", "host": "synth", "pid": 100 + rank, "rank": rank, "world_size": 3,
+        "state": "hung", "updated_ns": 9 * 10**18 + 30 * 10**9, "since_ns": 9 * 10**18, "seqs": seqs,
+        "waiting_in": waiting_in, "stacks": f"stack of rank {rank}\n", "episodes": [],
+    }  # fmt: skip
+    (folder / f"hang-{100 + rank}.json").write_text(json.dumps(doc))
+
+
+def test_ranks_waiting_in_different_collectives_are_a_mismatch(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    generate_run(str(run), steps=20, ranks=3)
+    ar = {"group": "0", "op": "all_reduce", "seq": 41, "bytes": 4096}
+    bc = {"group": "0", "op": "broadcast", "seq": 41, "bytes": 64}
+    hang_file(run / "synth-100", 0, ar, {"0": 41})
+    hang_file(run / "synth-101", 1, ar, {"0": 41})
+    hang_file(run / "synth-102", 2, bc, {"0": 41})
+    f = hang_finding(build_report(load(str(run))))
+    assert f is not None
+    ev = f["evidence"]
+    assert ev["waiting_ranks"] == [0, 1] and ev["stuck_ranks"] == [2]
+    assert ev["collective"] == ar
+    assert ev["mismatch"] == [{"rank": 2, "group": "0", "op": "broadcast", "seq": 41}]
+    assert ev["ranks"]["2"]["state"] == "other_collective"
+    assert ev["status"] == "killed" and ev["hung_s"] == 30.0  # the run is over: it ended while hung
+    assert "different collectives" in f["recommendation"]
+    assert ev["stacks"] == {str(r): f"stack of rank {r}\n" for r in range(3)}
+
+
+def test_a_rank_stuck_in_its_step_with_nobody_waiting_is_no_hang(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    generate_run(str(run), steps=20, ranks=2)
+    hang_file(run / "synth-100", 0, None, {"0": 7})  # a long evaluation: nobody waits for it
+    doc = build_report(load(str(run)))
+    assert hang_finding(doc) is None and doc["hang"] == {}
