@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import free_port, job_env, report_json, script, start_holoprof
+from conftest import free_port, job_env, report_json, run_holoprof, script, start_holoprof
 from holoprof.analyze.report import build_report
 from holoprof.bench.synth import generate_run
 from holoprof.present.prometheus import prometheus_text
@@ -175,3 +175,13 @@ def test_a_rank_stuck_in_its_step_with_nobody_waiting_is_no_hang(tmp_path: Path)
     hang_file(run / "synth-100", 0, None, {"0": 7})  # a long evaluation: nobody waits for it
     doc = build_report(load(str(run)))
     assert hang_finding(doc) is None and doc["hang"] == {}
+
+
+def test_a_negative_hang_timeout_is_refused(tmp_path: Path) -> None:
+    proc = run_holoprof(
+        "run", "--out", str(tmp_path / "r"), "--hang-timeout", "-1", "--", "true", cwd=tmp_path
+    )
+    assert proc.returncode == 2 and not (tmp_path / "r").exists()
+    assert proc.stderr.strip() == (
+        "holoprof: error: --hang-timeout must be a number of seconds (0 turns the watchdog off), e.g. 300"
+    )
