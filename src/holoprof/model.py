@@ -64,6 +64,7 @@ FINDING_IDS: Final[tuple[str, ...]] = (
     "memory_headroom",
     "low_device_utilization",
     "host_overhead",
+    "hang",
 )
 Severity = Literal["high", "medium", "low"]
 

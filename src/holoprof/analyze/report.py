@@ -168,6 +168,7 @@ SECTIONS: dict[str, str] = {
     "io": "holoprof.analyze.io:io_section",
     "communication": "holoprof.analyze.comm:communication",
     "device": "holoprof.analyze.report:device_section",
+    "hang": "holoprof.analyze.hang:hang_section",
 }
 SECTION_DEFAULTS: dict[str, Any] = {
     "io": {},
@@ -176,6 +177,7 @@ SECTION_DEFAULTS: dict[str, Any] = {
     "stages": [],
     "checkpoints": {},
     "device": {},
+    "hang": {},
 }
 
 

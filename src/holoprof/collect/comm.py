@@ -46,6 +46,7 @@ from typing import Any
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
 from holoprof.collect.comm_functional import FunctionalCollectives, sent_bytes
+from holoprof.collect.hangs import CollectiveRing, HangWatch, completed, group_name
 from holoprof.collect.waits import CARVED, note_wait
 
 #: The patched calls, and the parameter holding what this rank sends (a tensor or a list of tensors).
@@ -89,7 +90,10 @@ class CommCollector(Collector):
         super().__init__(agent)
         self._nest = _Nesting()
         self._groups: dict[int, tuple[int, str]] = {}
-        self._pending: dict[int, tuple[str, int, int, dict[str, Any]]] = {}
+        self._group_names: dict[int, str] = {}
+        self.ring = CollectiveRing()  # the last collectives, for the hang watchdog
+        self.watch = HangWatch(agent, self.ring)
+        self._pending: dict[int, tuple[str, int, int, dict[str, Any], list[Any] | None]] = {}
         self._async_names: dict[int, str] = {}  # id of an asynchronous collective's work -> its call
         self._functional = FunctionalCollectives(self, self)
         self._dist: Any = None
@@ -99,6 +103,7 @@ class CommCollector(Collector):
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
         post_import_finder().add("torch", self._on_torch)
+        self.agent.pollers.append(self.watch.poll)
 
     def _on_torch(self, torch: ModuleType) -> None:
         if not self.enabled:
@@ -123,6 +128,11 @@ class CommCollector(Collector):
         self._pending = {}
         self._async_names = {}
         self._functional.reset()
+        self.ring = CollectiveRing()
+        self.watch.ring = self.ring
+        self.watch.reset()
+        if self.enabled and self.watch.poll not in self.agent.pollers:
+            self.agent.pollers.append(self.watch.poll)
 
     def _on_functional(self, funcol: ModuleType) -> None:
         if not self.enabled or self._dist is None:
@@ -134,6 +144,10 @@ class CommCollector(Collector):
 
     def uninstall(self) -> None:
         super().uninstall()
+        try:
+            self.agent.pollers.remove(self.watch.poll)
+        except ValueError:
+            pass
         if self._sampler is not None:
             self._sampler.detach()
 
@@ -155,13 +169,31 @@ class CommCollector(Collector):
                 self._groups[key] = info
         return info
 
-    def _done(self, name: str, t0: int, step: int, attrs: dict[str, Any]) -> None:
+    def finish(self) -> None:
+        self.watch.finish()
+
+    def group_name(self, dist: Any, group: Any) -> str:
+        key = id(group)
+        name = self._group_names.get(key)
+        if name is None:
+            name = group_name(dist, group)
+            if len(self._group_names) < 1000:
+                self._group_names[key] = name
+        return name
+
+    def _done(
+        self, name: str, t0: int, step: int, attrs: dict[str, Any], entry: list[Any] | None = None
+    ) -> None:
         try:
-            self.agent.span("comm", name, t0, now_ns(), step, attrs)
+            t1 = now_ns()
+            completed(entry, t1)
+            self.agent.span("comm", name, t0, t1, step, attrs)
         except Exception as exc:
             self.agent.fail(self, exc)
 
-    def _track_async(self, work: Any, name: str, t0: int, step: int, attrs: dict[str, Any]) -> None:
+    def _track_async(
+        self, work: Any, name: str, t0: int, step: int, attrs: dict[str, Any], entry: list[Any] | None
+    ) -> None:
         """Record the span when ``work`` completes, without waiting for it."""
         names = self._async_names
         if len(names) >= _MAX_PENDING:
@@ -176,12 +208,12 @@ class CommCollector(Collector):
         if fut is not None:
 
             def _cb(_f: Any) -> None:
-                self._done(name, t0, step, attrs)
+                self._done(name, t0, step, attrs, entry)
 
             fut.then(_cb)
             return
         if len(self._pending) < _MAX_PENDING:
-            self._pending[id(work)] = (name, t0, step, attrs)
+            self._pending[id(work)] = (name, t0, step, attrs, entry)
         else:
             self.agent.dropped += 1
 
@@ -227,12 +259,7 @@ class CommCollector(Collector):
             try:
                 if col.fault_at:
                     col.inject("collective")
-                if arg is None:
-                    nbytes = 0
-                elif arg in kwargs:
-                    nbytes = sent_bytes(kwargs[arg])
-                else:
-                    nbytes = sent_bytes(args[arg_pos]) if 0 <= arg_pos < len(args) else 0
+                nbytes = _arg_bytes(args, kwargs, arg, arg_pos)
                 group = kwargs.get("group")
                 if group is None and 0 <= group_pos < len(args):
                     group = args[group_pos]
@@ -250,6 +277,7 @@ class CommCollector(Collector):
                 carved = not is_async and active in CARVED
                 step = steps.index
                 t0 = now_ns()
+                entry = col.ring.issued(col.group_name(dist, group), name, nbytes, t0)
             except Exception as exc:
                 agent.fail(col, exc)
                 return orig(*args, **kwargs)
@@ -258,6 +286,9 @@ class CommCollector(Collector):
                 tls.active = "communication"
             try:
                 out = orig(*args, **kwargs)
+            except BaseException:
+                completed(entry, now_ns())  # it failed: no longer waited for
+                raise
             finally:
                 nest.depth -= 1
                 if exposed:
@@ -265,9 +296,10 @@ class CommCollector(Collector):
             try:
                 if out is not None and hasattr(out, "wait"):
                     attrs["async"] = True
-                    col._track_async(out, name, t0, step, attrs)
+                    col._track_async(out, name, t0, step, attrs, entry)
                 else:
                     t1 = now_ns()
+                    completed(entry, t1)
                     agent.span("comm", name, t0, t1, step, attrs)
                     if exposed:
                         agent.span("phase", "communication", t0, t1, step, {"op": name})
@@ -314,7 +346,8 @@ class CommCollector(Collector):
                         col.inject("wait")
                     pend = col._pending.pop(id(work), None) if col._pending else None
                     if pend is not None:
-                        name, s0, step, attrs = pend
+                        name, s0, step, attrs, entry = pend
+                        completed(entry, t1)
                         agent.span("comm", name, s0, t1, step, attrs)
                     op = col._async_names.pop(id(work), "wait") if col._async_names else "wait"
                     if exposed and t1 - t0 > 0:
@@ -469,6 +502,15 @@ class _DDPSlot:
                 self.names = {id(p): n for n, p in self.module.named_parameters()}
             attrs["params"] = [self.names.get(id(p), "?") for p in params]
             attrs["param_bytes"] = [int(p.numel()) * int(p.element_size()) for p in params]
+
+
+def _arg_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], arg: str | None, pos: int) -> int:
+    """Bytes of what a call sends: its argument ``arg`` (at position ``pos``); 0 without one."""
+    if arg is None:
+        return 0
+    if arg in kwargs:
+        return sent_bytes(kwargs[arg])
+    return sent_bytes(args[pos]) if 0 <= pos < len(args) else 0
 
 
 def _never() -> bool:

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from holoprof.agent.core import Collector, now_ns
+from holoprof.collect.hangs import completed
 from holoprof.collect.waits import CARVED, note_wait
 
 #: The patched calls: what this rank sends is their first argument (a tensor or a list of tensors).
@@ -40,7 +41,7 @@ FUNCTIONAL = (
 )
 _MAX_PENDING = 10_000
 
-#: A collective in flight: [call, issue time, step, attrs, completed]
+#: A collective in flight: [call, issue time, step, attrs, completed, its ring buffer entry]
 Entry = list[Any]
 
 
@@ -48,8 +49,11 @@ class CommLike(Protocol):
     """What the patches use of the comm collector besides what every collector has."""
 
     _nest: Any  # the thread's nesting of collectives (a collective's own calls pass through)
+    ring: Any  # the ring buffer of the process's collectives (holoprof.collect.hangs)
 
     def _group_info(self, dist: Any, group: Any) -> tuple[int, str]: ...
+
+    def group_name(self, dist: Any, group: Any) -> str: ...
 
 
 def _storage_key(t: Any) -> int:
@@ -78,11 +82,11 @@ class FunctionalCollectives:
             self.col._set(funcol, "wait_tensor", self._wrap_wait(orig_wait, is_compiling))
 
     # -- the group of a call -----------------------------------------------------------------------
-    def _group(self, dist: Any, group: Any) -> tuple[int, str]:
-        """(size, backend) of a functional collective's group: a process group, its name, a device
-        mesh (of one dimension), (mesh, dimension), or a list of ranks."""
+    def _group(self, dist: Any, group: Any) -> tuple[int, str, str]:
+        """(size, backend, name) of a functional collective's group: a process group, its name, a
+        device mesh (of one dimension), (mesh, dimension), or a list of ranks."""
         if isinstance(group, list):
-            return (len(group), "?")
+            return (len(group), "?", "ranks " + ",".join(str(r) for r in group))
         pg = group
         if isinstance(group, str):
             pg = dist.distributed_c10d._resolve_process_group(group)
@@ -90,7 +94,8 @@ class FunctionalCollectives:
             pg = group[0].get_group(group[1])
         elif hasattr(group, "get_group"):  # a DeviceMesh
             pg = group.get_group(0)
-        return self.comm._group_info(dist, pg)
+        size, backend = self.comm._group_info(dist, pg)
+        return size, backend, self.comm.group_name(dist, pg)
 
     # -- the patches -------------------------------------------------------------------------------
     def _wrap(self, name: str, orig: Any, dist: Any, is_compiling: Any) -> Any:
@@ -121,7 +126,7 @@ class FunctionalCollectives:
                 group = kwargs.get("group")
                 if group is None and 0 <= group_pos < len(args):
                     group = args[group_pos]
-                size, backend = self._group(dist, group)
+                size, backend, gname = self._group(dist, group)
                 attrs = {
                     "bytes": sent_bytes(sent),
                     "group_size": size,
@@ -129,7 +134,8 @@ class FunctionalCollectives:
                     "async": True,
                     "api": "functional",
                 }
-                self._issued([name, t0, steps.index, attrs, False], out)
+                ring_entry = self.comm.ring.issued(gname, name, attrs["bytes"], t0)
+                self._issued([name, t0, steps.index, attrs, False, ring_entry], out)
             except Exception as exc:
                 agent.fail(col, exc)
             return out
@@ -151,6 +157,7 @@ class FunctionalCollectives:
                 kept = True
         if not kept:
             entry[4] = True
+            completed(entry[5], now_ns())
             self.col.agent.span("comm", entry[0], entry[1], now_ns(), entry[2], entry[3])
 
     def _wrap_wait(self, orig: Any, is_compiling: Any) -> Any:
@@ -193,6 +200,7 @@ class FunctionalCollectives:
         agent = self.col.agent
         if not entry[4]:
             entry[4] = True
+            completed(entry[5], t1)
             agent.span("comm", entry[0], entry[1], t1, entry[2], entry[3])
         if exposed:
             agent.span("phase", "communication", t0, t1, agent.steps.index, {"op": entry[0]})

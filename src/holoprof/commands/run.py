@@ -30,6 +30,14 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
         "--flush-interval", type=finite_float, help="seconds between flushes to disk (default 1, at most 1)"
     )
     r.add_argument("--no-report", action="store_true", help="do not print the report at the end")
+    r.add_argument(
+        "--hang-timeout",
+        type=finite_float,
+        metavar="S",
+        help="a rank stuck in one collective or one step for max(S, 20 x the median step) seconds is "
+        "a hang: its stacks and collectives go into the run, the report shows a 'hang' finding "
+        "(default 300; 0 turns the watchdog off)",
+    )
     _tensorflow_arguments(r)
     _checkpoint_arguments(r)
     _memory_arguments(r)
@@ -58,6 +66,12 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
         if not 0 < args.flush_interval <= 1:
             raise HoloprofError("--flush-interval must be between 0 and 1 second")
         options["flush_interval_s"] = args.flush_interval
+    if getattr(args, "hang_timeout", None) is not None:
+        if args.hang_timeout < 0:
+            raise HoloprofError(
+                "--hang-timeout must be a number of seconds (0 turns the watchdog off), e.g. 300"
+            )
+        options["hang_timeout_s"] = args.hang_timeout
     for part in (_tensorflow_options, _checkpoint_options, _memory_options, _io_options, _knob_options):
         options.update(part(args))
     return options

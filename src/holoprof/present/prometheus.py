@@ -198,6 +198,21 @@ def _resources(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
             m.add(metric, "gauge", help_text, {**run, "gpu": parts[1]}, s["last"] * scale)
 
 
+def _hang(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
+    """How long the job has been hung (0 once the hang resolved or the job ended); only for a run that
+    hung (the ``hang`` section): alert on ``holoprof_hang_seconds > 0``."""
+    hang = doc.get("hang") or {}
+    if not hang.get("status"):
+        return
+    m.add(
+        "holoprof_hang_seconds",
+        "gauge",
+        "how long the job has been hung in a collective (0 when it is not hung now)",
+        run,
+        hang.get("hung_s", 0.0) if hang["status"] == "ongoing" else 0.0,
+    )
+
+
 def run_samples(doc: dict[str, Any]) -> list[Sample]:
     """The samples of one report (``holoprof.report/1``), without the ``run`` label."""
     m = _Samples()
@@ -213,6 +228,7 @@ def run_samples(doc: dict[str, Any]) -> list[Sample]:
     _io(m, run, doc)
     _memory(m, run, doc)
     _resources(m, run, doc)
+    _hang(m, run, doc)
     return m.samples
 
 

@@ -397,7 +397,8 @@
       <span class="badge ${esc(f.severity)}">${esc(f.severity)}</span> <span class="muted mono">${esc(f.id)}</span>
       <div class="t">${esc(f.title)}</div>
       <div class="r">${esc(f.recommendation)}</div>
-      <div class="e">evidence: ${esc(Object.entries(f.evidence || {}).map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(", "))}${f.estimated_gain ? " · estimated gain up to " + fmtPct(f.estimated_gain) + " of step time" : ""}</div>
+      <div class="e">evidence: ${esc(Object.entries(f.evidence || {}).filter(([k]) => k !== "stacks").map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(", "))}${f.estimated_gain ? " · estimated gain up to " + fmtPct(f.estimated_gain) + " of step time" : ""}</div>
+      ${Object.entries((f.evidence || {}).stacks || {}).map(([rank, text]) => `<details><summary>Python stacks of rank ${esc(rank)}</summary><pre class="mono">${esc(text)}</pre></details>`).join("")}
     </div>`).join("");
   }
 
