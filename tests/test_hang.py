@@ -1,6 +1,6 @@
 """Hangs diagnosed while the job runs: 2 ranks under torchrun on gloo, a watchdog time-out of 3 s.
 
-One rank sleeps 20 s before an all_reduce: the live report's ``hang`` finding names it as stuck (with
+One rank sleeps 30 s before an all_reduce: the live report's ``hang`` finding names it as stuck (with
 the sleep in its stack), the other as waiting in that all_reduce with its sequence number; the job's
 output and exit status are those of the job untraced. A rank that exits early leaves the other in
 that all_reduce for good: the finding names the dead rank, and keeps it once the job is killed.
@@ -58,7 +58,7 @@ def test_a_rank_held_before_an_all_reduce_is_named_while_the_job_runs(tmp_path: 
         torchrun_args(), cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
     run = tmp_path / "run"
-    env = {"HANG_RANK": "1", "HANG_STEP": "3", "HANG_SLEEP_S": "20"}
+    env = {"HANG_RANK": "1", "HANG_STEP": "3", "HANG_SLEEP_S": "30"}  # room for a loaded machine
     proc = start_holoprof(
         "run", "--out", str(run), "--hang-timeout", "3", "--no-report", "--", *torchrun_args(),
         cwd=tmp_path, env=env,
