@@ -64,6 +64,9 @@ FINDING_IDS: Final[tuple[str, ...]] = (
     "memory_headroom",
     "low_device_utilization",
     "host_overhead",
+    "low_mfu",
+    "graph_breaks",
+    "recompiles",
 )
 Severity = Literal["high", "medium", "low"]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from holoprof import model
 from holoprof.analyze import findings as findings_mod
+from holoprof.analyze.compute import with_headroom
 from holoprof.analyze.engine import Aggregation, DuckDBEngine, Engine, aggregate
 from holoprof.analyze.engine_dask import DaskEngine, client
 from holoprof.analyze.input_model import measure, pipeline_model
@@ -168,6 +169,8 @@ SECTIONS: dict[str, str] = {
     "io": "holoprof.analyze.io:io_section",
     "communication": "holoprof.analyze.comm:communication",
     "device": "holoprof.analyze.report:device_section",
+    "compute": "holoprof.analyze.compute:compute_section",
+    "goodput": "holoprof.analyze.goodput:goodput_section",
 }
 SECTION_DEFAULTS: dict[str, Any] = {
     "io": {},
@@ -176,6 +179,8 @@ SECTION_DEFAULTS: dict[str, Any] = {
     "stages": [],
     "checkpoints": {},
     "device": {},
+    "compute": {},
+    "goodput": {},
 }
 
 
@@ -343,6 +348,7 @@ def _build(run: Run, eng: Engine) -> dict[str, Any]:
     if failure:  # a dead rank matters more than anything else in the report: say it up front
         section_warnings.insert(0, str(failure.get("message")))
     found = findings_mod.ordered(found + more)
+    with_headroom(found)
     _label_measured(run, found)
     processes = _processes(run, ctx)
     run_doc = _run_doc(run, processes, res, section_warnings)

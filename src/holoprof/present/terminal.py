@@ -339,6 +339,7 @@ def _notes(doc: dict[str, Any]) -> list[Text]:
 #: Sections rendered by their own modules: (title, "module:function"); the function takes the report
 #: document and returns a rich renderable, or None when the section has nothing to show.
 _SECTION_RENDERERS: list[tuple[str, str]] = [
+    ("Goodput: the job's wall time", "holoprof.present.compute:goodput_group"),
     ("Workflow stages", "holoprof.present.stages:stages_group"),
     ("Memory", "holoprof.present.memory:memory_group"),
     ("Communication", "holoprof.present.comm:comm_group"),
@@ -385,6 +386,12 @@ def render(
             Text("Where each step's time goes", style="bold underline"),
             _phases(doc, min(60, inner)),
         ]
+    try:
+        compute = _section_group("holoprof.present.compute:compute_group", doc)
+    except Exception as exc:  # a renderer bug must not hide the rest of the report
+        compute = Text(f"(Compute could not be shown: {type(exc).__name__}: {exc})", style="yellow")
+    if compute is not None:
+        parts += [Text(""), Text("Compute: FLOPs and MFU", style="bold underline"), compute]
     res = _resources(doc)
     if res is not None and not short:
         parts += [Text(""), Text("Resources", style="bold underline"), res]
