@@ -4,7 +4,7 @@ The FLOPs are the ones the flops collector counted on one step (:mod:`holoprof.c
 ``op``/``flops`` of the main loop's process). Achieved FLOP/s = FLOPs per step ÷ the mean step of the
 steady state: the steps after the first :data:`~holoprof.analyze.stats.WARMUP_STEPS` (all of them in
 a short run), the counted step always left out (it ran every operator through Python, so it is
-slower than the others). MFU = achieved ÷ peak, with the peak's source named
+slower than the others), and ``torch.compile``'s compilations in them taken out. MFU = achieved ÷ peak, with the peak's source named
 (:mod:`holoprof.analyze.peaks`): a GPU's data-sheet peak for the dtype the step mostly computes in,
 or the CPU's GEMM peak measured on the host that ran the job for its dtype and thread count.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from holoprof.analyze.compile import compile_doc, compile_findings
 from holoprof.analyze.engine import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.analyze.peaks import cpu_alternatives, cpu_peak, gpu_alternatives, gpu_peak, table_dtype
@@ -48,15 +49,19 @@ FLOPS_ROWS = Aggregation(
 
 
 def _mean_step_agg(proc: ProcKey, first: int, skip: int) -> Aggregation:
-    """Count and total time (ns) of ``proc``'s steps from index ``first`` on, but step ``skip``."""
+    """Count and total time (ns) of ``proc``'s steps from index ``first`` on, but step ``skip``, and
+    the time torch.compile compiled in them."""
+    where = "host = $host AND pid = $pid AND end_ns >= start_ns AND step >= $first AND step <> $skip"
     return Aggregation(
         name="mean-step",
         table="spans",
-        columns=("host", "pid", "kind", "start_ns", "end_ns", "step"),
-        chunk="""SELECT count(*) AS n, CAST(coalesce(sum(end_ns - start_ns), 0) AS BIGINT) AS ns FROM {t}
-                 WHERE kind = 'step' AND host = $host AND pid = $pid AND end_ns >= start_ns
-                   AND step >= $first AND step <> $skip""",
-        combine="SELECT CAST(sum(n) AS BIGINT) AS n, CAST(sum(ns) AS BIGINT) AS ns FROM {t}",
+        columns=("host", "pid", "kind", "name", "start_ns", "end_ns", "step"),
+        chunk=f"""SELECT count(*) FILTER (WHERE kind = 'step') AS n,
+                   CAST(coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'step'), 0) AS BIGINT) AS ns,
+                   CAST(coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'op'), 0) AS BIGINT) AS compile_ns
+                 FROM {{t}} WHERE {where} AND (kind = 'step' OR (kind = 'op' AND name = 'compile'))""",
+        combine="""SELECT CAST(sum(n) AS BIGINT) AS n, CAST(sum(ns) AS BIGINT) AS ns,
+                   CAST(sum(compile_ns) AS BIGINT) AS compile_ns FROM {t}""",
         params={"host": proc.host, "pid": proc.pid, "first": first, "skip": skip},
         pids=(proc.pid,),
     )
@@ -80,13 +85,16 @@ def flop_records(run: Run, ctx: dict[str, Any] | None, proc: ProcKey) -> list[tu
 def steady_mean_step(
     run: Run, ctx: dict[str, Any] | None, proc: ProcKey, st: StepStats, counted: int
 ) -> tuple[float, int]:
-    """(mean step in seconds, steps it is over) of the steady state, the counted step left out."""
+    """(mean step in seconds, steps it is over) of the steady state, the counted step left out and
+    torch.compile's compilations in those steps taken out (they are goodput's ``compile``)."""
     first = WARMUP_STEPS if st.count >= 3 * WARMUP_STEPS + 2 else 0
     for lo in (first, 0):
         rows = aggregate(run, ctx, _mean_step_agg(proc, lo, counted))
-        n, ns = (int(rows[0][0] or 0), int(rows[0][1] or 0)) if rows else (0, 0)
+        n, ns, comp = (
+            (int(rows[0][0] or 0), int(rows[0][1] or 0), int(rows[0][2] or 0)) if rows else (0, 0, 0)
+        )
         if n > 0:
-            return ns / n / 1e9, n
+            return max(0, ns - comp) / n / 1e9, n
     return 0.0, 0
 
 
@@ -295,11 +303,17 @@ def with_headroom(found: list[Finding]) -> None:
 
 
 def compute_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
+    """The ``compute`` section (with ``compile``) and its findings (``low_mfu``, ``graph_breaks``,
+    ``recompiles``)."""
     doc = compute_doc(run, ctx)
     found: list[Finding] = []
     main = ctx.get("main")
-    if doc.get("mfu") is not None and main is not None:
+    if main is None or not doc:
+        return doc, found
+    if doc.get("mfu") is not None:
         f = low_mfu(doc, ctx.get("steps"), alternatives_of(run, main, doc))
         if f is not None:
             found.append(f)
+    doc["compile"] = compile_doc(run, ctx, main)
+    found += compile_findings(doc["compile"], ctx.get("steps"))
     return doc, found

@@ -62,6 +62,7 @@ COLLECTORS: list[str] = [
     "holoprof.collect.control:ControlCollector",
     "holoprof.collect.memory:MemoryCollector",
     "holoprof.collect.flops:FlopCollector",
+    "holoprof.collect.compile:CompileCollector",
     "holoprof.collect.comm:CommCollector",
     "holoprof.collect.io_collector:IoCollector",
 ]

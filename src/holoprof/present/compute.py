@@ -42,7 +42,7 @@ def compute_lines(c: dict[str, Any]) -> list[Text]:
     mfu = c.get("mfu")
     if mfu is not None:
         head = Text()
-        head.append(f"MFU {100 * float(mfu):.1f}%", style="bold")
+        head.append(f"MFU {100 * float(mfu):.2g}%", style="bold")
         head.append(f" of {fmt_flops(c.get('peak_flops_per_s'), 'FLOP/s')} peak")
         lines.append(head)
     lines.append(Text(f"peak: {c.get('peak_source')}", style="dim", overflow="fold"))

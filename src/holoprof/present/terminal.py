@@ -29,6 +29,7 @@ PHASE_COLORS = {
     "backward": "blue",
     "optimizer": "magenta",
     "compute": "bright_green",
+    "compile": "bright_red",
     "communication": "yellow",
     "checkpoint": "cyan",
     "eval": "bright_white",

@@ -46,10 +46,10 @@ def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, 
                 if t0 < ready < t1:
                     # DDP: from the moment the last gradient bucket was ready, backward only
                     # waited for the buckets' allreduce (exposed communication)
-                    span("phase", "backward", t0, ready, steps.index)
+                    st.phase("backward", t0, ready, steps.index)
                     span("phase", "communication", ready, t1, steps.index, {"op": "ddp_allreduce"})
                 else:
-                    span("phase", "backward", t0, t1, steps.index)
+                    st.phase("backward", t0, t1, steps.index)
                 if ev0 is not None:
                     dev.end("backward", steps.index, t0, ev0)
                 if update and not steps.optimizer_seen:

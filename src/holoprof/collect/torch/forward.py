@@ -23,7 +23,6 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
     """
     agent = col.agent
     steps = agent.steps
-    span = agent.span
     is_grad_enabled = torch.is_grad_enabled
     orig_call = torch.nn.Module.__call__
     compiler = getattr(torch, "compiler", None)
@@ -65,7 +64,7 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
             t.active = None
             try:
                 t1 = now_ns()
-                span("phase", name, t0, t1, steps.index)
+                st.phase(name, t0, t1, steps.index)
                 if ev0 is not None:
                     dev.end(name, steps.index, t0, ev0)
                 for o in observers:
