@@ -1,7 +1,9 @@
 """Always-on overhead of `holoprof run` on a CPU training loop (5-10 ms steps, with a DataLoader).
 
 Alternates plain and traced runs of the same script; each run times its own loop (after warm-up);
-the result is the median of the traced/plain ratios of adjacent pairs. Where `taskset` exists, the
+the result is the median of the traced/plain ratios of adjacent pairs. The sampled steps are
+excluded: the step whose FLOPs are counted (step 1) and the memory sampler's first steps are among
+the 20 untimed warm-up steps, so what is timed is the always-on collection only. Where `taskset` exists, the
 job runs on one core (the same one in both variants) so that run-to-run noise is smaller.
 
     python benchmarks/bench_overhead.py [--pairs 21] [--steps 150]
@@ -65,6 +67,10 @@ def main() -> None:
     med = statistics.median(ratios)
     print("## Always-on overhead (CPU loop with DataLoader)\n")
     print(f"`python benchmarks/bench_overhead.py --pairs {args.pairs} --steps {args.steps}`\n")
+    print(
+        "The sampled steps (the FLOP-counted step 1, the memory sampler's first 3) are among the 20 "
+        "untimed warm-up steps: excluded.\n"
+    )
     print("| measure | value |\n| --- | --- |")
     print(f"| median plain step | {1e3 * statistics.median(plain_steps):.2f} ms |")
     print(f"| median traced step | {1e3 * statistics.median(traced_steps):.2f} ms |")

@@ -25,6 +25,12 @@ from holoprof.store.reader import Run
 RECOMPILE_LIMIT = 8
 #: Rows of each list kept in the report.
 MAX_ROWS = 50
+#: Dynamo hints that say what a break is, not how to avoid it (kept in the section, not in the fix).
+_NOT_A_FIX = (
+    "This graph break is fundamental",
+    "Please report an issue",
+    "It may be possible to write Dynamo",
+)
 
 
 def _rows_agg(proc: ProcKey) -> Aggregation:
@@ -131,8 +137,10 @@ def graph_breaks_finding(doc: dict[str, Any]) -> Finding | None:
     top = rows[0]
     fixes = []
     for r in rows[:5]:
-        hint = (r.get("hints") or ["see torch._dynamo.explain()"])[0]
-        fixes.append(f"{r['reason']} at {r['location'] or '?'}: {hint}")
+        hints = [h for h in r.get("hints") or [] if not h.startswith(_NOT_A_FIX)]
+        fixes.append(
+            f"{r['reason']} at {r['location'] or '?'}: {' / '.join(hints) or 'see torch._dynamo.explain()'}"
+        )
     n = sum(int(r["count"]) for r in rows)
     return Finding(
         id="graph_breaks",

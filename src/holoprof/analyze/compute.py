@@ -39,29 +39,41 @@ OPTIMIZER_SHARE = 0.10
 #: Smallest gain worth naming (fraction of the step).
 MIN_GAIN = 0.02
 
-FLOPS_ROWS = Aggregation(
-    name="flops",
-    table="spans",
-    columns=("host", "pid", "kind", "name", "start_ns", "end_ns", "step", "attrs"),
-    chunk="SELECT host, pid, step, start_ns, end_ns, attrs FROM {t} WHERE kind = 'op' AND name = 'flops'",
-    order="host, pid, start_ns, step, attrs",
-)
+
+def _flops_agg(proc: ProcKey) -> Aggregation:
+    """The flops spans of ``proc``."""
+    return Aggregation(
+        name="flops",
+        table="spans",
+        columns=("host", "pid", "kind", "name", "start_ns", "end_ns", "step", "attrs"),
+        chunk="""SELECT step, start_ns, end_ns, attrs FROM {t}
+                 WHERE kind = 'op' AND name = 'flops' AND host = $host AND pid = $pid""",
+        order="start_ns, step, end_ns, attrs",
+        params={"host": proc.host, "pid": proc.pid},
+        pids=(proc.pid,),
+    )
 
 
 def _mean_step_agg(proc: ProcKey, first: int, skip: int) -> Aggregation:
     """Count and total time (ns) of ``proc``'s steps from index ``first`` on, but step ``skip``, and
-    the time torch.compile compiled in them."""
+    the time torch.compile compiled within them (its spans of the same index, clipped to the step)."""
     where = "host = $host AND pid = $pid AND end_ns >= start_ns AND step >= $first AND step <> $skip"
     return Aggregation(
         name="mean-step",
         table="spans",
         columns=("host", "pid", "kind", "name", "start_ns", "end_ns", "step"),
-        chunk=f"""SELECT count(*) FILTER (WHERE kind = 'step') AS n,
-                   CAST(coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'step'), 0) AS BIGINT) AS ns,
-                   CAST(coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'op'), 0) AS BIGINT) AS compile_ns
-                 FROM {{t}} WHERE {where} AND (kind = 'step' OR (kind = 'op' AND name = 'compile'))""",
-        combine="""SELECT CAST(sum(n) AS BIGINT) AS n, CAST(sum(ns) AS BIGINT) AS ns,
-                   CAST(sum(compile_ns) AS BIGINT) AS compile_ns FROM {t}""",
+        chunk=f"""SELECT step, kind, start_ns, end_ns FROM {{t}}
+                  WHERE {where} AND (kind = 'step' OR (kind = 'op' AND name = 'compile'))""",
+        shuffle=("step",),
+        group="""WITH st AS (SELECT step, start_ns AS s, end_ns AS e FROM {t} WHERE kind = 'step'),
+                 c AS (SELECT c.step, sum(least(c.end_ns, st.e) - greatest(c.start_ns, st.s)) AS d
+                       FROM {t} c JOIN st ON c.step = st.step
+                       WHERE c.kind = 'op' AND c.end_ns > st.s AND c.start_ns < st.e GROUP BY c.step)
+                 SELECT count(*) AS n, CAST(coalesce(sum(st.e - st.s), 0) AS BIGINT) AS ns,
+                        CAST(coalesce(sum(c.d), 0) AS BIGINT) AS compile_ns
+                 FROM st LEFT JOIN c USING (step)""",
+        final="""SELECT CAST(coalesce(sum(n), 0) AS BIGINT) AS n, CAST(coalesce(sum(ns), 0) AS BIGINT) AS ns,
+                 CAST(coalesce(sum(compile_ns), 0) AS BIGINT) AS compile_ns FROM {t}""",
         params={"host": proc.host, "pid": proc.pid, "first": first, "skip": skip},
         pids=(proc.pid,),
     )
@@ -70,9 +82,7 @@ def _mean_step_agg(proc: ProcKey, first: int, skip: int) -> Aggregation:
 def flop_records(run: Run, ctx: dict[str, Any] | None, proc: ProcKey) -> list[tuple[int, dict[str, Any]]]:
     """The flops spans of ``proc``: (step, attributes), in time order."""
     out = []
-    for host, pid, step, _s, _e, raw in aggregate(run, ctx, FLOPS_ROWS):
-        if str(host) != proc.host or int(pid) != proc.pid:
-            continue
+    for step, _s, _e, raw in aggregate(run, ctx, _flops_agg(proc)):
         try:
             a = json.loads(raw) if raw else {}
         except ValueError:

@@ -43,6 +43,7 @@ from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
 from holoprof.collect.torch.collector import torch_state
 from holoprof.collect.torch.state import TorchState
+from holoprof.collect.util import process_created_ns
 
 #: The step whose FLOPs are counted (0-based): the second, after the first step's loading and compiling.
 COUNT_STEP = 1
@@ -125,19 +126,23 @@ def mode_class(torch: ModuleType) -> Any:
 
 
 def flop_registry(torch: ModuleType) -> dict[Any, Any]:
-    """PyTorch's FLOP formulas by operator, plus the CPU flash-attention kernels it lacks."""
+    """PyTorch's FLOP formulas by operator, plus the CPU flash-attention kernels it lacks (counted with
+    the formulas of the CUDA flash-attention kernels, whose arguments start the same way)."""
     from torch.utils import flop_counter as fc  # lazy: torch is the job's
 
     reg = dict(fc.flop_registry)
     aten = torch.ops.aten
     extra = (
-        ("_scaled_dot_product_flash_attention_for_cpu", fc.sdpa_flop),
-        ("_scaled_dot_product_flash_attention_for_cpu_backward", fc.sdpa_backward_flop),
+        ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention"),
+        (
+            "_scaled_dot_product_flash_attention_for_cpu_backward",
+            "_scaled_dot_product_flash_attention_backward",
+        ),
     )
-    for name, formula in extra:
-        op = getattr(aten, name, None)
-        if op is not None and op not in reg:
-            reg[op] = fc.shape_wrapper(formula)
+    for name, like in extra:
+        op, formula = getattr(aten, name, None), reg.get(getattr(aten, like, None))
+        if op is not None and formula is not None and op not in reg:
+            reg[op] = formula
     return reg
 
 
@@ -169,6 +174,14 @@ class FlopCollector(Collector):
         self.torch: ModuleType | None = None
         self.state: TorchState | None = None
         self.reset()
+        self.note_created()
+
+    def note_created(self) -> None:
+        """The process's creation time (``info["created_ns"]``): goodput's start-up begins there, before
+        the interpreter reached the agent."""
+        created = process_created_ns()
+        if created is not None:
+            self.agent.info["created_ns"] = created
 
     def reset(self) -> None:
         self.done = False
@@ -205,6 +218,7 @@ class FlopCollector(Collector):
         self.disarm()
         self.reset()
         self.done = True
+        self.note_created()
 
     # -- ForwardObserver: the outermost training forward ---------------------------------------
     def begin(self, module: Any, args: tuple[Any, ...]) -> None:
@@ -232,6 +246,8 @@ class FlopCollector(Collector):
         if not self.enabled or self.count is None:
             return
         try:
+            if self.fault_at:
+                self.inject("optimizer_post")  # tests: a failure with the mode on the stack
             if self.agent.steps.index == self.step:
                 self.end_count()
         except Exception as exc:
