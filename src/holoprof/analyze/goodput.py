@@ -90,7 +90,7 @@ def _ends_agg(bounds: dict[ProcKey, tuple[int, int]]) -> Aggregation:
 
 def _lifetimes(run: Run) -> dict[tuple[str, int], tuple[int, int]]:
     """(start, end) in ns of every process: from its creation (recorded by its agent; else the agent's
-    start) to its end (its last update when it did not end cleanly)."""
+    start) to its end (while it runs, or when it did not end cleanly: minus its last update)."""
     rows = run.rows("SELECT host, pid, start_ns, end_ns, updated_ns, info FROM processes")
     out = {}
     for host, pid, s, e, u, info in rows:
@@ -101,7 +101,7 @@ def _lifetimes(run: Run) -> dict[tuple[str, int], tuple[int, int]]:
             created = 0
         if 0 < created < start:
             start = created
-        out[(str(host), int(pid))] = (start, int(e or 0) or int(u or 0))
+        out[(str(host), int(pid))] = (start, int(e or 0) or -int(u or 0))  # negative: still running
     return out
 
 
@@ -117,6 +117,8 @@ def process_goodput(
     step and after the last); None when its lifetime is unknown."""
     p0, p1 = life
     first, last = st.first_start_ns, st.last_end_ns
+    if p1 < 0:  # still running (or ended without a last record): up to what it recorded last
+        p1 = max(-p1, last)
     if not (0 < p0 <= first <= last) or p1 < last:
         return None
     cats = dict.fromkeys(CATEGORIES, 0.0)

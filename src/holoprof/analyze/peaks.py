@@ -123,7 +123,8 @@ def cpu_peak(peaks: list[dict[str, Any]], host: str, dtype: str, threads: int) -
                 return peak, str(e.get("source") or "measured GEMM peak")
     return 0.0, (
         f"no CPU peak was measured for {dtype} with {threads} thread{'s' if threads != 1 else ''} on "
-        f"{host}: `holoprof report RUN` on that machine measures it (a GEMM micro-benchmark, under a second)"
+        f"{host}: it is measured once the job has ended, by `holoprof run` or by `holoprof report RUN` on that "
+        "machine (a GEMM micro-benchmark of a few seconds, cached per machine)"
     )
 
 

@@ -8,8 +8,8 @@ repeated for :data:`BUDGET_S` seconds in all; the best rate counts (on a busy ma
 lost its cores to another process runs slower, never faster).
 
 When: after the job has ended (``holoprof run`` calls :func:`ensure_peaks` before its report;
-``holoprof report`` does too, for runs made with ``holoprof.start()``), so that it neither disturbs
-the job nor counts in its time; only for the CPU dtypes and thread counts the run's counted steps
+``holoprof report`` does too, for runs made with ``holoprof.start()``, never on a run still running),
+so that it neither disturbs the job nor counts in its time; only for the CPU dtypes and thread counts the run's counted steps
 used, and only on the host that ran them. The result is cached per machine, in
 ``$XDG_CACHE_HOME/holoprof/peak-flops.json`` (``~/.cache/holoprof``) keyed by CPU model, dtype,
 threads and torch version, so a machine measures each once; it is written into the run
@@ -223,6 +223,8 @@ def ensure_peaks(run_dir: str, run: Run | None = None) -> list[str]:
         from holoprof.store.reader import load  # lazy: DuckDB loads only when a run is read
 
         run = load(run_dir)
+    if run.status == "running":
+        return []  # never while the job runs: the benchmark would take its cores
     need = wanted(run)
     if not need:
         return []
