@@ -1,9 +1,11 @@
 """Always-on overhead of `holoprof run` on a CPU training loop (5-10 ms steps, with a DataLoader).
 
 Alternates plain and traced runs of the same script; each run times its own loop (after warm-up);
-the result is the median of the traced/plain ratios of adjacent pairs. Where `taskset` exists, the
-job runs on one core (the same one in both variants) so that run-to-run noise is smaller; `--unpinned`
-lets the scheduler place it, as most jobs run.
+the result is the median of the traced/plain ratios of adjacent pairs. By default the sampled steps
+are excluded: the step whose FLOPs are counted (step 1) and the memory sampler's first steps are among
+the 20 untimed warm-up steps, so what is timed is the always-on collection only (`--warmup 0` times
+them too). Where `taskset` exists, the job runs on one core (the same one in both variants) so that
+run-to-run noise is smaller; `--unpinned` lets the scheduler place it, as most jobs run.
 
     python benchmarks/bench_overhead.py [--pairs 21] [--steps 150] [--width 1024] [--batch 64]
         [--warmup 20] [--unpinned] [--option memory=off ...]
@@ -88,6 +90,11 @@ def main() -> None:
     flags += " --unpinned" if not pin else ""
     flags += "".join(f" --option {o}" for o in args.option)
     print(f"`python benchmarks/bench_overhead.py {flags}`\n")
+    if args.warmup >= 4:
+        print(
+            "The sampled steps (the FLOP-counted step 1, the memory sampler's first 3) are among the "
+            f"{args.warmup} untimed warm-up steps: excluded.\n"
+        )
     print("| measure | value |\n| --- | --- |")
     print(f"| median plain step | {1e3 * statistics.median(plain_steps):.2f} ms |")
     print(f"| median traced step | {1e3 * statistics.median(traced_steps):.2f} ms |")

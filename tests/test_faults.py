@@ -292,6 +292,8 @@ ENTRY_POINTS = [
     ("checkpoint", "load"),
     ("memory", "forward"),
     ("memory", "optimizer_post"),
+    ("flops", "forward"),
+    ("flops", "optimizer_post"),  # while the counting mode is entered
     ("io", "install"),
     ("io", "open"),  # the Python layer's open(), with --io-layer python
 ]

@@ -217,6 +217,11 @@ def test_dashboard_of_a_running_job(live_server: tuple[LiveJob, Server], browser
     )
     assert grown, "the step chart did not grow while the job ran"
 
+    # the counted step's FLOPs and the goodput so far
+    browser.wait_for("document.querySelector('#compute-card') !== null", 60, "the compute card")
+    card = browser.eval("document.getElementById('compute-card').textContent")
+    assert "FLOPs per step" in card and "goodput" in card and "startup" in card, card
+
     # clicking deep profile gives the op table and a downloadable trace
     browser.eval(
         "document.getElementById('in-steps').value = '3'; document.getElementById('btn-deep-profile').click()"

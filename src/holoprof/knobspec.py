@@ -9,8 +9,10 @@ from holoprof.errors import HoloprofError
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
 TF_KNOBS = ("num_parallel_calls", "prefetch")
-KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS, "omp_wait_policy")
+KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS, "omp_wait_policy", "matmul_precision")
 OMP_POLICIES = ("passive", "active", "default")
+#: ``torch.set_float32_matmul_precision`` values
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -26,6 +28,10 @@ def parse_value(name: str, text: str) -> Any:
     if name == "omp_wait_policy":
         if t not in OMP_POLICIES:
             raise HoloprofError(f"bad value {text!r} for omp_wait_policy: write passive, active or default")
+        return t
+    if name == "matmul_precision":
+        if t not in MATMUL_PRECISIONS:
+            raise HoloprofError(f"bad value {text!r} for matmul_precision: write highest, high or medium")
         return t
     if name in TF_KNOBS and t == "autotune":
         return "autotune"

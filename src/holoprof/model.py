@@ -34,16 +34,28 @@ SPAN_KINDS: Final[tuple[str, ...]] = (
 
 # --- standard phases ---------------------------------------------------------------------------------
 PhaseName = Literal[
-    "data_wait", "forward", "backward", "optimizer", "compute", "communication", "checkpoint", "eval", "other"
+    "data_wait",
+    "forward",
+    "backward",
+    "optimizer",
+    "compute",
+    "compile",
+    "communication",
+    "checkpoint",
+    "eval",
+    "other",
 ]
 #: ``compute`` is forward + backward + optimizer run as one fused call that cannot be told apart from
 #: outside (a compiled Keras/TensorFlow train step); frameworks that can split them never record it.
+#: ``compile`` is ``torch.compile``'s compilation, cut out of the phase it ran in (the first forward,
+#: the first backward).
 PHASES: Final[tuple[str, ...]] = (
     "data_wait",
     "forward",
     "backward",
     "optimizer",
     "compute",
+    "compile",
     "communication",
     "checkpoint",
     "eval",
@@ -65,6 +77,9 @@ FINDING_IDS: Final[tuple[str, ...]] = (
     "low_device_utilization",
     "host_overhead",
     "hang",
+    "low_mfu",
+    "graph_breaks",
+    "recompiles",
 )
 Severity = Literal["high", "medium", "low"]
 

@@ -42,6 +42,9 @@ SEVERITY_MEDIUM_GAIN = INPUT_BOUND_MEDIUM
 #: Findings that warn of a failure to come (running out of memory, a hung job) rather than promise a
 #: saving: shown whatever their gain.
 RISK_FINDINGS = frozenset({"memory_pressure", "hang"})
+#: Findings shown whenever their evidence exists although their gain is not predicted: a defect whose
+#: cost a sweep measures (torch.compile's graph breaks); at most low severity.
+UNPRICED_FINDINGS = frozenset({"graph_breaks"})
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
@@ -435,6 +438,10 @@ def measurable(found: list[Finding], floor: float) -> list[Finding]:
     to the sweep, shown as one)."""
     out = []
     for f in found:
+        if f.id in UNPRICED_FINDINGS and f.gain_kind != "measured":
+            f.severity = "low"
+            out.append(f)
+            continue
         if f.id in RISK_FINDINGS or f.gain_kind == "measured":
             if f.gain_kind == "measured":
                 f.severity = severity_of_gain(f.estimated_gain)

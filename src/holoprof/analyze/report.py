@@ -14,6 +14,7 @@ from typing import Any
 
 from holoprof import model
 from holoprof.analyze import findings as findings_mod
+from holoprof.analyze.compute import with_headroom
 from holoprof.analyze.engine import Aggregation, DuckDBEngine, Engine, aggregate
 from holoprof.analyze.engine_dask import DaskEngine, client
 from holoprof.analyze.input_model import measure, pipeline_model
@@ -169,6 +170,8 @@ SECTIONS: dict[str, str] = {
     "communication": "holoprof.analyze.comm:communication",
     "device": "holoprof.analyze.report:device_section",
     "hang": "holoprof.analyze.hang:hang_section",
+    "compute": "holoprof.analyze.compute:compute_section",
+    "goodput": "holoprof.analyze.goodput:goodput_section",
 }
 SECTION_DEFAULTS: dict[str, Any] = {
     "io": {},
@@ -178,6 +181,8 @@ SECTION_DEFAULTS: dict[str, Any] = {
     "checkpoints": {},
     "device": {},
     "hang": {},
+    "compute": {},
+    "goodput": {},
 }
 
 
@@ -370,6 +375,7 @@ def _build(run: Run, eng: Engine) -> dict[str, Any]:
     if failure:  # a dead rank matters more than anything else in the report: say it up front
         section_warnings.insert(0, str(failure.get("message")))
     found += more
+    with_headroom(found)
     _label_measured(run, found)  # a sweep's run: the gain the sweep measured, with its own test
     found = findings_mod.ordered(findings_mod.measurable(found, findings_mod.gain_floor(st)))
     processes = _processes(run, ctx)

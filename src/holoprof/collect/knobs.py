@@ -16,6 +16,10 @@ are applied by this collector in the job's own process:
 ``num_parallel_calls``    tf.data: ``Dataset.map(..., num_parallel_calls=...)`` of the job's pipeline
 ``prefetch``              tf.data: the buffer of the job's ``Dataset.prefetch(...)`` calls
                           (``autotune`` for ``tf.data.AUTOTUNE``)
+``matmul_precision``      ``torch.set_float32_matmul_precision`` (``highest``, ``high``: TF32 on
+                          GPUs with Tensor Cores, ``medium``) right after ``import torch`` in every
+                          process of the job that imports it; the job's own later calls are held
+                          to the knob
 ``omp_wait_policy``       ``OMP_WAIT_POLICY`` (``passive``: idle OpenMP threads sleep at once;
                           ``active``: they spin; ``default``: the job's environment as it is, whose
                           runtime default spins a while, then sleeps) in the job's environment when
@@ -61,7 +65,7 @@ class KnobCollector(Collector):
             self._omp_wait_policy(policy.upper())
         elif "omp_wait_policy" in self.knobs:
             self._count("omp_wait_policy", "left as the job's environment has it")
-        if any(k in self.knobs for k in (*LOADER_KNOBS, "torch_threads")):
+        if any(k in self.knobs for k in (*LOADER_KNOBS, "torch_threads", "matmul_precision")):
             post_import_finder().add("torch", self._guard(self._on_torch))
         if any(k in self.knobs for k in TF_KNOBS):
             post_import_finder().add("tensorflow", self._guard(self._on_tensorflow))
@@ -124,6 +128,8 @@ class KnobCollector(Collector):
 
             set_num_threads.__wrapped__ = orig_set  # type: ignore[attr-defined]
             self._set(torch, "set_num_threads", set_num_threads)
+        if "matmul_precision" in knobs:
+            self._matmul_precision(torch, str(knobs["matmul_precision"]))
         if not any(k in knobs for k in LOADER_KNOBS):
             return
         cls = dl_mod.DataLoader
@@ -142,6 +148,22 @@ class KnobCollector(Collector):
 
         __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
         self._set(cls, "__init__", __init__)
+
+    def _matmul_precision(self, torch: ModuleType, value: str) -> None:
+        """``torch.set_float32_matmul_precision(value)`` now; the job's own later calls are held to it."""
+        orig = torch.set_float32_matmul_precision
+        orig(value)
+        self._count("matmul_precision")
+        col = self
+
+        def set_float32_matmul_precision(precision: str) -> None:
+            if col.enabled and precision != value:
+                col._count("matmul_precision", f"held at {value} (the job asked for {precision})")
+                return orig(value)
+            return orig(precision)
+
+        set_float32_matmul_precision.__wrapped__ = orig  # type: ignore[attr-defined]
+        self._set(torch, "set_float32_matmul_precision", set_float32_matmul_precision)
 
     def _loader_kwargs(
         self, orig_init: Any, dataset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

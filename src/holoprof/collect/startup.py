@@ -61,6 +61,8 @@ COLLECTORS: list[str] = [
     "holoprof.collect.tensorflow:TensorFlowCollector",
     "holoprof.collect.control:ControlCollector",
     "holoprof.collect.memory:MemoryCollector",
+    "holoprof.collect.flops:FlopCollector",
+    "holoprof.collect.compile:CompileCollector",
     "holoprof.collect.comm:CommCollector",
     "holoprof.collect.io_collector:IoCollector",
 ]

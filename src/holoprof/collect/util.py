@@ -66,3 +66,19 @@ def _cgroup_quota() -> float | None:
         if quota not in ("max", "-1") and float(period) > 0:
             return float(quota) / float(period)
     return None
+
+
+def process_created_ns() -> int | None:
+    """When this process was created (wall-clock ns, to 10 ms): its start in clock ticks since boot
+    (``/proc/self/stat``) against the time since boot now. The interpreter's own start-up comes before
+    the agent's; goodput's ``startup`` starts here. None where the system does not say."""
+    import time  # lazy: only once per process, at the agent's start
+
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        age = since_boot - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time_ns() - int(max(0.0, age) * 1e9)

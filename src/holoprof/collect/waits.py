@@ -13,6 +13,7 @@ the step breakdown and the communication section's exposed time are one figure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from holoprof.agent.core import Agent, PhaseState
@@ -37,16 +38,20 @@ def phase_spans(
     t1: int,
     step: int,
     tail: tuple[int, str] | None = None,
+    record: Callable[[str, int, int, int], None] | None = None,
 ) -> None:
     """Record phase ``name`` of this thread from ``t0`` to ``t1``: the waits noted inside it (taken
     off the thread's state) and, with ``tail`` = (start, op), the end of the phase from ``start`` on
-    are ``communication`` phases; the rest is ``name``."""
+    are ``communication`` phases; the rest is ``name``, recorded by ``record(name, start, end, step)``
+    (the torch state's, which cuts compilations out in turn) or as one span."""
     tls = agent.tls
     waits = tls.waits
     if waits is not None:
         tls.waits = None
+    if record is None:
+        record = _span_of(agent)
     if not waits and tail is None:
-        agent.span("phase", name, t0, t1, step)
+        record(name, t0, t1, step)
         return
     cuts: list[tuple[int, int, str]] = []
     for a, b, op in sorted(waits or ()):
@@ -66,9 +71,16 @@ def phase_spans(
     attrs: dict[str, Any]
     for a, b, op in cuts:
         if a > at:
-            agent.span("phase", name, at, a, step)
+            record(name, at, a, step)
         attrs = {"op": op, "in": name}
         agent.span("phase", "communication", a, b, step, attrs)
         at = b
     if t1 > at:
-        agent.span("phase", name, at, t1, step)
+        record(name, at, t1, step)
+
+
+def _span_of(agent: Agent) -> Callable[[str, int, int, int], None]:
+    def record(name: str, t0: int, t1: int, step: int) -> None:
+        agent.span("phase", name, t0, t1, step)
+
+    return record

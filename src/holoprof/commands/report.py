@@ -9,9 +9,10 @@ import sys
 from holoprof.analyze.report import build_report
 from holoprof.commands.common import add_engine_arguments, check_engine_arguments
 from holoprof.errors import HoloprofError
+from holoprof.launch.peak import ensure_peaks
 from holoprof.present.html import render_html, write_html
 from holoprof.present.terminal import render
-from holoprof.store.reader import load
+from holoprof.store.reader import Run, load
 
 
 def add_arguments(rp: argparse.ArgumentParser) -> None:
@@ -21,11 +22,28 @@ def add_arguments(rp: argparse.ArgumentParser) -> None:
     add_engine_arguments(rp)
 
 
+def measure_peaks(run: Run) -> None:
+    """A run made on this machine whose CPU peak FLOP/s is not in it yet (``holoprof.start()`` runs,
+    which no launcher finished): measured now, or taken from the machine's cache, and written into
+    it; a run that cannot be written is reported without."""
+    try:
+        for note in ensure_peaks(run.path, run):
+            sys.stderr.write(f"holoprof: {note}\n")
+    except OSError:
+        pass  # a run directory this user cannot write: MFU says which peak is missing
+    except Exception as exc:
+        sys.stderr.write(
+            f"holoprof: could not measure this CPU's peak FLOP/s ({type(exc).__name__}: {exc})\n"
+        )
+
+
 def main(args: argparse.Namespace) -> int:
     check_engine_arguments(args)
     if args.html == "-" and args.json:
         raise HoloprofError("--html - and --json both write to stdout; choose one")
-    doc = build_report(load(args.run), engine=args.engine, scheduler=args.scheduler)
+    run = load(args.run)
+    measure_peaks(run)
+    doc = build_report(run, engine=args.engine, scheduler=args.scheduler)
     if args.html == "-":
         sys.stdout.buffer.write(render_html(doc).encode("utf-8"))
         return 0

@@ -145,6 +145,12 @@ def _memory_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="end the job cleanly (exit status 0) after N optimizer steps (quick looks, sweeps)",
     )
+    parser.add_argument(
+        "--flops",
+        choices=("on", "off"),
+        default=None,
+        help="count the FLOPs of one training step (the second) for MFU (default on; PyTorch)",
+    )
 
 
 def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,6 +163,9 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
         if n <= 0:
             raise HoloprofError("--stop-after-steps must be a positive number of steps, e.g. 20")
         out["stop_after_steps"] = n
+    flops = getattr(args, "flops", None)
+    if flops is not None:
+        out["flops"] = flops
     return out
 
 

@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="knob_specs",
         metavar="KNOB=V1,V2,...",
         help="a knob applied inside the job with no code change, and its values (repeatable): num_workers, "
-        "prefetch_factor, pin_memory, persistent_workers, batch_size, torch_threads, num_parallel_calls, prefetch",
+        "prefetch_factor, pin_memory, persistent_workers, batch_size, torch_threads, num_parallel_calls, prefetch, "
+        "omp_wait_policy, matmul_precision",
     )
     p.add_argument("--steps", type=int, help="end each configuration cleanly after N optimizer steps")
     p.add_argument(

@@ -31,6 +31,7 @@ from holoprof.collect import io_native
 from holoprof.collect.io_paths import PathPolicy, default_excludes
 from holoprof.collect.system import SystemSampler
 from holoprof.errors import HoloprofError, printable_text
+from holoprof.launch.peak import ensure_peaks
 from holoprof.store import native_dumps, rundir
 from holoprof.store.chunks import write_chunk
 from holoprof.store.compact import compact_run
@@ -283,6 +284,8 @@ def run(
             f"holoprof: the run directory {run_dir} could not be written ({storage.error}): {lost}{done}; "
             f"your job's exit status ({rc}) is unchanged\n"
         )
+    if storage.error is None:
+        _measure_peaks(run_dir)
     if report is not None:
         try:
             report(run_dir)
@@ -291,6 +294,18 @@ def run(
     shown = printable_text(run_dir)
     sys.stderr.write(f"holoprof: run saved in {shown}; see it again with: holoprof report {shown}\n")
     return rc
+
+
+def _measure_peaks(run_dir: str) -> None:
+    """After the job: this CPU's peak FLOP/s for the dtypes and threads its counted steps used, from the
+    machine's cache or a short GEMM benchmark (:mod:`holoprof.launch.peak`), written into the run."""
+    try:
+        for note in ensure_peaks(run_dir):
+            sys.stderr.write(f"holoprof: {note}\n")
+    except Exception as exc:
+        sys.stderr.write(
+            f"holoprof: could not measure this CPU's peak FLOP/s ({type(exc).__name__}: {exc})\n"
+        )
 
 
 @dataclass

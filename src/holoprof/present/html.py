@@ -28,6 +28,8 @@ PHASE_COLORS = {
     "forward": "#2ca02c",
     "backward": "#1f77b4",
     "optimizer": "#9467bd",
+    "compute": "#98df8a",
+    "compile": "#ff7f0e",
     "communication": "#e6b800",
     "checkpoint": "#17becf",
     "eval": "#8c8c8c",
@@ -666,6 +668,102 @@ def _memory(doc: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def fmt_flops(x: Any, unit: str = "FLOP") -> str:
+    if x is None:
+        return "n/a"
+    x = float(x)
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f} {prefix}{unit}"
+    return f"{x:.0f} {unit}"
+
+
+def _compute(doc: dict[str, Any]) -> str:
+    """FLOPs per step, achieved FLOP/s, MFU and its peak; torch.compile's time, breaks, recompiles."""
+    c = doc.get("compute") or {}
+    if not c:
+        return ""
+    parts = ["<section><h2>Compute: FLOPs and MFU</h2>"]
+    if c.get("why"):
+        parts.append(f"<p class='muted'>FLOPs not counted: {esc(c['why'])}</p>")
+    else:
+        tiles = [
+            (fmt_flops(c.get("flops_per_step")), f"per step ({c.get('dtype') or '?'})"),
+            (fmt_flops(c.get("achieved_flops_per_s"), "FLOP/s"), "achieved"),
+            (fmt_flops(c.get("peak_flops_per_s"), "FLOP/s"), "peak"),
+            (fmt_pct(c["mfu"]) if c.get("mfu") is not None else "n/a", "MFU"),
+        ]
+        parts.append(
+            "<div class='tiles'>"
+            + "".join(f"<div class='tile'><b>{esc(v)}</b><span>{esc(k)}</span></div>" for v, k in tiles)
+            + "</div>"
+        )
+        by_phase = ", ".join(
+            f"{esc(k)} {esc(fmt_flops(v))}" for k, v in (c.get("flops_by_phase") or {}).items() if v
+        )
+        parts.append(
+            f"<p>counted on step {esc(c.get('counted_step'))}: {by_phase or 'none'}; mean step "
+            f"{esc(fmt_s(c.get('mean_step_s') or 0))} over {esc(c.get('steps_in_mean'))} steps</p>"
+            f"<p class='muted'>peak: {esc(c.get('peak_source'))}</p>"
+        )
+        parts += [f"<div class='note'>{esc(n)}</div>" for n in c.get("notes") or []]
+    comp = c.get("compile") or {}
+    if comp:
+        parts.append(
+            f"<h3>torch.compile</h3><p>{esc(fmt_s(comp.get('total_s') or 0))} compiling "
+            f"({esc(comp.get('compiles'))} compilations)</p>"
+        )
+        rows = [("graph break", r) for r in comp.get("graph_breaks") or []]
+        rows += [("recompile", r) for r in comp.get("recompiles") or []]
+        if rows:
+            trs = "".join(
+                f"<tr><td>{esc(w)}</td><td class='num'>{esc(r.get('count'))}</td>"
+                f"<td class='mono'>{esc(r.get('location'))}</td><td>{esc(r.get('reason'))}"
+                + (
+                    f"<br><span class='muted'>{esc((r.get('hints') or [''])[0])}</span>"
+                    if r.get("hints")
+                    else ""
+                )
+                + "</td></tr>"
+                for w, r in rows[:30]
+            )
+            parts.append(
+                "<table><tr><th>what</th><th class='num'>count</th><th>where</th><th>reason</th></tr>"
+                + trs
+                + "</table>"
+            )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _goodput(doc: dict[str, Any]) -> str:
+    g = doc.get("goodput") or {}
+    wall = float(g.get("wall_s") or 0)
+    if not g or wall <= 0:
+        return ""
+    trs = "".join(
+        f"<tr><td>{esc(k)}</td><td class='num'>{esc(fmt_s(v))}</td><td class='num'>{fmt_pct(float(v) / wall)}</td></tr>"
+        for k, v in (g.get("categories") or {}).items()
+        if float(v) > 0
+    )
+    ranks = g.get("per_rank") or []
+    per_rank = (
+        "<p class='muted'>per rank: "
+        + ", ".join(f"rank {esc(r.get('rank'))} {fmt_pct(r.get('fraction') or 0)}" for r in ranks[:64])
+        + "</p>"
+        if len(ranks) > 1
+        else ""
+    )
+    return (
+        f"<section><h2>Goodput {fmt_pct(g.get('fraction') or 0)}</h2>"
+        "<p class='muted'>productive step compute over the training process's wall time</p>"
+        "<table><tr><th>category</th><th class='num'>time</th><th class='num'>share</th></tr>"
+        + trs
+        + f"<tr><td><b>wall time</b></td><td class='num'><b>{esc(fmt_s(wall))}</b></td><td class='num'>100.0%</td></tr>"
+        "</table>" + per_rank + "</section>"
+    )
+
+
 def _findings(doc: dict[str, Any]) -> str:
     found = doc.get("findings") or []
     if not found:
@@ -719,6 +817,8 @@ def render_html(doc: dict[str, Any]) -> str:
             _header(doc),
             _findings(doc),
             _steps(doc),
+            _compute(doc),
+            _goodput(doc),
             _gantt(doc),
             _resources(doc),
             _io(doc),

@@ -185,6 +185,77 @@ def _memory(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
             )
 
 
+def _compute(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
+    c = doc.get("compute") or {}
+    if c.get("flops_per_step"):
+        m.add(
+            "holoprof_flops_per_step",
+            "gauge",
+            "FLOPs of one training step (counted on one step)",
+            run,
+            c["flops_per_step"],
+        )
+        m.add(
+            "holoprof_achieved_flops_per_second",
+            "gauge",
+            "FLOPs per step over the steady mean step",
+            run,
+            c.get("achieved_flops_per_s") or 0,
+        )
+    if c.get("peak_flops_per_s"):
+        m.add(
+            "holoprof_peak_flops_per_second",
+            "gauge",
+            "the peak MFU is measured against (data sheet or measured GEMM peak)",
+            run,
+            c["peak_flops_per_s"],
+        )
+    if c.get("mfu") is not None:
+        m.add(
+            "holoprof_mfu_ratio", "gauge", "model FLOPs utilization: achieved over peak FLOP/s", run, c["mfu"]
+        )
+    comp = c.get("compile") or {}
+    if comp:
+        m.add(
+            "holoprof_compile_seconds",
+            "gauge",
+            "time torch.compile spent compiling",
+            run,
+            comp.get("total_s") or 0,
+        )
+        m.add(
+            "holoprof_graph_breaks",
+            "gauge",
+            "graph breaks torch.compile recorded",
+            run,
+            sum(int(r.get("count") or 0) for r in comp.get("graph_breaks") or []),
+        )
+        m.add(
+            "holoprof_recompiles",
+            "gauge",
+            "recompilations torch.compile made",
+            run,
+            sum(int(r.get("count") or 0) for r in comp.get("recompiles") or []),
+        )
+    g = doc.get("goodput") or {}
+    if g.get("categories"):
+        m.add(
+            "holoprof_goodput_ratio",
+            "gauge",
+            "productive step compute over the wall time",
+            run,
+            g.get("fraction") or 0,
+        )
+        for cat, v in g["categories"].items():
+            m.add(
+                "holoprof_wall_time_seconds",
+                "gauge",
+                "the training process's wall time by goodput category",
+                {**run, "category": cat},
+                v,
+            )
+
+
 def _resources(m: _Adder, run: dict[str, str], doc: dict[str, Any]) -> None:
     summary = (doc.get("resources") or {}).get("summary") or {}
     for name, s in summary.items():
@@ -227,6 +298,7 @@ def run_samples(doc: dict[str, Any]) -> list[Sample]:
     _steps(m, run, doc)
     _io(m, run, doc)
     _memory(m, run, doc)
+    _compute(m, run, doc)
     _resources(m, run, doc)
     _hang(m, run, doc)
     return m.samples

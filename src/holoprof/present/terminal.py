@@ -31,6 +31,7 @@ PHASE_COLORS = {
     "backward": "blue",
     "optimizer": "magenta",
     "compute": "bright_green",
+    "compile": "bright_red",
     "communication": "yellow",
     "checkpoint": "cyan",
     "eval": "bright_white",
@@ -348,6 +349,7 @@ def _notes(doc: dict[str, Any]) -> list[Text]:
 #: Sections rendered by their own modules: (title, "module:function"); the function takes the report
 #: document and returns a rich renderable, or None when the section has nothing to show.
 _SECTION_RENDERERS: list[tuple[str, str]] = [
+    ("Goodput: the job's wall time", "holoprof.present.compute:goodput_group"),
     ("Workflow stages", "holoprof.present.stages:stages_group"),
     ("Memory", "holoprof.present.memory:memory_group"),
     ("Communication", "holoprof.present.comm:comm_group"),
@@ -397,6 +399,12 @@ def render(
         ]
     # the findings on the first screen, right after where the step's time goes; the details after
     parts += [Text(""), Text("Findings", style="bold underline"), _findings(doc)]
+    try:
+        compute = _section_group("holoprof.present.compute:compute_group", doc)
+    except Exception as exc:  # a renderer bug must not hide the rest of the report
+        compute = Text(f"(Compute could not be shown: {type(exc).__name__}: {exc})", style="yellow")
+    if compute is not None:
+        parts += [Text(""), Text("Compute: FLOPs and MFU", style="bold underline"), compute]
     res = _resources(doc)
     if res is not None and not short:
         parts += [Text("Resources", style="bold underline"), res]

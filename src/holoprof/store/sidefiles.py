@@ -1,5 +1,6 @@
 """Files a workflow writes beside the runs it made, read back through the run: ``sweep.json`` (the
-result of ``holoprof sweep`` / ``holoprof tune``, in the folder that holds the sweep's runs)."""
+result of ``holoprof sweep`` / ``holoprof tune``, in the folder that holds the sweep's runs); and
+the peak FLOP/s measured on a run's hosts (``artifacts/peak-flops-<host>.json``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 from typing import Any
 
+from holoprof import model
 from holoprof.store import safeio
 
 SWEEP_FILE = "sweep.json"
@@ -34,3 +36,40 @@ def sweep_of(run_dir: str) -> tuple[dict[str, Any], int] | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return (doc, idx) if idx is not None else None
+
+
+# --- measured peak FLOP/s of a host's CPU: artifacts/peak-flops-<host>.json -------------------------
+PEAK_PREFIX = "peak-flops-"
+
+
+def write_peaks(run_dir: str, host: str, entries: list[dict[str, Any]]) -> str:
+    """Write the peak FLOP/s measured on ``host`` for this run (one entry per device, dtype and thread
+    count) into the run's artifacts; the path written (atomically: a reader sees all or nothing)."""
+    art = os.path.join(run_dir, model.ARTIFACTS_DIR)
+    os.makedirs(art, mode=0o700, exist_ok=True)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
+    path = os.path.join(art, f"{PEAK_PREFIX}{safe}.json")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"host": host, "peaks": entries}, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def read_peaks(run_dir: str) -> list[dict[str, Any]]:
+    """Every peak FLOP/s entry written into the run (each with its ``host``); [] when there is none."""
+    art = os.path.join(run_dir, model.ARTIFACTS_DIR)
+    try:
+        names = sorted(n for n in os.listdir(art) if n.startswith(PEAK_PREFIX) and n.endswith(".json"))
+    except OSError:
+        return []
+    out: list[dict[str, Any]] = []
+    for name in names:
+        try:
+            with open(os.path.join(art, name)) as f:
+                doc = json.load(f)
+            host = str(doc["host"])
+            out += [{**e, "host": host} for e in doc["peaks"] if isinstance(e, dict)]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out

@@ -21,7 +21,6 @@ def install_backward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mo
 def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, update: bool) -> Any:
     agent = col.agent
     steps = agent.steps
-    span = agent.span
 
     def backward(*args: Any, **kwargs: Any) -> Any:
         t = st.tls
@@ -47,11 +46,11 @@ def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, 
                 if t0 < ready < t1:
                     # DDP: from the moment the last gradient bucket was ready, backward only
                     # waited for the buckets' allreduce (exposed communication)
-                    phase_spans(agent, "backward", t0, t1, steps.index, (ready, "ddp_allreduce"))
+                    phase_spans(agent, "backward", t0, t1, steps.index, (ready, "ddp_allreduce"), st.phase)
                 elif t.waits is not None:  # it waited for communication (FSDP's reduce-scatters)
-                    phase_spans(agent, "backward", t0, t1, steps.index)
+                    phase_spans(agent, "backward", t0, t1, steps.index, record=st.phase)
                 else:
-                    span("phase", "backward", t0, t1, steps.index)
+                    st.phase("backward", t0, t1, steps.index)
                 if ev0 is not None:
                     dev.end("backward", steps.index, t0, ev0)
                 if update and not steps.optimizer_seen:

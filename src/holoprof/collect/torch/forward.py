@@ -24,7 +24,6 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
     """
     agent = col.agent
     steps = agent.steps
-    span = agent.span
     is_grad_enabled = torch.is_grad_enabled
     orig_call = torch.nn.Module.__call__
     compiler = getattr(torch, "compiler", None)
@@ -67,9 +66,9 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
             try:
                 t1 = now_ns()
                 if t.waits is None:
-                    span("phase", name, t0, t1, steps.index)
+                    st.phase(name, t0, t1, steps.index)
                 else:  # it waited for communication (FSDP's all-gathers): those parts are not forward
-                    phase_spans(agent, name, t0, t1, steps.index)
+                    phase_spans(agent, name, t0, t1, steps.index, record=st.phase)
                 if ev0 is not None:
                     dev.end(name, steps.index, t0, ev0)
                 for o in observers:

@@ -160,7 +160,7 @@ class OptimizerPhases:
         """The optimizer's phase from the start of its step (or the end of its closure) to ``t1``."""
         t0, index = self.t0, self.steps.index
         if t1 > t0:
-            phase_spans(self.agent, "optimizer", t0, t1, index)
+            phase_spans(self.agent, "optimizer", t0, t1, index, record=self.st.phase)
         if self.ev0 is not None:
             self.dev.end("optimizer", index, t0, self.ev0)
             self.ev0 = None

@@ -53,6 +53,9 @@ class TorchState:
         self.nested: NestedObserver | None = None
         #: observers of the optimizer steps that torch's optimizer hooks do not see
         self.optimizer_observers: list[OptimizerObserver] = []
+        #: torch.compile's compilations (start, end) that ran inside a phase of the loop and are not
+        #: yet cut out of it (the compile collector appends them; :meth:`phase` takes them)
+        self.compile_cuts: list[tuple[int, int]] = []
         self.reset()
 
     def reset(self) -> None:
@@ -67,6 +70,27 @@ class TorchState:
         #: framework loops in progress that count the epochs themselves (Keras's ``fit`` on the torch
         #: backend, whose callback sees each epoch): the end of a loader is no epoch meanwhile
         self.loop_epochs = 0
+
+    def phase(self, name: str, t0: int, t1: int, step: int, attrs: dict[str, Any] | None = None) -> None:
+        """Record the phase ``name`` from ``t0`` to ``t1``, less the compilations that ran inside it,
+        which are recorded as ``compile`` phases (so that the phases of a step never overlap)."""
+        cuts = self.compile_cuts
+        if not cuts:
+            self.agent.span("phase", name, t0, t1, step, attrs)
+            return
+        mine = sorted(c for c in cuts if c[0] < t1 and c[1] > t0)
+        self.compile_cuts = [c for c in cuts if c[0] >= t1]  # later ones wait; earlier ones are stale
+        span = self.agent.span
+        pos = t0
+        for c0, c1 in mine:
+            c0, c1 = max(c0, pos), min(c1, t1)
+            if c0 > pos:
+                span("phase", name, pos, c0, step, attrs)
+            if c1 > c0:
+                span("phase", "compile", c0, c1, step, {"in": name})
+                pos = c1
+        if t1 > pos:
+            span("phase", name, pos, t1, step, attrs)
 
     def begin_forward(self, training: bool, t0: int) -> None:
         self.agent.steps.just_updated = False

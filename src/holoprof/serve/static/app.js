@@ -3,13 +3,13 @@
   "use strict";
 
   const POLL_MS = 1500;
-  const PHASES = ["data_wait", "forward", "backward", "optimizer", "communication", "checkpoint", "eval", "other"];
+  const PHASES = ["data_wait", "forward", "backward", "optimizer", "compile", "communication", "checkpoint", "eval", "other"];
   const COLORS = {
-    data_wait: "#e45756", forward: "#4c78a8", backward: "#72b7b2", optimizer: "#54a24b",
+    data_wait: "#e45756", forward: "#4c78a8", backward: "#72b7b2", optimizer: "#54a24b", compile: "#ff9da6",
     communication: "#b279a2", checkpoint: "#f58518", eval: "#eeca3b", other: "#a5a9b4",
   };
   const LABELS = {
-    data_wait: "data wait", forward: "forward", backward: "backward", optimizer: "optimizer",
+    data_wait: "data wait", forward: "forward", backward: "backward", optimizer: "optimizer", compile: "compile",
     communication: "communication", checkpoint: "checkpoint", eval: "eval", other: "other",
   };
 
@@ -339,8 +339,40 @@
     });
   }
 
+  function fmtFlops(x, unit) {
+    if (x == null) return "–";
+    const u = unit || "FLOP";
+    for (const [sc, p] of [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "K"]]) {
+      if (Math.abs(x) >= sc) return (x / sc).toFixed(1) + " " + p + u;
+    }
+    return x.toFixed(0) + " " + u;
+  }
+  function computeCard(r) {
+    const c = r.compute || {};
+    const g = r.goodput || {};
+    if (!Object.keys(c).length && !Object.keys(g).length) return "";
+    const comp = c.compile || {};
+    const kpi = (l, v) => `<div class="kpi"><div class="l">${esc(l)}</div><div class="v">${esc(v)}</div></div>`;
+    const kpis = [];
+    if (c.flops_per_step) {
+      kpis.push(kpi("FLOPs per step", fmtFlops(c.flops_per_step)), kpi("achieved", fmtFlops(c.achieved_flops_per_s, "FLOP/s")));
+      kpis.push(kpi("MFU", c.mfu == null ? "–" : fmtPct(c.mfu)));
+    }
+    if (g.categories) kpis.push(kpi("goodput", fmtPct(g.fraction)));
+    if (Object.keys(comp).length) kpis.push(kpi("compiling", fmtS(comp.total_s)));
+    const cats = Object.entries(g.categories || {}).filter(([, v]) => v > 0);
+    return `<div class="card span-6" id="compute-card"><h2>Compute and goodput</h2>
+      <div class="kpis">${kpis.join("")}</div>
+      ${c.why ? `<p class="muted">FLOPs not counted: ${esc(c.why)}</p>` : ""}
+      ${c.peak_source ? `<p class="muted">peak: ${esc(c.peak_source)}</p>` : ""}
+      ${cats.length ? `<table><tbody>${cats.map(([k, v]) => `<tr><td>${esc(k.replace(/_/g, " "))}</td><td class="num">${fmtS(v)}</td><td class="num">${fmtPct(v / g.wall_s)}</td></tr>`).join("")}</tbody></table>` : ""}
+      ${(comp.graph_breaks || []).concat(comp.recompiles || []).slice(0, 8).map((b) => `<p class="muted">${esc(b.reason)} at ${esc(b.location)} (${esc(b.count)}×)</p>`).join("")}
+    </div>`;
+  }
   function renderExtra(r) {
     const out = [];
+    const cc = computeCard(r);
+    if (cc) out.push(cc);
     const io = r.io || {};
     if (Object.keys(io).length) {
       const files = (io.files_detail || []).slice(0, 12);

@@ -1,0 +1,333 @@
+"""How close to the machine's limit: FLOPs per step, MFU, goodput and torch.compile, on real jobs that
+measure their own truth (tests/framework_scripts/flops_models.py): an MLP, a CNN and a small GPT, the
+GPT also under torch.compile with a data-dependent branch (a graph break) and an evaluation under
+no_grad after training (a recompilation).
+
+* FLOPs per step equal FlopCounterMode's count of the same step within 2%; the GPT's are within 10%
+  of 6·N·tokens plus attention (12·layers·width·sequence per token);
+* MFU is in (0, 1], against a peak whose source the report names (this CPU's GEMM peak, measured
+  after the job and cached per machine; the NVIDIA data sheets for GPUs, checked with named devices);
+* goodput's categories sum to the process's wall time, which agrees with the script's own (from its
+  creation to its last line) within 2%;
+* the compiled GPT's compile time agrees with the script's own timing of its first step within 25%,
+  its data-dependent branch is a graph break with Dynamo's reason, hints and the script's line, and
+  the FLOPs are counted under compilation too;
+* tracing computes what the job computes untraced, bit for bit.
+
+torch.compile runs with the ``aot_eager`` backend here (Dynamo, AOTAutograd and its lazily compiled
+backward, without Inductor's code generation, which takes minutes on a small CPU): what holoprof
+reads is Dynamo's, the same with every backend.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conftest import TracedRun, run_holoprof, run_python, traced
+from holoprof.analyze.compute import _peak, low_mfu
+from holoprof.analyze.peaks import gpu_peak, table_dtype
+from holoprof.analyze.steps import PhaseStat, ProcKey, StepStats
+from holoprof.collect.compile import parse_reason, recompile_record
+from holoprof.collect.flops import cuda_device
+from holoprof.errors import HoloprofError
+from holoprof.knobspec import parse_value
+from holoprof.launch.peak import cpu_peaks
+
+SCRIPT = str(Path(__file__).resolve().parent / "framework_scripts" / "flops_models.py")
+MODELS = ("mlp", "cnn", "gpt")
+COMPILE_ENV = {"COMPILE_BACKEND": "aot_eager"}
+
+
+def _truth(tmp: Path) -> dict[str, Any]:
+    doc = json.loads((tmp / "truth.json").read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {"TRUTH_OUT": str(tmp / "truth.json"), **(extra or {})}
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    """FlopCounterMode's count of one training step of each model (untraced)."""
+    tmp = tmp_path_factory.mktemp("flops-count")
+    proc = run_python(SCRIPT, "--count", cwd=tmp, env=_env(tmp), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {k: int(v) for k, v in _truth(tmp).items()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[TracedRun, dict[str, Any]]]:
+    """Each model traced (the CNN with --set matmul_precision=high), with its own truth."""
+    out = {}
+    for m in MODELS:
+        tmp = tmp_path_factory.mktemp(f"flops-{m}")
+        opts = ("--set", "matmul_precision=high") if m == "cnn" else ()
+        run = traced(tmp, sys.executable, SCRIPT, m, options=opts, env=_env(tmp), timeout=300)
+        assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+        out[m] = (run, _truth(tmp))
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedRun, dict[str, Any], dict[str, Any]]:
+    """The GPT under torch.compile, traced and untraced: (run, its truth, the untraced truth)."""
+    tmp = tmp_path_factory.mktemp("flops-compiled")
+    run = traced(tmp, sys.executable, SCRIPT, "gpt", "--compile", env=_env(tmp, COMPILE_ENV), timeout=600)
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    t = _truth(tmp)
+    plain = tmp_path_factory.mktemp("flops-compiled-untraced")
+    proc = run_python(SCRIPT, "gpt", "--compile", cwd=plain, env=_env(plain, COMPILE_ENV), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run, t, _truth(plain)
+
+
+# --- FLOPs ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", MODELS)
+def test_flops_per_step_equal_flopcountermode(
+    runs: dict[str, tuple[TracedRun, dict[str, Any]]], counted: dict[str, int], model: str
+) -> None:
+    c = runs[model][0].report["compute"]
+    assert c["flops_per_step"] == pytest.approx(counted[model], rel=0.02)
+    assert c["counted_step"] == 1 and c["dtype"] == "float32" and c["device"] == "cpu"
+    phases = c["flops_by_phase"]
+    assert phases["forward"] > 0 and phases["backward"] > phases["forward"], phases
+    assert sum(phases.values()) == c["flops_per_step"]
+
+
+def test_gpt_flops_are_6n_tokens_plus_attention(runs: dict[str, tuple[TracedRun, dict[str, Any]]]) -> None:
+    """nanoGPT's estimate: 6 FLOPs per parameter and token (position embeddings left out) plus
+    12·layers·width·sequence per token for attention."""
+    run, t = runs["gpt"]
+    n = t["params"] - t["position_params"]
+    want = t["tokens"] * (6 * n + 12 * t["layers"] * t["d_model"] * t["seq"])
+    assert run.report["compute"]["flops_per_step"] == pytest.approx(want, rel=0.10)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_mfu_is_a_fraction_of_a_named_peak(
+    runs: dict[str, tuple[TracedRun, dict[str, Any]]], model: str
+) -> None:
+    run, _t = runs[model]
+    c = run.report["compute"]
+    assert 0 < c["mfu"] <= 1, c
+    assert "measured GEMM peak of this CPU" in c["peak_source"] and "float32" in c["peak_source"]
+    assert c["achieved_flops_per_s"] == pytest.approx(c["flops_per_step"] / c["mean_step_s"], rel=1e-3)
+    assert c["mfu"] == pytest.approx(c["achieved_flops_per_s"] / c["peak_flops_per_s"], rel=1e-3)
+    # the mean is over the steady steps: the counted step (slower: every operator through Python) is
+    # one of the warm-up steps left out
+    assert c["counted_step"] < 2 and c["steps_in_mean"] == run.report["steps"]["count"] - 2
+    peaks = list((Path(run.run_dir) / "artifacts").glob("peak-flops-*.json"))
+    assert peaks, "the peak is written into the run"
+    assert "MFU" in run_holoprof("report", run.run_dir, cwd=Path(run.run_dir).parent).stdout
+
+
+def test_the_knob_sets_the_matmul_precision(runs: dict[str, tuple[TracedRun, dict[str, Any]]]) -> None:
+    doc = runs["cnn"][0].report
+    assert doc["run"]["knobs"] == {"matmul_precision": "high"}
+    assert doc["compute"]["matmul_precision"] == "high"
+    assert runs["mlp"][0].report["compute"]["matmul_precision"] == "highest"
+
+
+def test_traced_gpt_computes_what_untraced_does(
+    runs: dict[str, tuple[TracedRun, dict[str, Any]]], tmp_path: Path
+) -> None:
+    proc = run_python(SCRIPT, "gpt", cwd=tmp_path, env=_env(tmp_path), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert runs["gpt"][1]["losses"] == _truth(tmp_path)["losses"]
+
+
+# --- goodput ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", MODELS)
+def test_goodput_sums_to_the_wall_time(runs: dict[str, tuple[TracedRun, dict[str, Any]]], model: str) -> None:
+    run, t = runs[model]
+    g = run.report["goodput"]
+    cats = g["categories"]
+    assert sum(cats.values()) == pytest.approx(g["wall_s"], abs=1e-4)
+    assert g["wall_s"] == pytest.approx(t["ended_s"] - t["created_s"], rel=0.02)
+    assert cats["startup"] == pytest.approx(t["first_step_s"] - t["created_s"], rel=0.05)
+    assert cats["eval"] > 0 and cats["checkpoint"] > 0 and cats["productive"] > 0
+    assert g["fraction"] == pytest.approx(cats["productive"] / g["wall_s"], abs=1e-5)
+
+
+# --- torch.compile -----------------------------------------------------------------------------------------
+def test_compiled_gpt_trains_bit_for_bit_and_counts_its_flops(
+    compiled: tuple[TracedRun, dict[str, Any], dict[str, Any]], counted: dict[str, int]
+) -> None:
+    run, t, untraced = compiled
+    assert t["losses"] == untraced["losses"]
+    c = run.report["compute"]
+    assert c["flops_per_step"] == pytest.approx(counted["gpt"], rel=0.02)
+    assert 0 < c["mfu"] <= 1
+
+
+def test_compile_time_is_its_own_phase(compiled: tuple[TracedRun, dict[str, Any], dict[str, Any]]) -> None:
+    """The first step's compilation, against the script's own timing of that step less a steady one."""
+    run, t, _u = compiled
+    comp = run.report["compute"]["compile"]
+    own = t["step_s"][0] - statistics.median(t["step_s"][2:])
+    first = next(s["seconds"] for s in comp["steps"] if s["step"] == 0)
+    assert first == pytest.approx(own, rel=0.25)
+    assert set(comp["by_trigger"]) >= {"DYNAMO", "LAZY_BACKWARD"}
+    phases = run.report["phases"]
+    assert phases["compile"]["total_s"] == pytest.approx(first, rel=0.02)
+    assert phases["forward"]["total_s"] < phases["compile"]["total_s"], "compilation is cut out of forward"
+    assert run.report["goodput"]["categories"]["compile"] >= first
+
+
+def test_graph_break_with_reason_hints_and_line(
+    compiled: tuple[TracedRun, dict[str, Any], dict[str, Any]],
+) -> None:
+    run, t, _u = compiled
+    breaks = run.report["compute"]["compile"]["graph_breaks"]
+    b = next(b for b in breaks if b["reason"] == "Data-dependent branching")
+    assert b["location"] == f"{SCRIPT}:{t['branch_line']}"
+    assert "# BRANCH" in b["code"] and b["count"] >= 1
+    assert any("torch.cond" in h for h in b["hints"])
+    f = next(f for f in run.report["findings"] if f["id"] == "graph_breaks")
+    assert str(t["branch_line"]) in f["title"] and "torch.cond" in f["recommendation"]
+
+
+def test_recompilation_for_the_evaluation(compiled: tuple[TracedRun, dict[str, Any], dict[str, Any]]) -> None:
+    """The evaluation under no_grad after training recompiles (grad mode is a guard): named, timed."""
+    run, _t, _u = compiled
+    rec = run.report["compute"]["compile"]["recompiles"]
+    assert any("grad_mode" in r["reason"] and r["seconds"] > 0 for r in rec), rec
+    assert not any("holoprof/collect" in r["location"] for r in rec), "holoprof's own wrapper is not named"
+    f = next(f for f in run.report["findings"] if f["id"] == "recompiles")
+    assert f["evidence"]["recompile_s"] > 0 and 0 < f["estimated_gain"] <= 1
+
+
+def test_compute_sections_are_the_same_on_dask(
+    compiled: tuple[TracedRun, dict[str, Any], dict[str, Any]],
+) -> None:
+    pytest.importorskip("distributed")
+    run, _t, _u = compiled
+    proc = run_holoprof(
+        "report", run.run_dir, "--json", "--engine", "dask", cwd=Path(run.run_dir).parent, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dask = json.loads(proc.stdout)
+    for key in ("compute", "goodput", "phases", "findings"):
+        assert dask[key] == run.report[key], key
+
+
+# --- peaks: the NVIDIA table (named devices), the CPU benchmark and its cache ----------------------------
+@pytest.mark.parametrize(
+    ("name", "dtype", "precision", "peak", "label"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bfloat16", "highest", 989.5e12, "BF16 Tensor Core 989.5 TFLOP/s dense"),
+        ("NVIDIA H100 80GB HBM3", "float32", "highest", 67e12, "FP32 67 TFLOP/s"),
+        ("NVIDIA H100 80GB HBM3", "float32", "high", 494.5e12, "TF32 Tensor Core"),
+        ("NVIDIA H100 PCIe", "bfloat16", "highest", 756e12, "H100 PCIe"),
+        ("NVIDIA A100-SXM4-80GB", "float16", "highest", 312e12, "A100"),
+        ("NVIDIA A10", "bfloat16", "highest", 125e12, "A10 "),
+        ("NVIDIA L4", "float8_e4m3fn", "highest", 242.5e12, "FP8"),
+        ("Tesla V100-SXM2-16GB", "float16", "highest", 125e12, "V100 SXM2"),
+    ],
+)
+def test_gpu_peaks_come_from_the_data_sheets(
+    name: str, dtype: str, precision: str, peak: float, label: str
+) -> None:
+    got, source = gpu_peak(name, dtype, precision)
+    assert got == pytest.approx(peak)
+    assert label in source and "data sheet" in source and "without sparsity" in source
+
+
+def test_gpu_without_a_known_peak_says_so() -> None:
+    assert gpu_peak("Tesla V100-SXM2-16GB", "bfloat16")[0] == 0
+    assert "no bfloat16 peak" in gpu_peak("Tesla V100-SXM2-16GB", "bfloat16")[1]
+    assert gpu_peak("Some Future GPU", "bfloat16") == (0.0, "no data-sheet peak is known for Some Future GPU")
+    assert table_dtype("float32", allow_tf32=True) == "tf32"
+
+
+def test_a_cuda_step_is_measured_against_its_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector's CUDA path with a stand-in torch.cuda (no GPU here): the device's name and
+    capability are recorded, and the analysis finds its data-sheet peak, TF32 where allowed."""
+    cuda = SimpleNamespace(
+        current_device=lambda: 0,
+        get_device_capability=lambda i: (9, 0),
+        get_device_name=lambda i: "NVIDIA H100 80GB HBM3",
+    )
+    fake = SimpleNamespace(
+        cuda=cuda, backends=SimpleNamespace(cuda=SimpleNamespace(matmul=SimpleNamespace(allow_tf32=True)))
+    )
+    attrs = cuda_device(fake, "cuda:0")  # type: ignore[arg-type]
+    assert attrs == {"device_name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "allow_tf32": True}
+    run = SimpleNamespace(path="/nonexistent")
+    peak, source = _peak(run, ProcKey("h", 1, 0, 1), {"dtype": "float32", "device": "cuda:0", **attrs})  # type: ignore[arg-type]
+    assert peak == 494.5e12 and "TF32" in source
+    # a float32 step that may not use TF32: the low_mfu finding names the knob, with the peaks' ratio
+    doc = {
+        "mfu": 0.05,
+        "dtype": "float32",
+        "device": "cuda:0",
+        "peak_flops_per_s": 67e12,
+        "matmul_precision": "highest",
+    }
+    phases = {p: PhaseStat(0.0, 0.0, 0.0) for p in ("forward", "backward", "compute", "optimizer")}
+    phases["forward"] = PhaseStat(0.3, 0.3, 0.01)
+    phases["backward"] = PhaseStat(0.6, 0.6, 0.02)
+    st = StepStats(ProcKey("h", 1, 0, 1), 10, 0.1, 0.1, 0.1, 10, 1.0, 0, 1, phases)
+    f = low_mfu(doc, st, {"float32": 67e12, "tf32": 494.5e12, "bfloat16": 989.5e12})
+    assert f is not None and f.severity == "high"
+    assert "matmul_precision=highest,high" in f.recommendation
+    assert f.estimated_gain == pytest.approx(0.9 * (1 - 67 / 989.5), abs=1e-3)
+
+
+def test_cpu_peak_is_measured_once_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = cpu_peaks(sys.executable, ["float32"], 1, "test")
+    assert len(first) == 1 and first[0]["peak_flops_per_s"] > 0 and not first[0]["cached"]
+    again = cpu_peaks(sys.executable, ["float32"], 1, "test")
+    assert again[0]["cached"] and again[0]["peak_flops_per_s"] == first[0]["peak_flops_per_s"]
+    assert str(tmp_path) in again[0]["source"]
+
+
+# --- Dynamo's records, parsed ------------------------------------------------------------------------------
+def test_graph_break_reasons_and_recompile_guards_are_parsed() -> None:
+    reason = (
+        "Failed to trace builtin operator\n  Explanation: Dynamo does not know how to trace `print`\n"
+        "  Hint: Avoid calling builtin `print`. Consider using an\n    equivalent alternative.\n"
+        "  Hint: Please report an issue to PyTorch.\n\n  Developer debug context: builtin print"
+    )
+    kind, explanation, hints = parse_reason(reason)
+    assert kind == "Failed to trace builtin operator"
+    assert explanation.startswith("Dynamo does not know")
+    assert hints == [
+        "Avoid calling builtin `print`. Consider using an equivalent alternative.",
+        "Please report an issue to PyTorch.",
+    ]
+    m = SimpleNamespace(
+        recompile_reason='0/0: n == 2     # y = x * n  # a.py:8 in f\nUser stack trace:\n  File "/x/a.py", line 8, in f',
+        co_filename="/x/a.py",
+        co_firstlineno=6,
+        co_name="f",
+        compile_id="0/1",
+    )
+    assert recompile_record(m) == {
+        "reason": "n == 2",
+        "location": "/x/a.py:8",
+        "frame": "f",
+        "compile_id": "0/1",
+    }
+
+
+def test_a_bad_matmul_precision_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(HoloprofError, match="highest, high or medium"):
+        parse_value("matmul_precision", "fast")
+    proc = run_holoprof(
+        "run", "--set", "matmul_precision=fast", "--", sys.executable, "-c", "pass", cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "holoprof: error: bad value 'fast' for matmul_precision: write highest, high or medium"
+    ]
