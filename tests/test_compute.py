@@ -152,7 +152,11 @@ def test_goodput_sums_to_the_wall_time(runs: dict[str, tuple[TracedRun, dict[str
     g = run.report["goodput"]
     cats = g["categories"]
     assert sum(cats.values()) == pytest.approx(g["wall_s"], abs=1e-4)
-    assert g["wall_s"] == pytest.approx(t["ended_s"] - t["created_s"], rel=0.02)
+    # the process's wall time runs to its real exit (its interpreter's teardown after the script's
+    # last line included, in after_last_step): at least the script's own, the rest after its last step
+    script_wall = t["ended_s"] - t["created_s"]
+    assert g["wall_s"] >= script_wall * 0.98
+    assert g["wall_s"] - script_wall <= cats["after_last_step"] + 0.02 * g["wall_s"], (g, script_wall)
     assert cats["startup"] == pytest.approx(t["first_step_s"] - t["created_s"], rel=0.05)
     assert cats["eval"] > 0 and cats["checkpoint"] > 0 and cats["productive"] > 0
     assert g["fraction"] == pytest.approx(cats["productive"] / g["wall_s"], abs=1e-5)
