@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from holoprof.agent.core import Agent, Collector, StepTracker
+from holoprof.agent.core import Agent, Collector, StepTracker, ThreadLoop
 from holoprof.collect.deep_profile import DeepProfiler
 from holoprof.collect.io_collector import io_trace_job
 from holoprof.collect.memory import memory_snapshot_handler
@@ -160,8 +160,8 @@ class ControlCollector(Collector):
         base = type(tracker)
         orig_close = base.close
 
-        def close(tracker_self: StepTracker, t_ns: int) -> None:
-            orig_close(tracker_self, t_ns)
+        def close(tracker_self: StepTracker, t_ns: int, loop: ThreadLoop | None = None) -> None:
+            orig_close(tracker_self, t_ns, loop)
             if collector.enabled:
                 try:
                     collector.deep.on_boundary()
