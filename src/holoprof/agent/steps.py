@@ -74,6 +74,7 @@ class ThreadLoop:
         "tail",
         "tail_start",
         "tid",
+        "trains",
     )
 
     def __init__(self, tid: int) -> None:
@@ -82,6 +83,7 @@ class ThreadLoop:
         self.start_ns: int | None = None
         self.pending_close = False
         self.manual = False  # holoprof.step() marks this loop's steps
+        self.trains = False  # an opener, an update or holoprof.step() came from this thread
         self.last_update_ns = 0
         self.just_updated = False  # nothing but the update happened since it ended
         self.steps = 0
@@ -172,7 +174,7 @@ class StepTracker:
     thread that calls it).
     """
 
-    __slots__ = ("_next", "agent", "loops", "optimizer_seen", "primary", "tls")
+    __slots__ = ("_next", "agent", "loops", "optimizer_seen", "primary", "running", "tls")
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -184,6 +186,7 @@ class StepTracker:
         self.loops: list[ThreadLoop] = []  # every thread's loop (the writer reads a copy)
         self.primary: ThreadLoop | None = None  # the loop whose index threads without one read
         self.optimizer_seen = False  # the process made an optimizer (of any thread)
+        self.running = 0  # threads that train (an opener, an update or holoprof.step() of their own)
         self._next = itertools.count()
 
     # -- the calling thread's loop ----------------------------------------------------------------
@@ -226,6 +229,11 @@ class StepTracker:
         """Whether the thread ``tid`` runs a training loop (started a step)."""
         return any(loop.tid == tid and loop.index >= 0 for loop in list(self.loops))
 
+    def _trains(self, loop: ThreadLoop) -> None:
+        if not loop.trains:
+            loop.trains = True
+            self.running += 1
+
     def _start(self, loop: ThreadLoop, t_ns: int) -> None:
         loop.start_ns = t_ns
         if loop.index < 0:
@@ -242,6 +250,7 @@ class StepTracker:
 
     def opener(self, t_ns: int) -> None:
         loop = self.mine()
+        self._trains(loop)
         loop.just_updated = False
         if loop.pending_close and not loop.manual:
             self.close(t_ns, loop)
@@ -258,6 +267,7 @@ class StepTracker:
     def update_done(self, t_ns: int) -> None:
         """An optimizer step (or, without any optimizer, a backward pass) finished."""
         loop = self.mine()
+        self._trains(loop)
         if loop.manual:
             return
         if loop.start_ns is None:
@@ -291,6 +301,7 @@ class StepTracker:
         """Plain ``holoprof.step()``: the calling thread's step ends now, its next one starts now."""
         t = _perf_ns()
         loop = self.mine()
+        self._trains(loop)
         loop.manual = True
         loop.pending_close = False
         if loop.start_ns is not None:

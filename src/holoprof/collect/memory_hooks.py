@@ -42,6 +42,8 @@ class Owner(Protocol):
 
     def snapshot(self, phase: str, step: int | None = None) -> None: ...
 
+    def single_loop(self) -> bool: ...
+
     def hook_failed(self, exc: BaseException) -> None: ...
 
 
@@ -165,6 +167,8 @@ class ForwardTracker:
         if not self.owner.enabled:
             return
         try:
+            if not self.owner.single_loop():  # several threads train: nothing is measured
+                return
             self._owner = _get_ident()
             self._depth = 1
             self._begin_outermost(mod, args)
