@@ -247,6 +247,22 @@ def traced(
     return TracedRun(proc, run_dir, report_json(run_dir))
 
 
+def traced_with_agent_options(
+    tmp: Path, agent_options: dict[str, Any], *command: str, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``holoprof run`` of COMMAND into TMP/run with agent options that have no flag (such as
+    ``buffer_limit``, the spans a process buffers between two flushes), through the launcher's
+    Python API, with the short report on stderr; returns the result and the run directory."""
+    run_dir = str(tmp / "run")
+    code = (
+        "import sys; from holoprof.launch.run import run; from holoprof.commands.run import short_report; "
+        f"sys.exit(run({list(command)!r}, out={run_dir!r}, options={agent_options!r}, report=short_report))"
+    )
+    proc = run_python("-c", code, cwd=tmp, timeout=timeout)
+    assert os.path.isfile(os.path.join(run_dir, "manifest.json")), proc.stderr
+    return proc, run_dir
+
+
 @pytest.fixture(scope="session")
 def standard_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
     """The standard training script (SGD, eval and checkpoint per epoch), traced once."""

@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 import holoprof
-from conftest import TracedRun, error_lines, free_port, run_holoprof, traced
+from conftest import (
+    TracedRun,
+    error_lines,
+    free_port,
+    run_holoprof,
+    script,
+    traced,
+    traced_with_agent_options,
+)
 from holoprof.bench.synth import generate_run
 from holoprof.errors import HoloprofError
 from workflows.runs import pipeline
@@ -115,6 +123,20 @@ def test_api_report_is_the_same_on_dask_for_a_generated_run(synth: str, client: 
     duck = holoprof.report(synth)
     dask = holoprof.report(synth, engine="dask", scheduler=client)
     assert dask["steps"]["count"] == 4_000 and len(dask["steps"]["per_rank"]) == 3
+    _same_report(duck, dask)
+
+
+def test_a_run_of_threads_that_dropped_spans_is_the_same_on_dask(client: Any, tmp_path: Path) -> None:
+    """Four threads each marking 3,000 steps into a buffer of 100 spans: the exact counts, the kept
+    steps of every loop thread and the warning are the same on both engines."""
+    proc, run_dir = traced_with_agent_options(
+        tmp_path, {"buffer_limit": 100}, sys.executable, script("thread_steps.py"), "4", "3000"
+    )
+    assert proc.returncode == 0 and "steps 12000" in proc.stdout, proc.stderr
+    duck = holoprof.report(run_dir)
+    dask = holoprof.report(run_dir, engine="dask", scheduler=client)
+    assert dask["steps"]["count"] == 12_000 and 0 < dask["steps"]["kept"] < 12_000
+    assert any("events were dropped" in w for w in dask["run"]["warnings"])
     _same_report(duck, dask)
 
 

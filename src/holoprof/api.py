@@ -192,8 +192,9 @@ def step() -> None:
     """Mark the end of a training step, for loops that have no optimizer (or a custom one).
 
     Call it once at the end of each iteration. The first step starts at the first activity recorded
-    in the process (a DataLoader fetch, a forward pass, a phase), later ones where the previous ended.
-    Once called, automatic step detection is off for this process.
+    in the calling thread (a DataLoader fetch, a forward pass, a phase), later ones where the previous
+    ended. Once called, automatic step detection is off for this thread. Each thread that calls it
+    has its own steps: eight threads that each run 50 iterations make 400 steps.
     """
     a = _agent()
     if a is not None:

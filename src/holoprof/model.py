@@ -174,6 +174,9 @@ COLUMNS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("dropped_events", "int64"),
         ("errors", "string"),  # JSON list of "collector: message"
         ("info", "string"),  # JSON: collectors active, options, I/O layer, ...
+        # JSON: the agent's exact counts, kept whatever spans are dropped: {"threads": {tid: {steps,
+        # step_ns, first_ns, last_ns, epochs, phases: {name: [count, ns]}, outside: {...}}}}
+        ("counters", "string"),
     ),
 }
 

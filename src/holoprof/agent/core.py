@@ -31,12 +31,17 @@ from typing import Any
 
 from holoprof import model
 from holoprof._version import __version__
+from holoprof.agent.steps import StepTracker, ThreadLoop
 from holoprof.store.raw import write_raw
 
 _perf_ns = time.perf_counter_ns
 
 #: Tables whose rows are events (a lost row is a dropped event); the others hold snapshots.
 EVENT_TABLES = ("spans", "samples", "io_ops")
+
+#: Seconds between two writes of a process's exact counters (steps, epochs, phase totals) when
+#: nothing was dropped; while events are being dropped they go out at every flush that changes them.
+COUNTERS_EVERY_S = 5.0
 
 #: A poller runs on the writer thread at each flush and returns rows to write:
 #: a list of (table, {column: values}) pairs.
@@ -53,7 +58,8 @@ def _versions() -> dict[str, str]:
 
 
 class PhaseState(threading.local):
-    """Per thread: the phase open (one at a time; nested work belongs to the outer phase), and the
+    """Per thread: the phase open (one at a time; nested work belongs to the outer phase), the
+    thread's training loop (:class:`~holoprof.agent.steps.ThreadLoop`, once it has one) and the
     thread's native id, read once (``threading.get_native_id`` is a system call on every call).
     A forked child gets a fresh one (``Agent._init_process_state``), so no id outlives a fork.
     ``waits``: the communication the thread waited for inside its open phase, (start, end, call) —
@@ -61,101 +67,10 @@ class PhaseState(threading.local):
 
     active: str | None = None
     waits: list[tuple[int, int, str]] | None = None
+    loop: ThreadLoop | None = None
 
     def __init__(self) -> None:
         self.tid = threading.get_native_id()
-
-
-class StepTracker:
-    """Step boundaries, shared by all collectors of a process and by ``holoprof.step()``.
-
-    A step ends at the first *opener* (a training forward, a training-loader fetch, ``zero_grad``)
-    after an optimizer step, so that the whole iteration, logging included, belongs to one step.
-    Loops without an optimizer fall back to backward passes; ``holoprof.step()`` overrides both.
-    """
-
-    __slots__ = (
-        "agent",
-        "index",
-        "just_updated",
-        "last_update_ns",
-        "manual",
-        "optimizer_seen",
-        "pending_close",
-        "start_ns",
-    )
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.index = 0
-        self.start_ns: int | None = None
-        self.pending_close = False
-        self.manual = False
-        self.optimizer_seen = False
-        self.last_update_ns = 0
-        self.just_updated = False  # nothing but the update happened since it ended
-
-    def reset(self) -> None:
-        self.index = 0
-        self.start_ns = None
-        self.pending_close = False
-        self.manual = False
-        self.optimizer_seen = False
-        self.last_update_ns = 0
-        self.just_updated = False
-
-    def activity(self, t_ns: int) -> None:
-        """Something of the training loop happened at ``t_ns``: the first step starts here."""
-        if self.start_ns is None:
-            self.start_ns = t_ns
-
-    def opener(self, t_ns: int) -> None:
-        self.just_updated = False
-        if self.pending_close and not self.manual:
-            self.close(t_ns)
-        elif self.start_ns is None:
-            self.start_ns = t_ns
-
-    def update_done(self, t_ns: int) -> None:
-        """An optimizer step (or, without any optimizer, a backward pass) finished."""
-        if self.manual:
-            return
-        if self.start_ns is None:
-            self.start_ns = t_ns
-        self.pending_close = True
-        self.last_update_ns = t_ns
-        self.just_updated = True
-
-    def close(self, t_ns: int) -> None:
-        start = self.start_ns
-        if start is not None and t_ns >= start:
-            self.agent.span("step", "step", start, t_ns, self.index)
-            self.index += 1
-        self.start_ns = t_ns
-        self.pending_close = False
-
-    # holoprof.step() -----------------------------------------------------------------------------
-    def mark(self) -> None:
-        """Plain ``holoprof.step()``: the current step ends now, the next one starts now."""
-        t = _perf_ns()
-        self.manual = True
-        self.pending_close = False
-        if self.start_ns is not None:
-            self.close(t)
-        else:
-            self.start_ns = t
-
-    def end_loop(self, t_ns: int) -> None:
-        """The training loop ended (e.g. ``fit`` returned): close a pending step, open none."""
-        if self.pending_close and not self.manual:
-            self.close(t_ns)
-        self.start_ns = None
-
-    def finish(self, t_ns: int) -> None:
-        """At exit: a step whose update happened is closed where that update ended (what follows it,
-        such as a final evaluation, is not part of a step); a half-done step is dropped."""
-        if self.pending_close and not self.manual:
-            self.close(self.last_update_ns or t_ns)
 
 
 class FaultInjected(RuntimeError):
@@ -271,8 +186,8 @@ class Agent:
         self._warned: set[str] = set()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards flushes (and fork)
-        self.steps = StepTracker(self)
         self._init_process_state()
+        self.steps = StepTracker(self)  # after the per-thread state, which it reads
         self._stopped = False
         self.exit_code = -1
         self.info: dict[str, Any] = {}
@@ -294,6 +209,8 @@ class Agent:
         self.folder = os.path.join(self.run_dir, f"{self.host}-{self.pid}")
         self._seq = itertools.count()
         self._last_identity: tuple[Any, ...] | None = None
+        self._counters_written: str | None = None  # the counters in the last processes row written
+        self._counters_due = 0.0  # monotonic time from which changed counters are written
         self._stop_event = threading.Event()
         self._writer_done: threading.Event | None = None  # set when the writer thread has ended
         self._writer_ident = 0
@@ -312,14 +229,25 @@ class Agent:
         step: int = -1,
         attrs: dict[str, Any] | None = None,
         parent_id: int = 0,
+        tid: int = 0,
     ) -> int:
-        """Record a finished span (monotonic ns). Returns its id (0 if dropped)."""
+        """Record a finished span (monotonic ns) of the calling thread (or of the thread ``tid``).
+        Returns its id (0 if dropped). Phases and epochs are counted by the thread's loop first, so
+        the counts stay exact when the buffer is full (steps are counted where they end:
+        :meth:`StepTracker.close`)."""
+        tls = self.tls
+        if kind == "phase":
+            loop = tls.loop
+            if loop is not None and loop.index >= 0:
+                loop.phase(name, start_ns, end_ns)
+        elif kind == "epoch":
+            self.steps.mine().epochs += 1
         buf = self.spans_buf
         if len(buf) >= self.buffer_limit:
             self.dropped += 1
             return 0
         sid = next(self._ids)
-        buf.append((self.tls.tid, sid, parent_id, kind, name, start_ns, end_ns, step, attrs))
+        buf.append((tid or tls.tid, sid, parent_id, kind, name, start_ns, end_ns, step, attrs))
         return sid
 
     def sample(self, name: str, value: float, target_pid: int = -1, ts_ns: int | None = None) -> None:
@@ -531,9 +459,17 @@ class Agent:
             len(self.errors),
             json.dumps(self.info, sort_keys=True, default=str),
         )
-        if final or key != self._last_identity:
+        counts = self.steps.counts(off)
+        counters = json.dumps(counts, separators=(",", ":")) if counts is not None else None
+        now = time.monotonic()
+        # the counts go out with the process's row: at every change while events are being dropped,
+        # else at most every COUNTERS_EVERY_S (they are the report's figures only when spans were lost)
+        counters_due = counters != self._counters_written and (self.dropped > 0 or now >= self._counters_due)
+        if final or key != self._last_identity or counters_due:
             self._last_identity = key
-            writes.append(("processes", self._process_row(ident, final)))
+            self._counters_written = counters
+            self._counters_due = now + COUNTERS_EVERY_S
+            writes.append(("processes", self._process_row(ident, final, counters)))
         self._write_tables(writes)
         self._flushed_any = True
 
@@ -572,7 +508,7 @@ class Agent:
                 if table == "processes":
                     self.dropped_recorded = int(cols["dropped_events"][0])
 
-    def _process_row(self, ident: dict[str, Any], final: bool) -> dict[str, list[Any]]:
+    def _process_row(self, ident: dict[str, Any], final: bool, counters: str | None) -> dict[str, list[Any]]:
         now_wall = time.time_ns()
         info = {"source": "agent", **self.info}
         if final:
@@ -602,6 +538,7 @@ class Agent:
             "dropped_events": [self.dropped],
             "errors": [json.dumps(self.errors)],
             "info": [json.dumps(info, default=str)],
+            "counters": [counters],
         }
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from holoprof import model
-from holoprof.analyze.engine import Aggregation, Engine, engine_for
+from holoprof.analyze.engine import Aggregation, Engine, engine_for, used_params
 from holoprof.store.reader import (
     Batch,
     Bound,
@@ -56,6 +56,15 @@ def _params(proc: ProcKey, **more: Any) -> dict[str, Any]:
     return {"host": proc.host, "pid": proc.pid, "tid": proc.tid, **more}
 
 
+def _loop_threads(proc: ProcKey) -> str:
+    """SQL: the condition that keeps the spans of ``proc``'s loop threads (``$tid``, or the threads
+    that each ran a loop of their own: integers of the run's own aggregation)."""
+    threads = proc.threads
+    if len(threads) == 1:
+        return "tid = $tid"
+    return f"tid IN ({', '.join(str(int(t)) for t in threads)})"
+
+
 def _only(steps: list[int] | None, null: bool = False) -> str:
     """SQL: the condition that keeps the spans of the step indices ``$steps`` (and of no index with
     ``null``); empty for every step."""
@@ -80,7 +89,7 @@ def per_step_agg(
         columns=_SPAN_COLS,
         chunk=f"""SELECT step, kind, name, start_ns, end_ns FROM {{t}}
             WHERE host = $host AND pid = $pid{_only(steps)}
-              AND ((kind = 'step' AND end_ns >= start_ns) OR (kind = 'phase' AND tid = $tid))""",
+              AND ((kind = 'step' AND end_ns >= start_ns) OR (kind = 'phase' AND {_loop_threads(proc)}))""",
         shuffle=("step",),
         group=f"""WITH st AS (SELECT step, start_ns AS s, end_ns AS e FROM {{t}} WHERE kind = 'step'),
             ph AS (
@@ -106,7 +115,7 @@ def outside_agg(proc: ProcKey, steps: list[int] | None = None) -> Aggregation:
         table="spans",
         columns=_SPAN_COLS,
         chunk=f"""SELECT step, kind, name, start_ns, end_ns FROM {{t}}
-            WHERE host = $host AND pid = $pid{_only(steps)} AND (kind = 'step' OR (kind = 'phase' AND tid = $tid))""",
+            WHERE host = $host AND pid = $pid{_only(steps)} AND (kind = 'step' OR (kind = 'phase' AND {_loop_threads(proc)}))""",
         shuffle=("step",),
         group="""WITH st AS (SELECT step, start_ns AS s, end_ns AS e FROM {t} WHERE kind = 'step')
             SELECT p.name, CAST(sum(p.end_ns - p.start_ns) AS BIGINT) AS ns
@@ -129,7 +138,7 @@ def _orphan_agg(proc: ProcKey, steps: list[int], null: bool) -> Aggregation:
         table="spans",
         columns=_SPAN_COLS,
         chunk=f"""SELECT name, CAST(sum(end_ns - start_ns) AS BIGINT) AS ns FROM {{t}}
-            WHERE kind = 'phase' AND host = $host AND pid = $pid AND tid = $tid
+            WHERE kind = 'phase' AND host = $host AND pid = $pid AND {_loop_threads(proc)}
               AND name NOT IN ({_KNOWN}){_only(steps, null)}
             GROUP BY name""",
         combine="SELECT name, CAST(sum(ns) AS BIGINT) AS ns FROM {t} GROUP BY name",
@@ -164,7 +173,7 @@ def groups_agg(proc: ProcKey) -> Aggregation:
                min(end_ns - start_ns) FILTER (WHERE kind = 'phase') AS p_min,
                {sums}
             FROM {{t}}
-            WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND tid = $tid))
+            WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND {_loop_threads(proc)}))
             GROUP BY step""",
         combine=f"""SELECT step, CAST(sum(n_step) AS BIGINT) AS n_step, CAST(sum(n_epoch) AS BIGINT) AS n_epoch,
                CAST(sum(n_unknown) AS BIGINT) AS n_unknown, min(s) AS s, max(e) AS e, min(p_lo) AS p_lo,
@@ -431,7 +440,7 @@ def _add_groups(batches: Iterator[Batch], acc: _Groups) -> None:
         acc.add(cols)
 
 
-def _stream_groups(run: Run, params: dict[str, Any], acc: _Groups) -> None:
+def _stream_groups(run: Run, proc: ProcKey, acc: _Groups) -> None:
     """The same groups as :func:`groups_agg` from one streamed pass over the spans in file order, with
     no hash table: after compaction a process's spans are sorted by start time, so the spans of a step
     (its step span, then its phases) follow one another and each group is cut where the step index
@@ -450,12 +459,12 @@ def _stream_groups(run: Run, params: dict[str, Any], acc: _Groups) -> None:
         SELECT step, (CASE kind WHEN 'step' THEN 0 WHEN 'epoch' THEN 1
                       ELSE CASE name {codes} ELSE -1 END END)::TINYINT AS c, start_ns, end_ns
         FROM spans
-        WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND tid = $tid))"""
+        WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND {_loop_threads(proc)}))"""
     carry: dict[str, Any] | None = None  # the slice's last group: it may go on in the next slice
     cur = run.con.cursor()
     try:
         with run.ordered():
-            for b in numpy_batches(cur, sql, params):
+            for b in numpy_batches(cur, sql, used_params(sql, _params(proc))):
                 if b.nulls("start_ns") is not None or b.nulls("end_ns") is not None:
                     raise _Unsorted  # a span without a start or an end: DuckDB's aggregation skips it
                 nulls = b.nulls("step")
@@ -538,7 +547,7 @@ def scan_steps(run: Run, proc: ProcKey, stream: bool = True, engine: Engine | No
     if how == "stream":
         try:
             with run.lean_memory(scan_memory_limit(1)):  # one thread: see Run.ordered
-                _stream_groups(run, _params(proc), acc)
+                _stream_groups(run, proc, acc)
         except Exception as exc:  # spans out of order, or a scan that needs more memory than foreseen
             if not isinstance(exc, _Unsorted) and not is_out_of_memory(exc):
                 raise

@@ -21,16 +21,57 @@ from holoprof.analyze.input_model import measure, pipeline_model
 from holoprof.analyze.resources import Resources, resources
 from holoprof.analyze.steps import (
     NS,
+    PhaseStat,
     ProcKey,
     StepStats,
+    counted,
+    counted_loop,
     loader_config,
     outside_steps,
+    parse_counts,
     step_processes,
     step_stats,
+    with_counts,
 )
 from holoprof.analyze.sweep import measured_gain
 from holoprof.errors import HoloprofError
 from holoprof.store.reader import Run
+
+
+def _kept_total(ph: PhaseStat) -> float:
+    return ph.total_s if ph.kept_total_s is None else ph.kept_total_s
+
+
+#: The figures of ``steps`` and ``phases`` that are exact counts when spans were dropped (the agent
+#: counts them beside its span buffer); the others are taken over the kept steps only.
+COUNTED_FIGURES = (
+    "steps.count",
+    "steps.total_s",
+    "steps.mean_s",
+    "steps.per_s",
+    "steps.epochs",
+    "phases.fraction",
+    "phases.total_s",
+    "outside_steps",
+)
+KEPT_FIGURES = (
+    "steps.median_s",
+    "steps.p90_s",
+    "steps.timeline",
+    "phases.median_s",
+    "phases.median_share",
+    "phases.steps",
+    "phases.per_occurrence_s",
+)
+
+
+def _sources(st: StepStats | None) -> dict[str, str]:
+    """Where each figure comes from: ``counters`` (the agent's exact counts, when spans were
+    dropped) or ``spans`` (the kept spans; every figure when none was dropped)."""
+    exact = st is not None and st.exact
+    return {k: "counters" if exact else "spans" for k in COUNTED_FIGURES} | dict.fromkeys(
+        KEPT_FIGURES, "spans"
+    )
 
 
 def _phases_doc(st: StepStats | None) -> dict[str, Any]:
@@ -53,8 +94,9 @@ def _phases_doc(st: StepStats | None) -> dict[str, Any]:
             "median_s": round(st.phases[p].median_s, 6),
             "median_share": round(st.phases[p].median_share, 6),
             # a phase of a few steps only (eval, checkpoint) has a median of 0: its time where it occurs
+            # (in the kept steps, when total_s is an exact count over all of them)
             "steps": st.phases[p].steps,
-            "per_occurrence_s": round(st.phases[p].total_s / st.phases[p].steps, 6)
+            "per_occurrence_s": round(_kept_total(st.phases[p]) / st.phases[p].steps, 6)
             if st.phases[p].steps
             else 0.0,
         }
@@ -91,12 +133,15 @@ def _processes(run: Run, ctx: dict[str, Any] | None = None) -> list[dict[str, An
     steps = {(str(h), int(p)): int(n) for h, p, n in aggregate(run, ctx, _STEP_COUNTS)}
     rows = run.rows(
         """SELECT host, pid, ppid, role, rank, local_rank, world_size, argv, start_ns,
-                  end_ns, exit_code, dropped_events, errors, info
+                  end_ns, exit_code, dropped_events, errors, info, counters
            FROM processes WHERE role IS DISTINCT FROM 'launcher' ORDER BY start_ns, pid"""
     )
     out = []
-    for h, pid, ppid, role, rank, lrank, world, argv, s, e, code, dropped, errs, info in rows:
+    for h, pid, ppid, role, rank, lrank, world, argv, s, e, code, dropped, errs, info, counters in rows:
         nsteps = steps.get((str(h), int(pid)), 0)
+        exact = parse_counts(counters) if dropped and isinstance(counters, str) else None
+        if exact is not None:  # spans were dropped: the agent's exact count
+            nsteps = max(nsteps, exact.steps)
         try:
             args = json.loads(argv) if argv else []
         except ValueError:
@@ -242,6 +287,7 @@ def _per_rank_doc(p: ProcKey, s: StepStats) -> dict[str, Any]:
         "pid": p.pid,
         "rank": p.rank,
         "count": s.count,
+        "kept": s.kept_count,
         "median_s": round(s.median_s, 6),
         "p90_s": round(s.p90_s, 6),
         "per_s": round(s.per_s, 4),
@@ -253,12 +299,20 @@ def _core(run: Run, eng: Engine) -> dict[str, Any]:
     """What the sections build on (the report's context): the step processes, the main loop and
     its statistics, every rank's, the resources and the DataLoader's configuration."""
     procs = step_processes(run, eng)
+    if not procs:  # no step span kept: the counts of a process that dropped them all, if any
+        lost = counted_loop(run)
+        procs = [lost] if lost is not None else []
     main: ProcKey | None = procs[0] if procs else None
-    st = step_stats(run, main, engine=eng) if main is not None else None
+    # a process that dropped spans: its exact counts replace the kept spans' (see with_counts)
+    st = with_counts(step_stats(run, main, engine=eng), counted(run, main)) if main is not None else None
     rank_stats: dict[ProcKey, StepStats] = {}
     if len(procs) > 1:
         for p in procs:
-            s = st if p == main else step_stats(run, p, timeline_points=1, engine=eng)
+            s = (
+                st
+                if p == main
+                else with_counts(step_stats(run, p, timeline_points=1, engine=eng), counted(run, p))
+            )
             assert s is not None
             rank_stats[p] = s
     return {
@@ -277,6 +331,8 @@ def _steps_doc(ctx: dict[str, Any]) -> dict[str, Any]:
     main: ProcKey | None = ctx["main"]
     return {
         "count": st.count if st else 0,
+        "kept": st.kept_count if st else 0,  # the steps whose spans were kept (medians, p90, timeline)
+        "sources": _sources(st),  # counters (exact counts) or spans (the kept spans), per figure
         "median_s": round(st.median_s, 6) if st else 0.0,
         "p90_s": round(st.p90_s, 6) if st else 0.0,
         "mean_s": round(st.mean_s, 6) if st else 0.0,
@@ -289,8 +345,22 @@ def _steps_doc(ctx: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def drop_warning(dropped: int, st: StepStats | None) -> str:
+    """What the report says about dropped events (the terminal, HTML and JSON say the same)."""
+    text = f"{dropped} events were dropped (buffer full or disk unwritable)"
+    if st is not None and st.exact:
+        exact = f"{text}: the step count, epochs and phase totals are the agent's exact counts; "
+        if not st.kept_count:
+            return exact + "no step's records were kept, so step percentiles and the timeline are unknown"
+        return (
+            f"{exact}step percentiles, the timeline and per-step medians come from the {st.kept_count} of "
+            f"{st.count} steps whose records were kept"
+        )
+    return f"{text}; totals may be low"
+
+
 def _run_doc(
-    run: Run, processes: list[dict[str, Any]], res: Resources, warnings: list[str]
+    run: Run, processes: list[dict[str, Any]], res: Resources, warnings: list[str], st: StepStats | None
 ) -> dict[str, Any]:
     """The ``run`` section: what ran, for how long, on what, and what was lost."""
     m = run.manifest
@@ -312,6 +382,8 @@ def _run_doc(
             f"the run directory could not be written ({m['storage_error']}): events recorded after "
             "that were dropped, so totals are low",
         )
+    if dropped:
+        warnings.insert(1 if isinstance(m.get("storage_error"), str) else 0, drop_warning(dropped, st))
     errors = [f"{p['host']}-{p['pid']}: {e}" for p in processes for e in p["errors"]] + launcher_errors
     ranks = sorted({p["rank"] for p in processes if p["rank"] >= 0})
     return {
@@ -379,7 +451,7 @@ def _build(run: Run, eng: Engine) -> dict[str, Any]:
     _label_measured(run, found)  # a sweep's run: the gain the sweep measured, with its own test
     found = findings_mod.ordered(findings_mod.measurable(found, findings_mod.gain_floor(st)))
     processes = _processes(run, ctx)
-    run_doc = _run_doc(run, processes, res, section_warnings)
+    run_doc = _run_doc(run, processes, res, section_warnings, st)
     outside = outside_steps(run, main, st, engine=eng)
     return {
         "schema": model.REPORT_SCHEMA,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holoprof.analyze.engine import Aggregation, Engine, engine_for
@@ -23,10 +23,20 @@ NS = 1e9
 
 @dataclass(frozen=True)
 class ProcKey:
+    """A process that ran training steps: its loop thread ``tid`` (the one that ran most of its steps)
+    and ``tids``, every thread that ran some (several when threads each train a model; empty: ``tid``
+    alone)."""
+
     host: str
     pid: int
     rank: int
     tid: int
+    tids: tuple[int, ...] = ()
+
+    @property
+    def threads(self) -> tuple[int, ...]:
+        """The threads whose phases make the process's steps."""
+        return self.tids or (self.tid,)
 
 
 @dataclass
@@ -36,6 +46,7 @@ class PhaseStat:
     median_s: float  # per step
     median_share: float = 0.0  # median over steps of (phase time / step time): robust to warm-up
     steps: int = 0  # steps in which the phase occurs (its total / steps: its time per occurrence)
+    kept_total_s: float | None = None  # the total over the kept steps, when total_s is an exact count
 
 
 @dataclass
@@ -57,9 +68,18 @@ class StepStats:
     #: mean from block means, or of the median from order statistics); 0 with too few steps to know it
     noise: float = 0.0
 
+    kept: int | None = None  # the steps whose spans were kept, when count is an exact count
+    exact: bool = False  # count, totals, epochs and phase totals are the agent's exact counts
+
+    @property
+    def kept_count(self) -> int:
+        """The steps the per-step figures (medians, percentiles, timeline) are taken over."""
+        return self.count if self.kept is None else self.kept
+
 
 #: Per process with steps: its rank, its loop thread (the thread that recorded most of its steps, the
-#: lowest thread id on a tie) and its steps; the main loop first (most steps, then the lowest rank).
+#: lowest thread id on a tie), every thread that recorded steps (comma-separated) and its steps; the
+#: main loop first (most steps, then the lowest rank).
 STEP_THREADS = Aggregation(
     name="step-threads",
     table="spans",
@@ -69,7 +89,7 @@ STEP_THREADS = Aggregation(
     combine="""SELECT host, pid, tid, max(rank) AS rank, CAST(sum(n) AS BIGINT) AS n FROM {t}
                GROUP BY host, pid, tid""",
     final="""SELECT host, pid, max(rank) AS rank, first(tid ORDER BY n DESC, tid) AS tid,
-                    CAST(sum(n) AS BIGINT) AS n
+                    string_agg(CAST(tid AS VARCHAR), ',' ORDER BY tid) AS tids, CAST(sum(n) AS BIGINT) AS n
              FROM {t} GROUP BY host, pid""",
     order="n DESC, CASE WHEN coalesce(rank, -1) < 0 THEN 1 << 30 ELSE rank END, pid, host",
 )
@@ -78,12 +98,19 @@ STEP_THREADS = Aggregation(
 def step_processes(run: Run, engine: Engine | None = None) -> list[ProcKey]:
     """Processes that ran training steps, the main training loop first.
 
-    The main loop is the process with the most steps; among ranks with equally many, the lowest
-    rank. Each process's loop thread is the thread that recorded most of its steps (the lowest thread
-    id on a tie).
+    The main loop is the process with the most steps (of all its threads); among ranks with equally
+    many, the lowest rank. Each process's loop thread is the thread that recorded most of its steps
+    (the lowest thread id on a tie); when several threads ran steps (each its own loop), the phases of
+    all of them make the process's steps.
     """
     rows = engine_for(run, engine).aggregate(STEP_THREADS)
-    return [ProcKey(str(h), int(p), int(r if r is not None else -1), int(t)) for h, p, r, t, _ in rows]
+    out = []
+    for h, p, r, t, ts, _ in rows:
+        tids = tuple(int(x) for x in str(ts or "").split(",") if x)
+        out.append(
+            ProcKey(str(h), int(p), int(r if r is not None else -1), int(t), tids if len(tids) > 1 else ())
+        )
+    return out
 
 
 def step_stats(
@@ -273,6 +300,130 @@ def _noise(dur: Any) -> float:
         if med > 0:
             widths.append(float(part[ranks[1]] - part[ranks[0]]) / 2 / med)
     return min(widths, default=0.0)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A process's exact counts from its agent (the ``counters`` of its ``processes`` row), over the
+    threads that ran steps: steps, their total time, the first start and last end (wall-clock ns),
+    epochs, and the time (ns) of each phase inside steps and outside them."""
+
+    steps: int
+    step_ns: int
+    first_ns: int
+    last_ns: int
+    epochs: int
+    phases: dict[str, int]
+    outside: dict[str, int]
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"not an integer: {v!r}")
+    return v
+
+
+def parse_counts(text: str) -> Counted | None:
+    """The counters JSON of a processes row (see :mod:`holoprof.agent.steps`), summed over its loop
+    threads; None when it holds no step (or is not what the agent writes)."""
+    try:
+        doc = json.loads(text)
+        steps = step_ns = epochs = 0
+        firsts, lasts = [], []
+        phases: dict[str, int] = {}
+        outside: dict[str, int] = {}
+        for c in dict(doc["threads"]).values():
+            epochs += _int(c.get("epochs", 0))
+            if _int(c["steps"]) <= 0:
+                continue
+            steps += _int(c["steps"])
+            step_ns += _int(c["step_ns"])
+            firsts.append(_int(c["first_ns"]))
+            lasts.append(_int(c["last_ns"]))
+            for into, key in ((phases, "phases"), (outside, "outside")):
+                for name, (_, ns) in dict(c.get(key) or {}).items():
+                    into[str(name)] = into.get(str(name), 0) + _int(ns)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+    if not steps:
+        return None
+    return Counted(steps, step_ns, min(firsts), max(lasts), epochs, phases, outside)
+
+
+def counted(run: Run, proc: ProcKey) -> Counted | None:
+    """``proc``'s exact counts when its spans are incomplete (it dropped events and its agent wrote its
+    counts), else None: with every span kept, the spans give the same counts and more."""
+    rows = run.rows(
+        "SELECT dropped_events, counters FROM processes WHERE host = ? AND pid = ?", [proc.host, proc.pid]
+    )
+    if not rows or not rows[0][0] or not isinstance(rows[0][1], str):
+        return None
+    return parse_counts(rows[0][1])
+
+
+def counted_loop(run: Run) -> ProcKey | None:
+    """The process whose agent counted the most steps among those that dropped events, as a loop to
+    report when no step span at all was kept (every one was dropped), else None."""
+    rows = run.rows(
+        """SELECT host, pid, rank, counters FROM processes
+           WHERE dropped_events > 0 AND counters IS NOT NULL ORDER BY start_ns, pid"""
+    )
+    best: tuple[int, ProcKey] | None = None
+    for host, pid, rank, text in rows:
+        c = parse_counts(str(text))
+        if c is None:
+            continue
+        threads = json.loads(text)["threads"]
+        tids = tuple(sorted(int(t) for t, v in threads.items() if v.get("steps")))
+        key = ProcKey(
+            str(host), int(pid), int(rank if rank is not None else -1), tids[0], tids if len(tids) > 1 else ()
+        )
+        if best is None or c.steps > best[0]:
+            best = (c.steps, key)
+    return best[1] if best is not None else None
+
+
+def with_counts(st: StepStats, c: Counted | None) -> StepStats:
+    """``st`` (of the kept spans) with the exact counts ``c``: the step count, total and mean step time,
+    steps/s, epochs, phase totals and fractions and the time outside steps are exact; medians,
+    percentiles and the timeline stay those of the kept steps (``kept``). The phases' exact totals
+    follow the per-step rule: ``other`` is the rest of the steps' time, and phases that add up to more
+    (overlapping records) are scaled to fill it (:func:`~holoprof.analyze.per_step.leftover`). Counts
+    older than the spans (a process killed after its last counts were written) leave ``st`` as it is."""
+    if c is None or c.steps < st.count or c.step_ns <= 0:
+        return st
+    total = c.step_ns
+    measured = sum(c.phases.get(p, 0) for p in PHASE_COLS)
+    f = total / measured if measured > total else 1.0
+    phases: dict[str, PhaseStat] = {}
+    for p in PHASE_COLS:
+        ns = c.phases.get(p, 0) * f
+        phases[p] = replace(
+            st.phases[p], fraction=ns / total, total_s=ns / NS, kept_total_s=st.phases[p].total_s
+        )
+    rest = 1.0 - sum(v.fraction for v in phases.values())
+    other = st.phases["other"]
+    phases["other"] = replace(
+        other,
+        fraction=max(0.0, rest),
+        total_s=max(0.0, total - measured * f) / NS,
+        kept_total_s=other.total_s,
+    )
+    wall = (c.last_ns - c.first_ns) / NS
+    return replace(
+        st,
+        count=c.steps,
+        total_s=total / NS,
+        mean_s=total / c.steps / NS,
+        per_s=c.steps / wall if wall > 0 else 0.0,
+        first_start_ns=c.first_ns,
+        last_end_ns=c.last_ns,
+        phases=phases,
+        epochs=c.epochs or st.epochs,
+        outside_ns={k: float(v) for k, v in c.outside.items() if v},
+        kept=st.count,
+        exact=True,
+    )
 
 
 #: Per phase name, the time of every phase span (when there is no training loop).

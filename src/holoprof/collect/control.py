@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from holoprof.agent.core import Agent, Collector, StepTracker
+from holoprof.agent.core import Agent, Collector, StepTracker, ThreadLoop
 from holoprof.collect.deep_profile import DeepProfiler
 from holoprof.collect.io_collector import io_trace_job
 from holoprof.collect.memory import memory_snapshot_handler
@@ -169,7 +169,7 @@ class ControlCollector(Collector):
         A process that has not started a step yet, or that sees no boundary within
         :data:`BETWEEN_STEPS_WAIT_S` (a long evaluation, a hang), runs it on the writer thread instead.
         """
-        if self.agent.steps.start_ns is None:
+        if not any(loop.start_ns is not None for loop in list(self.agent.steps.loops)):
             task()
             return
         with self._tasks_lock:
@@ -195,8 +195,8 @@ class ControlCollector(Collector):
         base = type(tracker)
         orig_close = base.close
 
-        def close(tracker_self: StepTracker, t_ns: int) -> None:
-            orig_close(tracker_self, t_ns)
+        def close(tracker_self: StepTracker, t_ns: int, loop: ThreadLoop | None = None) -> None:
+            orig_close(tracker_self, t_ns, loop)
             if collector.enabled:
                 try:
                     collector.deep.on_boundary()

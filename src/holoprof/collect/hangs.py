@@ -119,7 +119,8 @@ class HangWatch:
     # -- the time-out ------------------------------------------------------------------------------
     def _note_steps(self) -> None:
         steps = self.agent.steps
-        idx, start = steps.index, steps.start_ns
+        loop = steps.primary  # the training loop (this runs on the writer thread)
+        idx, start = (loop.index, loop.start_ns) if loop is not None else (0, None)
         quiet = self._episode is None  # a step that hung is no measure of the usual step
         if quiet and idx > self._last_index and start is not None and self._last_start is not None:
             per = (start - self._last_start) / (idx - self._last_index) / 1e9
@@ -155,7 +156,8 @@ class HangWatch:
         now = now_ns()
         limit_ns = int(self.limit_s() * 1e9)
         entry = self.ring.oldest_open()
-        step_start = self.agent.steps.start_ns
+        loop = self.agent.steps.primary
+        step_start = loop.start_ns if loop is not None else None
         # in it for longer than the limit, with no step ended since it was issued
         waiting = (
             entry is not None and now - entry[4] > limit_ns and (step_start is None or step_start <= entry[4])

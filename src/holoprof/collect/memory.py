@@ -58,6 +58,13 @@ from holoprof.collect.memory_process import rss_bytes
 from holoprof.collect.memory_schedule import EVERY, MODES, is_sampled
 from holoprof.collect.torch.collector import torch_state
 
+#: The report's note when several threads of a process train: reading the tensors of a model while
+#: another thread updates them is not safe, so memory is measured with one training thread only.
+SEVERAL_LOOPS_NOTE = (
+    "memory by category was not measured: several threads of the process train, and it is measured "
+    "only where one thread trains"
+)
+
 
 class MemoryCollector(Collector):
     """The hooks (:class:`ForwardTracker`), the counts (:class:`TensorAccounts`) and the snapshots
@@ -119,8 +126,22 @@ class MemoryCollector(Collector):
         self.agent.info["memory"] = {"mode": self.mode, "every": self.every}
 
     # -- optimizer hooks (always on: one call per step) -------------------------------------------
+    def single_loop(self) -> bool:
+        """Whether at most one thread of the process trains. The first time more do, measuring stops for
+        good (another thread's backward or optimizer writes the tensors a snapshot would read), with a
+        note in the report."""
+        if self.agent.steps.running <= 1:
+            return True
+        if self.mode != "off":
+            self.mode = "off"
+            self.agent.info.setdefault("notes", []).append(SEVERAL_LOOPS_NOTE)
+        # the module hooks go once no forward is being measured (a forward of another thread that is
+        # being measured ends as usual: its saved-tensor hooks are popped in its own thread)
+        self.tracker.disarm()
+        return False
+
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.enabled:
+        if not self.enabled or not self.single_loop():
             return
         try:
             self.accounts.see_optimizer(optimizer)
@@ -136,7 +157,7 @@ class MemoryCollector(Collector):
             if self.fault_at:
                 self.inject("optimizer_post")
             step = self.agent.steps.index
-            if self.mode != "off":
+            if self.mode != "off" and self.single_loop():
                 self.accounts.see_optimizer(optimizer)
                 if self.tracker.measure_step == step:
                     self.snapshot("optimizer")
@@ -170,7 +191,8 @@ class MemoryCollector(Collector):
 
     def snapshot(self, phase: str, step: int | None = None) -> None:
         """The memory span and samples of the phase boundary ``phase`` of ``step`` (default: this one)."""
-        self.snapshots.take(phase, step)
+        if self.single_loop():
+            self.snapshots.take(phase, step)
 
     def finish(self) -> None:
         self.tracker.pop_saved_hooks()

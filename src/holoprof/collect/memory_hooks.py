@@ -49,6 +49,8 @@ class Owner(Protocol):
 
     def snapshot(self, phase: str, step: int | None = None) -> None: ...
 
+    def single_loop(self) -> bool: ...
+
     def hook_failed(self, exc: BaseException) -> None: ...
 
 
@@ -174,6 +176,8 @@ class ForwardTracker:
         if self._owner or not self.owner.enabled:
             return  # another thread's forward is being measured, or the collector is off
         try:
+            if not self.owner.single_loop():  # several threads train: nothing is measured
+                return
             self._owner = _get_ident()
             self._begin_outermost(mod, args)
             if not self._active:

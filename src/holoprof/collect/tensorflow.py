@@ -337,9 +337,9 @@ class TensorFlowCollector(Collector):
         """``fit`` starts its training loop: what ran before it (Keras builds its model by calling the
         layers on symbolic inputs) opens no step. On the torch backend the end of Keras's DataLoader
         is no epoch meanwhile: the callback counts the epochs."""
-        steps = self.agent.steps
-        if not steps.pending_close and not steps.manual:
-            steps.start_ns = None
+        loop = self.agent.steps.mine()
+        if not loop.pending_close and not loop.manual:
+            loop.start_ns = None
         if self.keras_torch and self._loop_state is None:
             st = torch_state(self.agent)
             if st is not None:

@@ -793,12 +793,14 @@ def _findings(doc: dict[str, Any]) -> str:
 def _notes(doc: dict[str, Any]) -> str:
     run = doc.get("run", {})
     notes = []
-    if run.get("dropped_events"):
+    warnings = [str(w) for w in run.get("warnings", []) or []]
+    if run.get("dropped_events") and not any("events were dropped" in w for w in warnings):
+        # a report of an earlier version, whose warnings do not say it yet
         notes.append(
             f"{run['dropped_events']} events were dropped (buffer full or disk unwritable); totals may be low"
         )
     notes += [f"collector turned off: {e}" for e in run.get("errors", []) or []]
-    notes += [str(w) for w in run.get("warnings", []) or []]
+    notes += warnings
     if not notes:
         return ""
     return (

@@ -332,7 +332,8 @@ def _findings(doc: dict[str, Any]) -> Group:
 def _notes(doc: dict[str, Any]) -> list[Text]:
     run = doc["run"]
     notes = []
-    if run["dropped_events"]:
+    if run["dropped_events"] and not any("events were dropped" in str(w) for w in run["warnings"]):
+        # a report of an earlier version, whose warnings do not say it yet
         notes.append(
             Text(
                 f"{run['dropped_events']} events were dropped (buffer full or disk unwritable); totals may be low",

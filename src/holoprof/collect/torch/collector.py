@@ -80,4 +80,4 @@ class TorchCollector(Collector):
         return self._device.poll()
 
     def finish(self) -> None:
-        self._state.resolve_pending(None)
+        self._state.resolve_all()

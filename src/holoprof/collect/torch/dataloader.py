@@ -92,7 +92,7 @@ class LoaderPhases:
                 st.resolve_pending(None)
                 steps.just_updated = False
                 if key in st.train_loaders:
-                    steps.opener(t0)
+                    steps.loader_opener(t0)
                 pc0 = process_time_ns()
                 c0 = thread_time_ns()
                 q0 = runq.wait_ns()

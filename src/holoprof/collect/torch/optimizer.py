@@ -7,6 +7,7 @@ there, and the closure is handed to the optimizer wrapped so that the forward, b
 
 from __future__ import annotations
 
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -16,9 +17,11 @@ from holoprof.collect.torch.state import TorchState
 from holoprof.collect.waits import phase_spans
 
 
-class OptimizerPhases:
+class OptimizerPhases(threading.local):
     """The optimizer step in progress (its nesting depth, start and CUDA event) and the hooks that
-    record it; :meth:`reset` forgets it (after fork)."""
+    record it; :meth:`reset` forgets it (after fork). One per thread (``threading.local`` runs
+    ``__init__`` again in each thread): threads that each train a model step their optimizers at the
+    same time, and the steps of one must not nest in another's."""
 
     def __init__(self, col: Collector, st: TorchState, dev: DeviceTimes) -> None:
         self.col = col

@@ -13,6 +13,10 @@ from typing import Any, Protocol
 
 from holoprof.agent.core import Agent
 
+#: A batch wait not yet named: (start, end, loader, (cpu, process cpu at start, thread cpu at start,
+#: run-queue wait, at start, process cpu during the wait)).
+Pending = tuple[int, int, int, tuple[int, int, int, int, int, int]]
+
 
 class ForwardObserver(Protocol):
     """What another collector runs around the outermost training forward of a thread (on the steps it
@@ -43,7 +47,12 @@ class OptimizerObserver(Protocol):
 
 
 class TorchState:
-    """One process's shared state of the torch collector; :meth:`reset` makes it fresh (after fork)."""
+    """One process's shared state of the torch collector; :meth:`reset` makes it fresh (after fork).
+
+    A batch wait belongs to the thread that fetched the batch: a training forward claims its own
+    thread's, or, when its thread fetched none, that of a thread that runs no training loop (a thread
+    that only fetches batches for it), so that threads that each train a model never take each
+    other's batches."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -60,8 +69,7 @@ class TorchState:
 
     def reset(self) -> None:
         self.tls = self.agent.tls
-        # (start, end, loader, (cpu, process cpu at start, thread cpu at start, run-queue wait, at start))
-        self.pending_dw: tuple[int, int, int, tuple[int, int, int, int, int, int]] | None = None
+        self.pending: dict[int, Pending] = {}  # fetching thread's id -> its batch wait not yet named
         self.train_loaders: set[int] = set()
         self.eval_loaders: set[int] = set()
         self.epoch_start: dict[int, int] = {}
@@ -92,10 +100,35 @@ class TorchState:
         if t1 > pos:
             span("phase", name, pos, t1, step, attrs)
 
+    @property
+    def pending_dw(self) -> Pending | None:
+        """The calling thread's batch wait not yet named."""
+        return self.pending.get(self.tls.tid)
+
+    @pending_dw.setter
+    def pending_dw(self, value: Pending | None) -> None:
+        if value is None:
+            self.pending.pop(self.tls.tid, None)
+        else:
+            self.pending[self.tls.tid] = value
+
+    def claim(self) -> Pending | None:
+        """The batch wait a training or eval forward of the calling thread names: its own, else one of a
+        thread that runs no training loop."""
+        pend = self.pending.pop(self.tls.tid, None)
+        if pend is None and self.pending:
+            steps = self.agent.steps
+            for tid in list(self.pending):
+                if not steps.runs(tid):
+                    pend = self.pending.pop(tid, None)
+                    if pend is not None:
+                        break
+        return pend
+
     def begin_forward(self, training: bool, t0: int) -> None:
-        self.agent.steps.just_updated = False
         steps = self.agent.steps
-        pend = self.pending_dw
+        steps.just_updated = False
+        pend = self.claim()
         if training:
             if pend is not None and pend[2] not in self.eval_loaders:
                 self.train_loaders.add(pend[2])
@@ -105,17 +138,24 @@ class TorchState:
                     self.epoch_span(pend[2], *ended)
             else:
                 steps.opener(t0)
-            self.resolve_pending("data_wait")
+            self.resolve(pend, "data_wait")
         else:
             if pend is not None and pend[2] not in self.train_loaders:
                 self.eval_loaders.add(pend[2])
-            self.resolve_pending("eval")
+            self.resolve(pend, "eval")
 
     def resolve_pending(self, label: str | None) -> None:
-        pend = self.pending_dw
+        """Record the calling thread's batch wait not yet named (as ``label``, or as its loader says)."""
+        self.resolve(self.pending.pop(self.tls.tid, None), label)
+
+    def resolve_all(self) -> None:
+        """Record every thread's batch wait not yet named (at exit)."""
+        for tid in list(self.pending):
+            self.resolve(self.pending.pop(tid, None), None)
+
+    def resolve(self, pend: Pending | None, label: str | None) -> None:
         if pend is None:
             return
-        self.pending_dw = None
         t0, t1, key, cpu = pend
         if label is None or (label == "data_wait" and key in self.eval_loaders):
             label = "eval" if key in self.eval_loaders else "data_wait"

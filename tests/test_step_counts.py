@@ -1,0 +1,158 @@
+"""Counts that dropped spans cannot spoil, and steps of loops run in several threads.
+
+The agent counts steps, epochs and phases beside its span buffer (the ``counters`` of each process's
+row), so a run whose buffer overflowed still reports the step count the job printed, and says in
+``run.warnings`` what was dropped and which figures are exact. Each thread that trains has its own
+steps: eight threads of 50 iterations are 400 steps, with holoprof.step() and with torch loops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import holoprof
+from conftest import TracedRun, main_process, report_json, script, traced, traced_with_agent_options
+
+STEPS = 20_000
+THREADS, PER_THREAD = 8, 50
+
+
+def printed_steps(stdout: str) -> int:
+    m = re.search(r"^steps (\d+)$", stdout, re.M)
+    assert m, stdout
+    return int(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def dropped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str, dict[str, Any]]:
+    """20,000 fast iterations (a phase and a step each) into a buffer of 100 spans: most are dropped."""
+    tmp = tmp_path_factory.mktemp("drops")
+    proc, run_dir = traced_with_agent_options(
+        tmp, {"buffer_limit": 100}, sys.executable, script("thread_steps.py"), "1", str(STEPS)
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc, run_dir, report_json(run_dir)
+
+
+@pytest.fixture(scope="module")
+def marked_threads(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    """Eight threads, each 50 iterations of a forward phase and a holoprof.step(), nothing dropped."""
+    run = traced(tmp_path_factory.mktemp("threads"), script("thread_steps.py"), str(THREADS), str(PER_THREAD))
+    assert run.proc.returncode == 0, run.proc.stderr
+    return run
+
+
+def span_sum(run_dir: str, where: str) -> tuple[int, int]:
+    """(rows, summed ns) of the spans matching ``where``."""
+    n, ns = holoprof.load(run_dir).rows(
+        f"SELECT count(*), coalesce(sum(end_ns - start_ns), 0) FROM spans WHERE {where}"
+    )[0]
+    return int(n), int(ns)
+
+
+def test_a_run_that_dropped_spans_reports_the_step_count_the_job_printed(dropped: Any) -> None:
+    proc, run_dir, doc = dropped
+    assert printed_steps(proc.stdout) == STEPS
+    assert doc["run"]["dropped_events"] > 0
+    steps = doc["steps"]
+    assert steps["count"] == STEPS, "the agent's exact count, not the kept spans'"
+    kept, kept_ns = span_sum(run_dir, "kind = 'step'")
+    assert 0 < kept < STEPS / 2 and steps["kept"] == kept
+    assert main_process(doc)["steps"] == STEPS
+    assert steps["total_s"] > kept_ns / 1e9 and steps["mean_s"] == pytest.approx(
+        steps["total_s"] / STEPS, abs=1e-6
+    )
+    assert steps["sources"]["steps.count"] == "counters" and steps["sources"]["phases.total_s"] == "counters"
+    assert steps["sources"]["steps.median_s"] == "spans" and steps["sources"]["steps.p90_s"] == "spans"
+    # the phase totals are exact too: far more than the kept forward spans, and still 100% in all
+    _, kept_forward_ns = span_sum(run_dir, "kind = 'phase' AND name = 'forward'")
+    assert doc["phases"]["forward"]["total_s"] > 2 * kept_forward_ns / 1e9
+    assert sum(p["fraction"] for p in doc["phases"].values()) == pytest.approx(1.0)
+    assert doc["phases"]["forward"]["total_s"] + doc["phases"]["other"]["total_s"] == pytest.approx(
+        steps["total_s"], abs=1e-5
+    )
+
+
+def test_the_drop_is_a_warning_in_the_json_with_the_terminals_words(dropped: Any) -> None:
+    proc, _, doc = dropped
+    found = [w for w in doc["run"]["warnings"] if "events were dropped" in w]
+    assert len(found) == 1, doc["run"]["warnings"]
+    warning = found[0]
+    assert warning.startswith(f"{doc['run']['dropped_events']} events were dropped (buffer full")
+    assert "exact counts" in warning and f"the {doc['steps']['kept']} of {STEPS} steps" in warning
+    # the short report the run printed shows the same line (once), wrapped in its panel
+    terminal = " ".join(re.sub("[│╭╮╰╯─]", " ", proc.stderr).split())
+    assert terminal.count(" ".join(warning.split())) == 1, proc.stderr
+
+
+def test_a_run_that_kept_no_step_at_all_still_counts_its_steps(tmp_path: Path) -> None:
+    """A buffer of no span: every span is dropped, and the counts alone make the report."""
+    proc, run_dir = traced_with_agent_options(
+        tmp_path, {"buffer_limit": 0}, sys.executable, script("thread_steps.py"), "2", "500"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert span_sum(run_dir, "true") == (0, 0)
+    doc = report_json(run_dir)
+    assert doc["steps"]["count"] == printed_steps(proc.stdout) == 1000 and doc["steps"]["kept"] == 0
+    assert doc["phases"]["forward"]["total_s"] > 0 and doc["steps"]["per_s"] > 0
+    assert "no step's records were kept" in doc["run"]["warnings"][0]
+
+
+def test_threads_that_each_mark_steps_count_every_step(marked_threads: TracedRun) -> None:
+    run = marked_threads
+    assert printed_steps(run.proc.stdout) == THREADS * PER_THREAD
+    doc = run.report
+    assert doc["run"]["dropped_events"] == 0 and doc["run"]["warnings"] == []
+    assert doc["steps"]["count"] == doc["steps"]["kept"] == THREADS * PER_THREAD
+    assert set(doc["steps"]["sources"].values()) == {"spans"}
+    per_thread = holoprof.load(run.run_dir).rows(
+        "SELECT tid, count(*), count(DISTINCT step) FROM spans WHERE kind = 'step' GROUP BY tid"
+    )
+    assert sorted(n for _, n, _ in per_thread) == [PER_THREAD] * THREADS
+    distinct = holoprof.load(run.run_dir).rows("SELECT count(DISTINCT step) FROM spans WHERE kind = 'step'")[
+        0
+    ][0]
+    assert distinct == THREADS * PER_THREAD, "a step is known by its process and index"
+    # the phases of every thread make the breakdown, not those of one thread
+    _, forward_ns = span_sum(run.run_dir, "kind = 'phase' AND name = 'forward'")
+    assert doc["phases"]["forward"]["total_s"] == pytest.approx(forward_ns / 1e9, abs=1e-5)
+
+
+def test_the_agents_counts_agree_with_the_spans_when_nothing_was_dropped(marked_threads: TracedRun) -> None:
+    ((raw,),) = holoprof.load(marked_threads.run_dir).rows(
+        "SELECT counters FROM processes WHERE role IS DISTINCT FROM 'launcher'"
+    )
+    threads = json.loads(raw)["threads"]
+    assert len(threads) == THREADS
+    for tid, c in threads.items():
+        n, ns = span_sum(marked_threads.run_dir, f"kind = 'step' AND tid = {int(tid)}")
+        assert (c["steps"], c["step_ns"]) == (n, ns) == (PER_THREAD, ns)
+        fn, fns = span_sum(
+            marked_threads.run_dir, f"kind = 'phase' AND name = 'forward' AND tid = {int(tid)}"
+        )
+        inside, outside = c["phases"].get("forward", [0, 0]), c["outside"].get("forward", [0, 0])
+        assert [inside[0] + outside[0], inside[1] + outside[1]] == [fn, fns]
+        assert inside[0] == PER_THREAD, "every forward phase lies inside its thread's step"
+
+
+def test_threads_that_each_train_a_torch_model_count_every_step(tmp_path: Path) -> None:
+    run = traced(tmp_path, script("thread_steps.py"), str(THREADS), str(PER_THREAD), "--torch")
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert printed_steps(run.proc.stdout) == THREADS * PER_THREAD
+    doc = run.report
+    assert doc["steps"]["count"] == THREADS * PER_THREAD
+    per_thread = holoprof.load(run.run_dir).rows(
+        "SELECT tid, count(*) FROM spans WHERE kind = 'step' GROUP BY tid"
+    )
+    assert sorted(n for _, n in per_thread) == [PER_THREAD] * THREADS
+    for phase in ("forward", "backward"):  # one of each per iteration, in every thread
+        assert span_sum(run.run_dir, f"kind = 'phase' AND name = '{phase}'")[0] == THREADS * PER_THREAD
+    assert all(doc["phases"][p]["fraction"] > 0 for p in ("forward", "backward", "optimizer"))
+    # memory is not measured once several threads train (another thread writes what a snapshot reads)
+    assert any("memory by category was not measured" in w for w in doc["run"]["warnings"])
