@@ -86,9 +86,9 @@ def test_the_drop_is_a_warning_in_the_json_with_the_terminals_words(dropped: Any
     warning = found[0]
     assert warning.startswith(f"{doc['run']['dropped_events']} events were dropped (buffer full")
     assert "exact counts" in warning and f"the {doc['steps']['kept']} of {STEPS} steps" in warning
-    # the short report the run printed shows the same line (once), wrapped in its panel
-    terminal = " ".join(re.sub("[│╭╮╰╯─]", " ", proc.stderr).split())
-    assert terminal.count(" ".join(warning.split())) == 1, proc.stderr
+    # the short report the run printed (on stdout) shows the same line (once), wrapped in its panel
+    terminal = " ".join(re.sub("[│╭╮╰╯─]", " ", proc.stdout).split())
+    assert terminal.count(" ".join(warning.split())) == 1, proc.stdout
 
 
 def test_a_run_that_kept_no_step_at_all_still_counts_its_steps(tmp_path: Path) -> None:
