@@ -4,11 +4,15 @@ What is patched (each original kept, each patch undone by ``uninstall``):
 
 * every collective and point-to-point call of ``torch.distributed`` (``all_reduce``, ``broadcast``,
   ``all_gather``, ..., ``send``/``recv``/``isend``/``irecv``, ``barrier``) — one ``comm`` span named
-  after the call, with attrs ``{bytes, group_size, backend, async}``. ``bytes`` is what this rank
+  after the call, with attrs ``{bytes, group_size, backend, async, group, seq}``. ``bytes`` is what this rank
   contributes (the input tensor or tensors). A synchronous call times the call itself; an
   asynchronous one (``async_op=True``, ``isend``/``irecv``) is timed until its work completes,
   observed through ``Work.get_future().then(...)`` — no wait is added — or, where the backend has no
   future for that work (gloo point-to-point), when the job's own ``Work.wait()`` returns.
+  ``group`` names the process group as every rank names it (its ``group_name``) and ``seq`` numbers
+  the calls on that group in this process, from 0: every rank calls a group's collectives in the same
+  order, so the same ``(group, seq)`` on two ranks is the same collective (how hosts' clocks are
+  aligned, :mod:`holoprof.store.clocks`).
 * A synchronous collective on a thread that has no phase open (outside forward, backward, the
   optimizer) is exposed communication: it is also recorded as a ``communication`` phase. Inside a
   phase (a collective in forward, DDP's allreduce during backward) only the ``comm`` span is written.
@@ -84,6 +88,8 @@ class CommCollector(Collector):
         super().__init__(agent)
         self._nest = _Nesting()
         self._groups: dict[int, tuple[int, str]] = {}
+        #: the name of each process group -> the number of the next call on it
+        self._seqs: dict[str, int] = {}
         self._pending: dict[int, tuple[str, int, int, dict[str, Any]]] = {}
         self._sampler: Any = None
 
@@ -111,6 +117,7 @@ class CommCollector(Collector):
 
     def after_fork_child(self) -> None:
         self._nest = _Nesting()
+        self._seqs = {}
         self._pending = {}
 
     def uninstall(self) -> None:
@@ -135,6 +142,20 @@ class CommCollector(Collector):
             if len(self._groups) < 1000:
                 self._groups[key] = info
         return info
+
+    def _sequence(self, dist: Any, group: Any) -> tuple[str, int]:
+        """The name of ``group`` (None: the default group) as every rank knows it, and the number of
+        this call on it. Counted by name, not by the group object: ``group=None`` and
+        ``dist.group.WORLD`` are one group, and no group is kept alive past its destruction."""
+        try:
+            pg = group if group is not None else dist.distributed_c10d._get_default_group()
+            name = str(getattr(pg, "group_name", "") or dist.get_process_group_ranks(pg))
+        except Exception:
+            name = "?"
+        seq = self._seqs.get(name, 0)
+        if seq or len(self._seqs) < 1000:
+            self._seqs[name] = seq + 1
+        return name, seq
 
     def _done(self, name: str, t0: int, step: int, attrs: dict[str, Any]) -> None:
         try:
@@ -206,12 +227,15 @@ class CommCollector(Collector):
                 if group is None and 0 <= group_pos < len(args):
                     group = args[group_pos]
                 size, backend = col._group_info(dist, group)
+                gname, seq = col._sequence(dist, group)
                 is_async = always_async or bool(kwargs.get("async_op", False))
                 attrs: dict[str, Any] = {
                     "bytes": nbytes,
                     "group_size": size,
                     "backend": backend,
                     "async": is_async,
+                    "group": gname,
+                    "seq": seq,
                 }
                 tls = agent.tls
                 exposed = not is_async and tls.active is None
