@@ -307,6 +307,9 @@ def _joined(claim: rundir.Claim, part: hosts.HostPart | None) -> str:
 def _finish_host_part(run_dir: str, part: hosts.HostPart, manifest: dict[str, Any]) -> None:
     """Finish this launcher's part; the last launcher to finish also writes the run's end into the
     manifest (every launcher that finds all parts finished writes the same). Raises OSError."""
+    for key in hosts.CARRIED:  # what this launcher knows of its end: its signal, a full disk
+        if key in manifest:
+            part.doc[key] = manifest[key]
     part.finish(manifest["status"], manifest["exit_code"])
     parts = hosts.read_parts(run_dir)
     if not parts or any(p.get("status") not in ("finished", "crashed") for p in parts):

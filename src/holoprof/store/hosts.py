@@ -37,13 +37,15 @@ from holoprof.store.raw import discard
 #: seconds between two rewrites of a launcher's part while its job runs
 HEARTBEAT_S = 10.0
 #: a part not rewritten for this long, on another machine, belongs to a launcher that is gone
-STALE_S = 60.0
+STALE_S = 180.0
 #: clock probes kept per part (the ones with the shortest write)
 MAX_PROBES = 16
 #: a part is a few KiB; a larger one is not a part holoprof wrote
 MAX_PART_BYTES = 1 << 20
 #: parts read at most (a run of more hosts lists the first ones)
 MAX_PARTS = 100_000
+#: fields of a launcher's end that its part carries into the run's manifest
+CARRIED = ("signal", "storage_error", "unrecorded_dropped_events")
 #: environment variables that name the scheduler's job: launchers of two different jobs never join
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "COBALT_JOBID")
 
@@ -165,6 +167,7 @@ class HostPart:
         """The launcher's job has ended. Raises OSError."""
         self.doc.update(end_ns=time.time_ns(), status=status, exit_code=exit_code)
         self.write()
+        self.write()  # a write's clock probe is kept by the next one
 
 
 def read_parts(run_dir: str) -> list[dict[str, Any]]:
@@ -223,6 +226,15 @@ def merge(manifest: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, An
         out["exit_code"] = next((c for c in codes if c != 0), codes[0] if codes else None)
         ends = [e for e in (_int(p.get("end_ns")) for p in parts) if e is not None]
         out["end_ns"] = max(ends) if ends else manifest.get("end_ns")
+        failed = next(
+            (p for p in parts if _int(p.get("exit_code")) == out["exit_code"] and p.get("signal")), None
+        )
+        if failed is not None:
+            out["signal"] = failed["signal"]
+    errors = [f"{p['host']}: {p['storage_error']}" for p in parts if isinstance(p.get("storage_error"), str)]
+    if errors:
+        out["storage_error"] = "; ".join(errors)
+        out["unrecorded_dropped_events"] = sum(_int(p.get("unrecorded_dropped_events")) or 0 for p in parts)
     return out
 
 
