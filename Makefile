@@ -23,9 +23,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-# System tools some tests use as ground truth or as a real browser (Debian packages). Installed when
-# missing and we are root; tests that need a tool still skip with a clear reason when it is absent.
-TOOLS := /usr/bin/strace /usr/bin/chromium
+# System tools some tests use as ground truth, as a real browser, or to skew one host's clock
+# (faketime: tests/test_multinode.py) (Debian packages). Installed when missing and we are root; tests
+# that need a tool still skip with a clear reason when it is absent.
+TOOLS := /usr/bin/strace /usr/bin/chromium /usr/bin/faketime
 tools:
 	@missing=""; for t in $(TOOLS); do [ -x $$t ] || missing="$$missing $$(basename $$t)"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -105,6 +105,8 @@ ENV_FAULT: Final = "HOLOPROF_FAULT_INJECT"
 MANIFEST: Final = "manifest.json"
 CONTROL_DIR: Final = "control"
 ARTIFACTS_DIR: Final = "artifacts"
+#: one file per launcher of a run that several launchers joined (``holoprof run --join``)
+HOSTS_DIR: Final = "hosts"
 TABLES: Final[tuple[str, ...]] = ("spans", "samples", "io_files", "io_ops", "processes")
 CHUNK_SUFFIX: Final = ".parquet"
 

@@ -43,7 +43,8 @@ from typing import Any
 from holoprof import model
 from holoprof.analyze.engine import Aggregation, Engine, sub, used_params
 from holoprof.errors import HoloprofError, MissingExtraError
-from holoprof.store.reader import Batch, Bound, Filter, Run, _sql_str
+from holoprof.store.layout import host_of
+from holoprof.store.reader import TIME_COLUMNS, Batch, Bound, Filter, Run, _sql_str
 
 #: Chunks an export reads on the cluster at a time.
 EXPORT_IN_FLIGHT = 2
@@ -167,18 +168,18 @@ def _refused(address: str) -> str | None:
         return None
 
 
-def _filter_expr(table: str, f: Filter) -> Any:
+def _filter_expr(table: str, f: Filter, shift: int = 0) -> Any:
     """The run's filter for ``table`` as a pyarrow expression (None: keep everything); the same
-    predicates as :meth:`Filter.sql`."""
+    predicates as :meth:`Filter.sql` (``shift``: the clock offset of the rows' host)."""
     import pyarrow.compute as pc  # lazy: pyarrow (about 27 MiB) only where a table is built
 
     conds = []
     t_col = _TIME_COL.get(table)
     if t_col is not None:
         if f.start_s is not None:
-            conds.append(pc.field(t_col) >= f.run_start_ns + int(f.start_s * 1e9))
+            conds.append(pc.field(t_col) >= f.run_start_ns + int(f.start_s * 1e9) + shift)
         if f.end_s is not None:
-            conds.append(pc.field(t_col) <= f.run_start_ns + int(f.end_s * 1e9))
+            conds.append(pc.field(t_col) <= f.run_start_ns + int(f.end_s * 1e9) + shift)
     if f.ranks is not None and table != "processes":
         conds.append(pc.field("rank").isin([int(r) for r in f.ranks]))
     if f.steps is not None and table == "spans":
@@ -212,22 +213,28 @@ def read_chunk(
     arrow: bool,
     bounds: tuple[Bound, ...] = (),
     head: bool = False,
+    shift: int = 0,
 ) -> Any:
     """One chunk file as a pandas DataFrame of the columns ``names`` (model types; missing columns are nulls),
     filtered by ``where`` and by ``bounds`` (``(column, operator, value)`` conditions, pushed into
     the read so row groups outside them are skipped). ``arrow``: Arrow-backed columns (exact ints
     and nulls) instead of NumPy. ``head``: the first rows only, unfiltered (enough for the
-    frame's types: a dask ``meta``)."""
+    frame's types: a dask ``meta``). ``shift``: the clock offset of the file's host, taken off its
+    times as :class:`~holoprof.store.reader.Run`'s views do (``where`` and ``bounds`` are on the
+    aligned times)."""
     import pandas as pd  # lazy: pandas, for dask partitions only
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     columns = names  # (not called `columns`: dask would push its own projection into it)
     schema = model.arrow_schema(table)
     have = set(pq.read_schema(path).names)
+    times = TIME_COLUMNS.get(table, ()) if shift else ()
+    bounds = tuple((c, op, v + shift if c in times else v) for c, op, v in bounds)
     fcols = _filter_columns(table, where) | {c for c, _, _ in bounds}
     need = sorted((set(columns) | fcols) & have)
-    expr = _filter_expr(table, where)
+    expr = _filter_expr(table, where, shift)
     if bounds:
         window = pq.filters_to_expression([list(bounds)])
         expr = window if expr is None else expr & window
@@ -250,9 +257,21 @@ def read_chunk(
     if expr is not None and not pushed:
         full = full.filter(expr)
     full = full.select(columns)
+    for c in times:
+        if c in columns:  # 0 stands for "not yet" (a process's end while it runs): kept
+            col = full.column(c)
+            aligned = pc.if_else(pc.equal(col, 0), col, pc.subtract(col, pa.scalar(shift, col.type)))
+            full = full.set_column(full.schema.get_field_index(c), c, aligned)
     if arrow:
         return full.to_pandas(types_mapper=pd.ArrowDtype)
     return full.to_pandas()
+
+
+def _read_aligned(
+    path: str, shift: int, table: str, names: list[str], where: Filter, arrow: bool, bounds: tuple[Bound, ...]
+) -> Any:
+    """:func:`read_chunk` of a file whose host's clock is ``shift`` ns ahead."""
+    return read_chunk(path, table, names, where, arrow, bounds, shift=shift)
 
 
 def _arrow_table(pdf: Any) -> Any:
@@ -298,8 +317,14 @@ class DaskEngine(Engine):
             # a deep copy: a slice would keep the whole chunk's buffers alive with the expression
             meta = read_chunk(files[0], table, columns, where, arrow, head=True).iloc[:0].copy(deep=True)
             self._metas[key] = meta
+        shifts = [self.run.shift_ns(host_of(f)) for f in files]
         return self.dd.from_map(
-            read_chunk, files, args=(table, columns, where, arrow, bounds), meta=meta, label=f"read-{table}"
+            _read_aligned,
+            files,
+            shifts,
+            args=(table, columns, where, arrow, bounds),
+            meta=meta,
+            label=f"read-{table}",
         )
 
     def _pid_ranges(self) -> list[tuple[str, int | None, int | None]]:

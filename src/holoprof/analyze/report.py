@@ -399,6 +399,8 @@ def _run_doc(
         "traced_processes": sum(1 for p in processes if p["traced"]),
         "ranks": len(ranks),
         "hosts": sorted({p["host"] for p in processes}) or m.get("hosts", []),
+        "host_clocks": _host_clocks(run, processes),
+        "dead_hosts": list(run.dead_hosts),
         "dropped_events": dropped,
         "errors": errors,
         "warnings": list(run.warnings) + warnings + _collector_notes(processes),
@@ -425,6 +427,27 @@ def gpu_present(run: Run, res: Resources, loader: dict[str, Any]) -> bool:
         if isinstance(doc, dict) and doc.get("gpus"):
             return True
     return False
+
+
+def _host_clocks(run: Run, processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each host's ranks and clock offset from the reference host (the times of the report are
+    aligned by it), with its uncertainty (null: not estimated) and where it comes from."""
+    hosts = sorted({p["host"] for p in processes} | set(run.clocks))
+    out = []
+    for h in hosts:
+        c = run.clocks.get(h)
+        unc = None if c is None or c.uncertainty_ns is None else round(c.uncertainty_ns / NS, 6)
+        out.append(
+            {
+                "host": h,
+                "ranks": sorted({p["rank"] for p in processes if p["host"] == h and p["rank"] >= 0}),
+                "clock_offset_s": round(c.offset_ns / NS, 6) if c is not None else 0.0,
+                "clock_uncertainty_s": unc,
+                "clock_source": c.source if c is not None else "none",
+                "clock_samples": c.samples if c is not None else 0,
+            }
+        )
+    return out
 
 
 def _build(run: Run, eng: Engine) -> dict[str, Any]:

@@ -6,12 +6,16 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   ``all_gather``, ``all_gather_single``/``all_gather_into_tensor`` and
   ``reduce_scatter_single``/``reduce_scatter_tensor`` — FSDP2's —, ..., ``send``/``recv``/
   ``isend``/``irecv``, ``barrier``), looked up on ``torch.distributed`` when the job (or FSDP) makes
-  it — one ``comm`` span named after the call, with attrs ``{bytes, group_size, backend, async}``.
+  it — one ``comm`` span named after the call, with attrs ``{bytes, group_size, backend, async, group, seq}``.
   ``bytes`` is what this rank contributes (the input tensor or tensors: an all-gather's shard, a
   reduce-scatter's whole input). A synchronous call times the call itself; an asynchronous one
   (``async_op=True``, ``isend``/``irecv``) is timed until its work completes, observed through
   ``Work.get_future().then(...)`` — no wait is added — or, where the backend has no future for that
   work (gloo point-to-point), when the job's own ``Work.wait()`` returns.
+  ``group`` names the process group as every rank names it (its ``group_name``) and ``seq`` numbers
+  the calls on that group in this process, from 0: every rank calls a group's collectives in the same
+  order, so the same ``(group, seq)`` on two ranks is the same collective (how hosts' clocks are
+  aligned, :mod:`holoprof.store.clocks`).
 * DTensor's functional collectives (:mod:`holoprof.collect.comm_functional`): the same spans, with
   ``api: "functional"``, from their issue to the wait that observed their completion.
 * Exposed communication — what the job waited for: a synchronous collective, ``Work.wait()`` or a
@@ -93,6 +97,8 @@ class CommCollector(Collector):
         self._group_names: dict[int, str] = {}
         self.ring = CollectiveRing()  # the last collectives, for the hang watchdog
         self.watch = HangWatch(agent, self.ring)
+        #: the name of each process group -> the number of the next call on it
+        self._seqs: dict[str, int] = {}
         self._pending: dict[int, tuple[str, int, int, dict[str, Any], list[Any] | None]] = {}
         self._async_names: dict[int, str] = {}  # id of an asynchronous collective's work -> its call
         self._functional = FunctionalCollectives(self, self)
@@ -125,6 +131,7 @@ class CommCollector(Collector):
 
     def after_fork_child(self) -> None:
         self._nest = _Nesting()
+        self._seqs = {}
         self._pending = {}
         self._async_names = {}
         self._functional.reset()
@@ -180,6 +187,16 @@ class CommCollector(Collector):
             if len(self._group_names) < 1000:
                 self._group_names[key] = name
         return name
+
+    def _sequence(self, dist: Any, group: Any) -> tuple[str, int]:
+        """The name of ``group`` (None: the default group) as every rank knows it, and the number of
+        this call on it. Counted by name, not by the group object: ``group=None`` and
+        ``dist.group.WORLD`` are one group, and no group is kept alive past its destruction."""
+        name = self.group_name(dist, group)
+        seq = self._seqs.get(name, 0)
+        if seq or len(self._seqs) < 1000:
+            self._seqs[name] = seq + 1
+        return name, seq
 
     def _done(
         self, name: str, t0: int, step: int, attrs: dict[str, Any], entry: list[Any] | None = None
@@ -264,12 +281,15 @@ class CommCollector(Collector):
                 if group is None and 0 <= group_pos < len(args):
                     group = args[group_pos]
                 size, backend = col._group_info(dist, group)
+                gname, seq = col._sequence(dist, group)
                 is_async = always_async or bool(kwargs.get("async_op", False))
                 attrs: dict[str, Any] = {
                     "bytes": nbytes,
                     "group_size": size,
                     "backend": backend,
                     "async": is_async,
+                    "group": gname,
+                    "seq": seq,
                 }
                 tls = agent.tls
                 active = tls.active

@@ -24,6 +24,12 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--out", help="run directory to create (default: ./holoprof-runs/<time>-<name>)")
     r.add_argument("--name", help="name of the run (default: the script's name)")
     r.add_argument(
+        "--join",
+        action="store_true",
+        help="one node of a multi-node job: create the run --out DIR, or join it as one more host when "
+        "another node's holoprof run --join has created it (DIR on a file system all nodes share)",
+    )
+    r.add_argument(
         "--sample-interval", type=finite_float, help="seconds between resource samples (default 1)"
     )
     r.add_argument(
@@ -52,7 +58,11 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     options = run_options(args)
     report = None if args.no_report else short_report
-    return run(command, out=args.out, name=args.name, options=options, report=report)
+    if args.join and not args.out:
+        raise HoloprofError(
+            "--join needs --out DIR: the same run directory on every node, on a file system they share"
+        )
+    return run(command, out=args.out, name=args.name, options=options, report=report, join=args.join)
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -31,8 +31,9 @@ from holoprof.collect import io_native
 from holoprof.collect.io_paths import PathPolicy, default_excludes
 from holoprof.collect.system import SystemSampler
 from holoprof.errors import HoloprofError, printable_text
+from holoprof.launch.multinode import multi_node_hint
 from holoprof.launch.peak import ensure_peaks
-from holoprof.store import native_dumps, rundir
+from holoprof.store import hosts, native_dumps, rundir
 from holoprof.store.chunks import write_chunk
 from holoprof.store.compact import compact_run
 from holoprof.store.convert import Converter, remove_empty_staging
@@ -166,13 +167,16 @@ def native_excludes(run_dir: str, options: dict[str, Any]) -> list[str]:
 IMPORTED_SEQ = 90_000_000
 
 
-def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None) -> int:
+def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None, host: str | None = None) -> int:
     """Counters that non-Python processes of the job wrote at exit, into their process folders
-    (filtered like the agent's own: no interpreter files, pseudo file systems or the run itself)."""
+    (filtered like the agent's own: no interpreter files, pseudo file systems or the run itself);
+    ``host``: those of that host's processes only."""
     opts = options or {}
     policy = PathPolicy(opts.get("io_include"), opts.get("io_exclude"), run_dir)
     n = 0
     for i, path in enumerate(native_dumps.dump_files(run_dir)):
+        if host is not None and os.path.basename(os.path.dirname(path)).rpartition("-")[0] != host:
+            continue
         try:
             rows = [r for r in native_dumps.read_dump(path) if policy.keep(r["path"])]
             header = native_dumps.read_dump_header(path)
@@ -234,25 +238,31 @@ def run(
     name: str | None = None,
     options: dict[str, Any] | None = None,
     report: Callable[[str], None] | None = None,
+    join: bool = False,
 ) -> int:
     """Run ``command`` traced into a new run directory; its exit status. ``report(run_dir)`` prints
-    the report when the job has ended (the command passes it)."""
+    the report when the job has ended (the command passes it). ``join``: ``out`` may be a run that
+    another launcher created with ``join`` (one node of a multi-node job each): this one joins it
+    as one more host."""
     options = dict(options or {})
     argv = resolve_command(command)
     name = name or run_name(argv)
-    run_dir = rundir.make_run_dir(out, name)
+    claim = rundir.claim_run(out, name, join, multi_node_hint(argv))
+    run_dir = claim.path
     manifest = rundir.new_manifest(list(command), name, options)
-    try:
-        rundir.write_manifest(run_dir, manifest, reserve=rundir.MANIFEST_RESERVE_BYTES)
-    except OSError as exc:
-        raise HoloprofError(
-            f"cannot write to the run directory {run_dir} ({exc.strerror or exc}); choose a writable "
-            "place with --out"
-        )
-    sys.stderr.write(f"holoprof: tracing into {printable_text(run_dir)}\n")
+    part = _start_host_part(claim, manifest) if join else None
+    if part is None:
+        try:
+            rundir.write_manifest(run_dir, manifest, reserve=rundir.MANIFEST_RESERVE_BYTES)
+        except OSError as exc:
+            raise HoloprofError(
+                f"cannot write to the run directory {run_dir} ({exc.strerror or exc}); choose a writable "
+                "place with --out"
+            )
+    sys.stderr.write(f"holoprof: tracing into {printable_text(run_dir)}{_joined(claim, part)}\n")
     sys.stderr.flush()
 
-    rc, storage = _supervise(argv, run_dir, options)
+    rc, storage = _supervise(argv, run_dir, options, part)
     # From here on the job is over: nothing may change its exit status, whatever the disk does.
 
     manifest["end_ns"] = time.time_ns()
@@ -268,12 +278,15 @@ def run(
         manifest["unrecorded_dropped_events"] = storage.unrecorded_dropped
     if storage.error is None:
         try:
-            compact_run(run_dir)
+            compact_run(run_dir, host=part.doc["host"] if part else None)
         except Exception as exc:  # compaction is an optimization; the chunks are still there
             sys.stderr.write(f"holoprof: could not compact the run ({exc}); it loads as it is\n")
     finished = True
     try:
-        rundir.write_manifest(run_dir, manifest)
+        if part is None:
+            rundir.write_manifest(run_dir, manifest)
+        else:
+            _finish_host_part(run_dir, part, manifest)
     except OSError as exc:
         finished = False
         storage.error = storage.error or f"{exc.strerror or exc}"
@@ -306,6 +319,49 @@ def _measure_peaks(run_dir: str) -> None:
         sys.stderr.write(
             f"holoprof: could not measure this CPU's peak FLOP/s ({type(exc).__name__}: {exc})\n"
         )
+
+
+def _start_host_part(claim: rundir.Claim, manifest: dict[str, Any]) -> hosts.HostPart:
+    """This launcher's part of a run of several launchers; the creator writes it before the manifest
+    (which marks the run as one to join), so that a launcher that joins finds it."""
+    part = hosts.HostPart(claim.path, list(manifest["command"]), creator=not claim.joined)
+    try:
+        part.create()
+        if not claim.joined:
+            manifest.update(join=True, job_id=hosts.job_id())
+            rundir.write_manifest(claim.path, manifest, reserve=rundir.MANIFEST_RESERVE_BYTES)
+    except OSError as exc:
+        raise HoloprofError(
+            f"cannot write to the run directory {claim.path} ({exc.strerror or exc}); choose a writable "
+            "place with --out"
+        )
+    return part
+
+
+def _joined(claim: rundir.Claim, part: hosts.HostPart | None) -> str:
+    if part is None:
+        return ""
+    n = len({p["host"] for p in hosts.read_parts(claim.path)} | {part.doc["host"]})
+    what = "joined" if claim.joined else "created"
+    return f" ({what} as host {printable_text(part.doc['host'])}; {n} host{'s' if n > 1 else ''} so far)"
+
+
+def _finish_host_part(run_dir: str, part: hosts.HostPart, manifest: dict[str, Any]) -> None:
+    """Finish this launcher's part; the last launcher to finish also writes the run's end into the
+    manifest (every launcher that finds all parts finished writes the same). Raises OSError."""
+    for key in hosts.CARRIED:  # what this launcher knows of its end: its signal, a full disk
+        if key in manifest:
+            part.doc[key] = manifest[key]
+    part.finish(manifest["status"], manifest["exit_code"])
+    parts = hosts.read_parts(run_dir)
+    if not parts or any(p.get("status") not in ("finished", "crashed") for p in parts):
+        return
+    try:
+        on_disk = rundir.read_manifest(run_dir)
+    except HoloprofError:
+        return
+    on_disk.pop("host_parts", None)
+    rundir.write_manifest(run_dir, on_disk)
 
 
 @dataclass
@@ -341,7 +397,9 @@ def _from_terminal() -> bool:
         return False
 
 
-def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[int, Storage]:
+def _supervise(
+    argv: list[str], run_dir: str, options: dict[str, Any], part: hosts.HostPart | None = None
+) -> tuple[int, Storage]:
     env = job_environment(run_dir, options)
     _warm_up_converter()
     use_wait = hasattr(signal, "sigtimedwait")
@@ -368,7 +426,8 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[
     agent = Agent(run_dir, role="launcher", options=options)
     agent.warn_storage = False  # a failed write is summed up in one line at the end (run())
     sampler = None
-    converter = Converter(run_dir).start()
+    host = part.doc["host"] if part is not None else None  # joined: each launcher converts its own
+    converter = Converter(run_dir, host=host).start()
     try:
         agent.start(process_hooks=False)
         sampler = SystemSampler(agent, proc.pid, float(options.get("sample_interval_s", 1.0)))
@@ -390,6 +449,8 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[
             rc = proc.poll()
             if rc is not None:
                 break
+            if part is not None:
+                part.heartbeat()
     finally:
         if use_wait:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -406,7 +467,7 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[
                 f"holoprof: could not convert all chunks ({exc}); `holoprof report` will retry\n"
             )
         try:
-            import_native_dumps(run_dir, options)
+            import_native_dumps(run_dir, options, host)
         except OSError as exc:
             storage.error = storage.error or f"{exc.strerror or exc}"
         except Exception as exc:
@@ -418,4 +479,6 @@ def _supervise(argv: list[str], run_dir: str, options: dict[str, Any]) -> tuple[
         except Exception as exc:  # the exit files stay: loading the run reads them
             sys.stderr.write(f"holoprof: could not record when the processes exited ({exc})\n")
         remove_empty_staging(run_dir)
+
+        remove_empty_staging(run_dir, host)
     return (rc if rc >= 0 else 128 - rc), storage

@@ -20,7 +20,7 @@ from typing import Any
 from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present.summary import at_most, more_label, top_rows, total, tree_parent
-from holoprof.present.terminal import fmt_phase_per_step
+from holoprof.present.terminal import fmt_phase_per_step, host_clock_text
 from holoprof.present.text import printable
 
 PHASE_COLORS = {
@@ -337,6 +337,9 @@ def _header(doc: dict[str, Any]) -> str:
         ("status", esc(status_txt)),
         ("hosts", esc(", ".join(str(h) for h in run.get("hosts", [])))),
     ]
+    clocks = run.get("host_clocks") or []
+    if len(clocks) > 1:  # each host's clock alignment, under the hosts
+        kv[-1] = ("hosts", "<br>".join(esc(host_clock_text(h)) for h in clocks))
     tiles = [
         (fmt_s(run.get("duration_s", 0) or 0), "duration"),
         (f"{run.get('processes', 0)} ({run.get('traced_processes', 0)} traced)", "processes"),

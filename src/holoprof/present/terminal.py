@@ -213,7 +213,42 @@ def _header(doc: dict[str, Any]) -> Table:
             + (f"  ·  {run['ranks']} ranks" if run["ranks"] else "")
         ),
     )
+    clocks = run.get("host_clocks") or []
+    if len(clocks) > 1:
+        t.add_row("hosts", Text("\n".join(host_clock_text(h) for h in clocks), overflow="fold"))
     return t
+
+
+def fmt_offset(s: float) -> str:
+    """A clock offset or uncertainty in s, ms or µs."""
+    a = abs(s)
+    if a >= 1:
+        return f"{s:.3f} s"
+    if a >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+def host_clock_text(h: dict[str, Any]) -> str:
+    """One host of ``run.host_clocks``: its ranks and how its clock was aligned."""
+    ranks = h.get("ranks") or []
+    which = (
+        f"ranks {ranks[0]}-{ranks[-1]}"
+        if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1))
+        else (
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}" if ranks else "no rank"
+        )
+    )
+    source, unc = h.get("clock_source"), h.get("clock_uncertainty_s")
+    if source == "reference":
+        clock = "reference clock"
+    elif unc is None:
+        clock = "clock offset unknown (as recorded)"
+    else:
+        off = float(h.get("clock_offset_s") or 0)
+        basis = "collectives" if source == "collectives" else "file-server readings"
+        clock = f"clock {'+' if off >= 0 else '-'}{fmt_offset(abs(off))} ± {fmt_offset(unc)} ({h.get('clock_samples')} {basis})"
+    return f"{printable(str(h.get('host')))} ({which}, {clock})"
 
 
 def _steps(doc: dict[str, Any]) -> Table | Text:

@@ -50,8 +50,8 @@ from holoprof.present.prometheus import CONTENT_TYPE, render
 from holoprof.serve import ctl
 from holoprof.serve.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, WRITE_CHUNK, LimitedServer
 from holoprof.serve.summaries import Store, summarize
-from holoprof.store import layout, mailbox, rundir, safeio
-from holoprof.store.reader import load, process_alive, skip_corrupt
+from holoprof.store import hosts, layout, mailbox, rundir, safeio
+from holoprof.store.reader import load, skip_corrupt
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 COOKIE = "holoprof_token"
@@ -112,16 +112,9 @@ def _is_run(path: str) -> bool:
     return os.path.isfile(os.path.join(path, model.MANIFEST))
 
 
-def _launcher_alive(manifest: dict[str, Any]) -> bool:
-    return process_alive(manifest.get("launcher_pid"))
-    return True
-
-
 def run_status(manifest: dict[str, Any]) -> str:
-    status = str(manifest.get("status", "running"))
-    if status == "running" and not _launcher_alive(manifest):
-        return "crashed"
-    return status
+    """The run's status, its launchers' liveness checked (a run of several hosts: every one's)."""
+    return hosts.run_state(manifest)[0]
 
 
 def data_key(run_dir: str) -> tuple[float, int]:

@@ -139,11 +139,12 @@ def _small_runs(files: list[tuple[int, int, str]], max_rows: int) -> list[list[t
     return [r for r in runs if r]
 
 
-def compact_run(run_dir: str, min_parts: int = 2, max_rows: int = MAX_ROWS) -> int:
-    """Compact every process and table of ``run_dir`` (after the run): consecutive files below
-    ``max_rows`` rows are merged into files of at most ``max_rows``; returns the files merged."""
+def compact_run(run_dir: str, min_parts: int = 2, max_rows: int = MAX_ROWS, host: str | None = None) -> int:
+    """Compact every process and table of ``run_dir`` (after the run; ``host``'s processes only, when
+    given): consecutive files below ``max_rows`` rows are merged into files of at most ``max_rows``;
+    returns the files merged."""
     merged = 0
-    for cd in chunk_dirs(safeio.utf8_path(run_dir)):  # pyarrow takes UTF-8 file names only
+    for cd in chunk_dirs(safeio.utf8_path(run_dir), host):  # pyarrow takes UTF-8 file names only
         compacted, parts = _tidy(cd)
         if len(parts) + len(compacted) < min_parts:
             continue
@@ -154,13 +155,16 @@ def compact_run(run_dir: str, min_parts: int = 2, max_rows: int = MAX_ROWS) -> i
     return merged
 
 
-def compact_live(run_dir: str, files_at: int = LIVE_FILES, max_rows: int = MAX_ROWS) -> int:
+def compact_live(
+    run_dir: str, files_at: int = LIVE_FILES, max_rows: int = MAX_ROWS, host: str | None = None
+) -> int:
     """Compact the tables of a running job where files pile up: once a process has ``files_at`` files
     of one table below ``max_rows`` rows, consecutive ones are merged. Returns the files merged. A
     process numbers its chunks in the order it writes them and the converter converts them in that
-    order, so the files there hold every number below the last one: a merge skips none to come."""
+    order, so the files there hold every number below the last one: a merge skips none to come.
+    ``host``: that host's processes only."""
     merged = 0
-    for cd in chunk_dirs(safeio.utf8_path(run_dir)):  # pyarrow takes UTF-8 file names only
+    for cd in chunk_dirs(safeio.utf8_path(run_dir), host):  # pyarrow takes UTF-8 file names only
         if cd.old or len(cd.parts) + len(cd.compacted) < files_at:
             continue
         compacted, parts = _tidy(cd, LIVE_GRACE_S)

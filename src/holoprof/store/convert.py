@@ -109,9 +109,10 @@ def _write_batch(
     return len(batch)
 
 
-def convert_run(run_dir: str) -> tuple[int, list[str]]:
+def convert_run(run_dir: str, host: str | None = None) -> tuple[int, list[str]]:
+    """Convert the raw chunks of every process (of ``host`` only, when given): (converted, bad paths)."""
     total, bad = 0, []
-    for folder in process_folders(run_dir):
+    for folder in process_folders(run_dir, host):
         n, b = convert_folder(folder)
         total += n
         bad += b
@@ -133,10 +134,12 @@ def _remove(path: str) -> None:
 
 
 class Converter:
-    """A background thread converting the raw chunks of a run every ``interval_s``."""
+    """A background thread converting the raw chunks of a run every ``interval_s`` (of ``host``'s
+    processes only, when given: in a run that several launchers joined, each converts its own)."""
 
-    def __init__(self, run_dir: str, interval_s: float = 1.0) -> None:
+    def __init__(self, run_dir: str, interval_s: float = 1.0, host: str | None = None) -> None:
         self.run_dir = run_dir
+        self.host = host
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="holoprof-converter", daemon=True)
@@ -150,8 +153,8 @@ class Converter:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                convert_run(self.run_dir)
-                compact_live(self.run_dir)
+                convert_run(self.run_dir, self.host)
+                compact_live(self.run_dir, host=self.host)
                 self.passes += 1
             except Exception as exc:  # keep converting later; the raw chunks stay readable
                 if len(self.errors) < 10:
@@ -161,13 +164,14 @@ class Converter:
         """Stop, convert everything that is left and remove the staging folders left empty."""
         self._stop.set()
         self._thread.join(30)
-        convert_run(self.run_dir)
-        remove_empty_staging(self.run_dir)
+        convert_run(self.run_dir, self.host)
+        remove_empty_staging(self.run_dir, self.host)
 
 
-def remove_empty_staging(run_dir: str) -> None:
-    """Remove the staging folders left empty once their raw chunks are converted."""
-    for folder in process_folders(run_dir):
+def remove_empty_staging(run_dir: str, host: str | None = None) -> None:
+    """Remove the staging folders left empty once their raw chunks are converted (``host``'s only,
+    when given)."""
+    for folder in process_folders(run_dir, host):
         try:
             os.rmdir(folder)
         except OSError:

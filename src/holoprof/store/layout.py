@@ -108,16 +108,22 @@ def is_complete_parquet(path: str) -> bool:
         return False
 
 
-def process_folders(run_dir: str) -> list[str]:
+def process_folders(run_dir: str, host: str | None = None) -> list[str]:
     """The staging folders of the processes (``RUN/<host>-<pid>``), and the process folders of a run
-    of the old layout."""
+    of the old layout; with ``host``, those of that host only."""
     out: list[str] = []
     try:
         entries = sorted(os.listdir(run_dir))
     except OSError:
         return out
     for entry in entries:
-        if entry in (model.CONTROL_DIR, model.ARTIFACTS_DIR) or entry in model.TABLES or entry[:1] in "._":
+        if (
+            entry in (model.CONTROL_DIR, model.ARTIFACTS_DIR, model.HOSTS_DIR)
+            or entry in model.TABLES
+            or entry[:1] in "._"
+        ):
+            continue
+        if host is not None and entry.rpartition("-")[0] != host:
             continue
         p = os.path.join(run_dir, entry)
         if os.path.isdir(p) and not os.path.islink(p):
@@ -138,10 +144,15 @@ def _subdirs(path: str, prefix: str) -> list[str]:
     return out
 
 
-def partition_dirs(run_dir: str, table: str) -> list[str]:
-    """The partition folders of ``table`` (``RUN/<table>/hostname=*/proc=*``)."""
+def partition_dirs(run_dir: str, table: str, host: str | None = None) -> list[str]:
+    """The partition folders of ``table`` (``RUN/<table>/hostname=*/proc=*``); with ``host``, those of
+    that host only."""
+    prefix = f"{HOST_KEY}=" if host is None else f"{HOST_KEY}={quote(str(host), safe=_HOST_SAFE)}"
     return [
-        p for h in _subdirs(os.path.join(run_dir, table), f"{HOST_KEY}=") for p in _subdirs(h, f"{PID_KEY}=")
+        p
+        for h in _subdirs(os.path.join(run_dir, table), prefix)
+        if host is None or os.path.basename(h) == prefix
+        for p in _subdirs(h, f"{PID_KEY}=")
     ]
 
 
@@ -167,10 +178,21 @@ def scan_dir(path: str, table: str | None) -> dict[str, ChunkDir]:
     return res
 
 
-def chunk_dirs(run_dir: str) -> Iterator[ChunkDir]:
-    """Every table's chunks, one process at a time: the table folders, then old process folders."""
+def chunk_dirs(run_dir: str, host: str | None = None) -> Iterator[ChunkDir]:
+    """Every table's chunks, one process at a time: the table folders, then old process folders;
+    with ``host``, those of that host's processes only."""
     for table in model.TABLES:
-        for d in partition_dirs(run_dir, table):
+        for d in partition_dirs(run_dir, table, host):
             yield from scan_dir(d, table).values()
-    for folder in process_folders(run_dir):
+    for folder in process_folders(run_dir, host):
         yield from scan_dir(folder, None).values()
+
+
+def host_of(path: str) -> str | None:
+    """The host whose process wrote the chunk ``path`` (from its partition folder, or its process
+    folder in the old layout), None when the path does not say."""
+    part = partition_of(path)
+    if part is not None:
+        return part[0]
+    host, _, pid = os.path.basename(os.path.dirname(path)).rpartition("-")
+    return host if host and pid.isdigit() else None

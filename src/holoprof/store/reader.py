@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from holoprof import model
 from holoprof.errors import HoloprofError, MissingExtraError, printable_text
-from holoprof.store import convert, layout, native_dumps, rundir, safeio
+from holoprof.store import clocks, convert, hosts, layout, native_dumps, rundir, safeio
 from holoprof.store.pack import open_run
 
 T = TypeVar("T")
@@ -53,6 +53,15 @@ def windows(
         out.append((*lower, *upper))
     return out
 
+
+#: The time columns of each table: a host's clock offset is taken off them as the run is read.
+TIME_COLUMNS: dict[str, tuple[str, ...]] = {
+    "spans": ("start_ns", "end_ns"),
+    "samples": ("ts_ns",),
+    "io_files": ("ts_ns",),
+    "io_ops": ("start_ns", "end_ns"),
+    "processes": ("start_ns", "end_ns", "updated_ns"),
+}
 
 #: The views a loaded run adds to its tables.
 VIEWS: tuple[str, ...] = ("io_file_totals",)
@@ -115,32 +124,51 @@ class Run:
 
         self._tmp = tempfile.TemporaryDirectory(prefix="holoprof-duckdb-")
         self.con.execute(f"SET temp_directory = {_sql_str(self._tmp.name)}")
+        readable = {table: self._readable(table, chunks.files[table]) for table in model.TABLES}
+        #: each host's clock; its offset is taken off every time of its rows (:mod:`holoprof.store.clocks`)
+        self.clocks = self._estimate_clocks(readable["spans"])
+        self._align_manifest()
         for table in model.TABLES:
-            self._register(table, chunks.files[table])
+            self._register(table, readable[table])
         self.status = self._infer_status()
+
+    def _estimate_clocks(self, files: list[str]) -> dict[str, clocks.HostClock]:
+        """The hosts' clocks (a live compaction that removes a file meanwhile: once more without it)."""
+        for attempt in range(2):
+            try:
+                return clocks.estimate(self.con, files, layout.host_of, self.manifest)
+            except Exception as exc:
+                files = [f for f in files if os.path.exists(f)]
+                if attempt:
+                    self.warnings.append(
+                        f"the hosts' clock offsets could not be estimated ({type(exc).__name__}: "
+                        f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}); "
+                        "times are as each host recorded them"
+                    )
+        return {}
+
+    def shift_ns(self, host: str | None) -> int:
+        """What is taken off the recorded times of ``host``'s rows: its clock offset."""
+        clock = self.clocks.get(host) if host is not None else None
+        return clock.offset_ns if clock is not None else 0
+
+    def _align_manifest(self) -> None:
+        """The run's end on the reference host's clock (each launcher wrote its own)."""
+        parts = self.manifest.get("host_parts")
+        if not parts or not self.manifest.get("end_ns"):
+            return
+        ends = [p["end_ns"] - self.shift_ns(p.get("host")) for p in parts if isinstance(p.get("end_ns"), int)]
+        if ends:
+            self.manifest = {**self.manifest, "end_ns": max(ends)}
 
     def _register(self, table: str, files: list[str]) -> None:
         raw = f"{table}_raw" if table in ("processes", "io_files") else table
-        files = self._readable(table, files)
         if files:
-            lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
-            cond = self.filter.sql(table)
-            # the files' own columns only (not the partition keys), each typed as the schema says
-            src = f"read_parquet({lst}, union_by_name=true, hive_partitioning=false)"
-            present = {r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
-            cols = []
-            for name, t in model.COLUMNS[table]:
-                ty = model.duckdb_type(t)
-                col = f'"{name}"' if name in present else f"NULL::{ty}"
-                if table == "io_files" and (name, t) in model.IO_COUNTERS and "counters" in present:
-                    # runs of the earlier layout have the counters as JSON only
-                    js = f"TRY_CAST(json_extract_string(counters, {_sql_str('$.' + name)}) AS {ty})"
-                    col = f"coalesce({col}, {js})" if any(_old_layout(f) for f in files) else col
-                cols.append(f'{col} AS "{name}"')
-            self.con.execute(
-                f"CREATE VIEW {raw} AS SELECT {', '.join(cols)} FROM {src}"
-                + (f" WHERE {cond}" if cond else "")
-            )
+            groups: dict[int, list[str]] = {}
+            for f in files:
+                groups.setdefault(self.shift_ns(layout.host_of(f)), []).append(f)
+            selects = [self._select(table, fs, shift) for shift, fs in sorted(groups.items())]
+            self.con.execute(f"CREATE VIEW {raw} AS " + " UNION ALL ".join(selects))
         else:
             cols_ = ", ".join(f'"{n}" {model.duckdb_type(t)}' for n, t in model.COLUMNS[table])
             self.con.execute(f"CREATE TABLE {raw} ({cols_})")
@@ -173,9 +201,31 @@ class Run:
     def _register_exits(self) -> None:
         """``process_exits``: when the processes an agent read exited (the native library's exit files)."""
         self.con.execute("CREATE TABLE process_exits (host VARCHAR, pid BIGINT, exit_ns BIGINT)")
-        rows = [(h, p, ns) for (h, p), ns in native_dumps.exit_times(self.path).items()]
+        rows = [(h, p, ns - self.shift_ns(h)) for (h, p), ns in native_dumps.exit_times(self.path).items()]
         if rows:
             self.con.executemany("INSERT INTO process_exits VALUES (?, ?, ?)", rows)
+
+    def _select(self, table: str, files: list[str], shift: int) -> str:
+        """The query of ``table``'s rows in ``files``: the schema's columns, typed as it says, with
+        ``shift`` taken off every time (the files' host's clock offset), the run's filter applied."""
+        lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+        cond = self.filter.sql(table, shift)
+        # the files' own columns only (not the partition keys), each typed as the schema says
+        src = f"read_parquet({lst}, union_by_name=true, hive_partitioning=false)"
+        present = {r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+        times = TIME_COLUMNS.get(table, ()) if shift else ()
+        cols = []
+        for name, t in model.COLUMNS[table]:
+            ty = model.duckdb_type(t)
+            col = f'"{name}"' if name in present else f"NULL::{ty}"
+            if table == "io_files" and (name, t) in model.IO_COUNTERS and "counters" in present:
+                # runs of the earlier layout have the counters as JSON only
+                js = f"TRY_CAST(json_extract_string(counters, {_sql_str('$.' + name)}) AS {ty})"
+                col = f"coalesce({col}, {js})" if any(_old_layout(f) for f in files) else col
+            if name in times:  # 0 stands for "not yet" (a process's end while it runs): kept
+                col = f"CASE WHEN {col} = 0 THEN {col} ELSE {col} - {int(shift)} END"
+            cols.append(f'{col} AS "{name}"')
+        return f"SELECT {', '.join(cols)} FROM {src}" + (f" WHERE {cond}" if cond else "")
 
     def _readable(self, table: str, files: list[str]) -> list[str]:
         """The files whose footer reads and whose columns have the schema's types; the others are
@@ -224,22 +274,20 @@ class Run:
         return printable_text(os.path.relpath(path, self.root))
 
     def _infer_status(self) -> str:
-        status = str(self.manifest.get("status", "running"))
-        if status == "running":
-            pid = self.manifest.get("launcher_pid")
-            alive = False
-            if isinstance(pid, int):
-                try:
-                    os.kill(pid, 0)
-                    alive = True
-                except OSError:
-                    alive = False
-            if not alive:
-                self.warnings.append(
-                    "the run never finished cleanly (its launcher is gone: killed?); everything flushed "
-                    "before that is shown"
-                )
-                return "crashed"
+        status, dead = hosts.run_state(self.manifest)
+        #: the hosts whose launcher stopped before its job ended
+        self.dead_hosts = dead
+        if dead:
+            self.warnings.append(
+                f"the launcher of host{'s' if len(dead) > 1 else ''} {', '.join(printable_text(h) for h in dead)} "
+                "stopped before its job ended (killed, or the node went down); everything flushed before "
+                "that is shown"
+            )
+        elif status == "crashed" and self.manifest.get("status") == "running":
+            self.warnings.append(
+                "the run never finished cleanly (its launcher is gone: killed?); everything flushed "
+                "before that is shown"
+            )
         return status
 
     # tables -----------------------------------------------------------------------------------------
@@ -493,16 +541,18 @@ class Filter:
     steps: tuple[int, int] | None = None  # inclusive range of step indices (spans only)
     run_start_ns: int = 0
 
-    def sql(self, table: str) -> str:
+    def sql(self, table: str, shift: int = 0) -> str:
+        """The filter as a condition on the columns of ``table`` as recorded by a host whose clock is
+        ``shift`` ns ahead (the window is given on the aligned timeline)."""
         conds = []
         t_col = {"spans": "start_ns", "samples": "ts_ns", "io_files": "ts_ns", "io_ops": "start_ns"}.get(
             table
         )
         if t_col is not None:
             if self.start_s is not None:
-                conds.append(f"{t_col} >= {self.run_start_ns + int(self.start_s * 1e9)}")
+                conds.append(f"{t_col} >= {self.run_start_ns + int(self.start_s * 1e9) + shift}")
             if self.end_s is not None:
-                conds.append(f"{t_col} <= {self.run_start_ns + int(self.end_s * 1e9)}")
+                conds.append(f"{t_col} <= {self.run_start_ns + int(self.end_s * 1e9) + shift}")
         if self.ranks is not None and table != "processes":
             conds.append(f"rank IN ({', '.join(str(int(r)) for r in self.ranks) or 'NULL'})")
         if self.steps is not None and table == "spans":
@@ -605,18 +655,5 @@ def load(
         run_start_ns=int(manifest.get("start_ns") or 0),
     )
     # a live run's launcher converts its raw chunks: a reader doing it too would only compete with it
-    live = manifest.get("status") == "running" and process_alive(manifest.get("launcher_pid"))
+    live = hosts.run_state(manifest)[0] == "running"
     return Run(p, manifest, convert.find_chunks(p, convert=not live), threads=threads, where=where)
-
-
-def process_alive(pid: Any) -> bool:
-    """A process of this host with that pid exists (a pid that is not a positive int: no)."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # someone else's process: alive
-    return True

@@ -201,7 +201,16 @@
       ["processes", fmtNum(run.processes) + (run.ranks ? " · " + run.ranks + " ranks" : "")],
       ["dropped events", fmtNum(run.dropped_events)],
     ];
-    document.getElementById("kpis").innerHTML = kpis.map(([l, v]) => `<div class="kpi"><div class="l">${esc(l)}</div><div class="v">${esc(v)}</div></div>`).join("");
+    const clocks = run.host_clocks || [];
+    const tips = {};
+    if (clocks.length > 1) {  // a run of several hosts: their clocks are aligned, to within this
+      const unc = clocks.map((c) => c.clock_uncertainty_s);
+      const known = unc.filter((u) => u != null);
+      const dead = (run.dead_hosts || []).length;
+      kpis.push(["hosts", clocks.length + " · clocks " + (known.length === unc.length ? "± " + fmtS(Math.max(...known)) : "partly unaligned") + (dead ? " · " + dead + " dead" : "")]);
+      tips.hosts = clocks.map((c) => `${c.host}: ranks ${(c.ranks || []).join(", ") || "none"}, ` + (c.clock_source === "reference" ? "reference clock" : c.clock_uncertainty_s == null ? "clock offset unknown" : `clock ${c.clock_offset_s >= 0 ? "+" : "-"}${fmtS(Math.abs(c.clock_offset_s))} ± ${fmtS(c.clock_uncertainty_s)} (${c.clock_source})`)).join("\n");
+    }
+    document.getElementById("kpis").innerHTML = kpis.map(([l, v]) => `<div class="kpi"${tips[l] ? ` title="${esc(tips[l])}"` : ""}><div class="l">${esc(l)}</div><div class="v">${esc(v)}</div></div>`).join("");
     renderStepChart(st.timeline || []);
     renderPhaseChart(st.timeline || []);
     renderPhaseBar(r.phases);
