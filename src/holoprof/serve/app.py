@@ -1,7 +1,9 @@
 """``holoprof serve``: a live dashboard and JSON API over running and finished runs.
 
 Standard library only (``http.server``). The dashboard's charts use uPlot, shipped inside the
-package (``static/vendor``); nothing is fetched from the network at run time.
+package (``present/assets/vendor``) and drawn by the same ``charts.js`` as the HTML report, with the
+palette of :mod:`holoprof.present.palette` (served as ``/static/palette.js``); nothing is fetched from
+the network at run time.
 
 Security model:
 
@@ -13,7 +15,7 @@ Security model:
 * POSTs also need the ``X-Holoprof-Token`` header (or ``Authorization: Bearer``), which a cross-site
   form or script cannot send, and a same-origin ``Origin`` when one is given; bodies are JSON of at
   most 16 KiB, and actions come from the allow-list of :mod:`holoprof.store.mailbox`;
-* files are served only from the package's static folder (a fixed list made at start) and from a
+* files are served only from the package's static folders (a fixed list made at start) and from a
   run's ``artifacts/`` folder (a plain name, resolved and checked to stay inside it);
 * at most ``max_connections`` connections at once, each closed when its next request is late
   (``request_timeout_s``): see :mod:`holoprof.serve.connections`.
@@ -46,6 +48,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from holoprof import model
 from holoprof.analyze.report import build_report
 from holoprof.errors import HoloprofError
+from holoprof.present.palette import ASSETS_DIR, palette_js
 from holoprof.present.prometheus import CONTENT_TYPE, render
 from holoprof.serve import ctl
 from holoprof.serve.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, WRITE_CHUNK, LimitedServer
@@ -390,13 +393,15 @@ class Runs:
 
 
 def _static_files() -> dict[str, str]:
-    """Every file of the static folder by its relative name (made once: requests only pick from it)."""
+    """Every file of the static folder and of the views' shared assets (``charts.js``, uPlot) by its
+    relative name (made once: requests only pick from it)."""
     out = {}
-    for base, _dirs, files in os.walk(STATIC_DIR):
-        for f in files:
-            full = os.path.join(base, f)
-            rel = os.path.relpath(full, STATIC_DIR).replace(os.sep, "/")
-            out[rel] = full
+    for folder in (ASSETS_DIR, STATIC_DIR):
+        for base, _dirs, files in os.walk(folder):
+            for f in files:
+                full = os.path.join(base, f)
+                rel = os.path.relpath(full, folder).replace(os.sep, "/")
+                out[rel] = full
     return out
 
 
@@ -645,6 +650,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, body, "text/html; charset=utf-8")
 
     def _static(self, rel: str) -> None:
+        if rel == "palette.js":  # the one list of phases, colours and labels, from the Python side
+            body = palette_js().encode()
+            return self._send(
+                200, body, "application/javascript; charset=utf-8", {"Cache-Control": "no-cache"}
+            )
         path = self.server.static.get(rel)
         if path is None:
             raise HttpError(404, "no such file")
