@@ -26,7 +26,7 @@ from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present import palette
 from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
-from holoprof.present.summary import at_most, more_label, top_rows, total, tree_parent
+from holoprof.present.summary import at_most, more_files, more_label, top_rows, total, tree_parent
 from holoprof.present.terminal import fmt_phase_per_step
 
 CSS = """
@@ -505,11 +505,9 @@ def _io_summary(io: dict[str, Any], limit: int, compact: bool = False) -> str:
 
 def _more_files_row(io: dict[str, Any], shown: list[dict[str, Any]], columns: int) -> str:
     """ "… and 2,043 more files: 1.58 MiB read, 510 GiB written" from the run's totals ("" if none)."""
-    more = max(0, int(io.get("files", 0) or 0) - len(shown), len(io.get("files_detail") or []) - len(shown))
+    more, read, _reads, written = more_files(io, shown)
     if not more:
         return ""
-    read = max(0.0, float(io.get("bytes_read", 0) or 0) - total(shown, "bytes_read"))
-    written = max(0.0, float(io.get("bytes_written", 0) or 0) - total(shown, "bytes_written"))
     what = ", ".join(
         x
         for x in (
@@ -641,7 +639,7 @@ def _findings(doc: dict[str, Any]) -> str:
             f"<span class='t'>{esc(f.get('title', ''))}</span></div>"
             + (f"<div class='gain'>{esc(gain)}</div>" if gain else "")
             + _evidence(f.get("evidence") or {})
-            + f"<div class='fix'><b>Fix:</b> {esc(f.get('recommendation', ''))}</div>"
+            + f"<div class='fix'><strong>Fix:</strong> {esc(f.get('recommendation', ''))}</div>"
             + (f"<div class='muted'>threshold: {esc(thr_txt)}</div>" if thr_txt else "")
             + f"<div class='fid mono'>{esc(f.get('id', ''))}</div></div>"
         )

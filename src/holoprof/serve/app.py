@@ -75,6 +75,9 @@ REPORT_MAX_INTERVAL_S = 2.0
 #: in ``holoprof_runs_pending`` (present while there are any). Half of Prometheus' default scrape
 #: timeout.
 METRICS_BUILD_BUDGET_S = 5.0
+#: The run list waits at most this long for the summaries (steps, step time) of finished runs it has
+#: not seen before; the rest show their steps at the list's next refresh.
+LIST_BUILD_BUDGET_S = 2.0
 #: A finished run's files are checked for changes (its summary rebuilt if they did), and a run that
 #: could not be read is read again while its files stay the same, at most this often.
 RECHECK_S = 10.0
@@ -190,7 +193,11 @@ class Runs:
 
     def summary(self) -> list[dict[str, Any]]:
         """One line per run. A running run's report is brought up to date (as /metrics does), so that
-        its step count follows the job; a run that cannot be read is listed as ``broken``, with why."""
+        its step count follows the job; a finished run's steps come from its summary (from memory or
+        disk, else built in the background: the list waits for those builds at most
+        LIST_BUILD_BUDGET_S, and shows the runs still pending without steps); a run that cannot be
+        read is listed as ``broken``, with why."""
+        self._summaries_for_list()
         out = []
         for run_id, p in self.paths().items():
             error = None
@@ -231,6 +238,28 @@ class Runs:
             )
         out.sort(key=lambda r: r["start_ns"] or 0, reverse=True)
         return out
+
+    def _summaries_for_list(self) -> None:
+        """Every finished run's summary from memory or disk; those that have none are built in the
+        background, waited for at most LIST_BUILD_BUDGET_S."""
+        deadline = time.monotonic() + LIST_BUILD_BUDGET_S
+        new = []
+        for run_id, path in self.paths().items():
+            try:
+                if run_status(rundir.read_manifest(path)) == "running":
+                    continue  # its report is brought up to date by the list itself
+                if self._run_summary(run_id, path, build=False, wait_s=0.0) is None:
+                    new.append(run_id)
+            except (HttpError, HoloprofError):
+                continue  # broken: listed as such
+        if not new:
+            return
+        self._build_later(new)
+        with self._cond:
+            self._cond.wait_for(
+                lambda: not any(r in self._queue or r == self._building for r in new),
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
 
     def report(self, run_id: str) -> dict[str, Any]:
         """The run's report, rebuilt when its data changed (at most once per second, and at most once

@@ -136,7 +136,7 @@
         <div class="fh"><span class="badge ${esc(f.severity)}">${esc(f.severity)}</span> <span class="t">${esc(f.title)}</span></div>
         ${gain ? `<div class="gain">${esc(gain)}</div>` : ""}
         ${evidenceHtml(f.evidence)}
-        <div class="fix"><b>Fix:</b> ${esc(f.recommendation)}</div>
+        <div class="fix"><strong>Fix:</strong> ${esc(f.recommendation)}</div>
         <div class="fid mono">${esc(f.id)}</div>
       </div>`;
     }).join("");
