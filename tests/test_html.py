@@ -115,3 +115,37 @@ def test_renders_in_headless_chromium_without_console_errors(report_file: Path, 
     dom = proc.stdout
     assert "<svg" in dom and "Findings" in dom and "Workflow: stages and processes" in dom
     assert dom.count('class="uplot') >= 3, "step time, phases over steps, resources: drawn by uPlot"
+
+
+def test_one_phase_list_for_every_view() -> None:
+    """The palette colours and names every phase of the data model, in its order; the dashboard and
+    the shared chart code keep no phase list of their own (they take the report's, the model's)."""
+    from holoprof import model
+    from holoprof.present import palette
+
+    assert list(palette.PHASE_COLORS) == list(model.PHASES)
+    assert palette.palette_doc()["phases"] == list(model.PHASES)
+    assert len(set(palette.PHASE_COLORS.values())) == len(model.PHASES), "one colour each"
+    static = Path(palette.__file__).resolve().parent.parent / "serve" / "static"
+    for source in (static / "app.js", Path(palette.ASSETS_DIR) / "charts.js"):
+        text = source.read_text(encoding="utf-8")
+        assert not re.search(r"[\"']data_wait[\"']", text), f"{source.name} has its own phase list"
+
+
+def test_evidence_reads_as_named_numbers() -> None:
+    from holoprof.present.palette import evidence_label, evidence_value
+
+    cases = {
+        "data_wait_fraction": ("data wait share", 0.342, "34%"),
+        "step_median_s": ("step median", 0.0547, "54.7 ms"),
+        "exposed_s_per_step": ("exposed per step", 0.00258, "2.58 ms"),
+        "peak_bytes": ("peak", 3 * 1024**3, "3 GiB"),
+        "bytes_per_step": ("bytes per step", 4, "4 B"),
+        "median_bandwidth_bytes_per_s": ("median bandwidth", 41.6 * 1024**2, "41.6 MiB/s"),
+        "gpu_util_mean_percent": ("gpu util mean", 37.25, "37%"),
+        "pid": ("pid", 13029, "13029"),
+        "reads": ("reads", 34816, "34,816"),
+        "pin_memory": ("pin memory", False, "no"),
+    }
+    for key, (label, value, shown) in cases.items():
+        assert (evidence_label(key), evidence_value(key, value)) == (label, shown), key

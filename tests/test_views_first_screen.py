@@ -202,3 +202,28 @@ def test_run_list_shows_steps_and_step_time(runs: Path, server: Server, browser:
     assert by_run["torch"][2].split()[-1] in ("µs", "ms", "s") and torch["steps"]["median_s"] > 0
     assert by_run["darshan"][1] == "0"
     assert browser.errors() == [], "console errors on the run list"
+
+
+def test_both_views_write_numbers_alike(runs: Path, browser: DevTools, tmp_path: Path) -> None:
+    """The HTML report's findings are written in Python, the dashboard's by the shared script: the
+    same evidence reads the same in both."""
+    from holoprof.present.palette import evidence_label, evidence_value
+
+    out = tmp_path / "report.html"
+    assert run_holoprof("report", str(runs / "ddp"), "--html", str(out), cwd=tmp_path).returncode == 0
+    browser.events.clear()
+    browser.send("Page.navigate", url=out.as_uri())
+    browser.wait_for("window.HoloViews !== undefined", 60, "the shared view code")
+    cases = [
+        ["data_wait_fraction", 0.342], ["data_wait_fraction_of_total", 0.0324], ["step_median_s", 0.0547],
+        ["exposed_s_per_step", 0.00258], ["median_save_s", 0.992], ["blocking_s", 185.0], ["peak_bytes", 3 * 1024**3],
+        ["bytes_per_step", 4], ["median_bandwidth_bytes_per_s", 43620000.0], ["gpu_util_mean_percent", 37.25],
+        ["pid", 13029], ["reads", 34816], ["cpu_cores", 2.0], ["pin_memory", False], ["dataset", "Samples"],
+        ["per_s", 75.5], ["files", 2051], ["world_size", 4], ["ratio", 0.5], ["other_median_s", 3.2e-05],
+    ]  # fmt: skip
+    js = browser.eval(
+        f"{json.dumps(cases)}.map(([k, v]) => [window.HoloViews.evidenceLabel(k), window.HoloViews.evidenceValue(k, v)])"
+    )
+    py = [[evidence_label(k), evidence_value(k, v)] for k, v in cases]
+    assert js == py
+    assert browser.errors() == []

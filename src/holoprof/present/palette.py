@@ -137,7 +137,9 @@ def asset(name: str) -> str:
 
 # --- findings' evidence: named numbers with their units (as charts.js's evidenceLabel/Value) ---------
 _LABEL_RULES = (
+    (re.compile(r"^per_s$"), "per second"),
     (re.compile(r"_bytes_per_s$"), ""),
+    (re.compile(r"_per_s$"), " per second"),
     (re.compile(r"_s_per_step$"), " per step"),
     (re.compile(r"_(s|bytes|percent)$"), ""),
     (re.compile(r"_fraction(_of_[a-z]+)?$"), r" share\1"),
@@ -197,6 +199,7 @@ def _trim(text: str) -> str:
 
 _VALUE_RULES: tuple[tuple[re.Pattern[str], Any], ...] = (
     (re.compile(r"_bytes_per_s$"), lambda v: fmt_bytes(v) + "/s"),
+    (re.compile(r"(^|_)per_s$"), lambda v: fmt_number(v) + "/s"),
     (re.compile(r"_s(_per_step)?$"), fmt_seconds),
     (re.compile(r"(^|_)bytes(_per_(step|save|sample))?$"), fmt_bytes),
     (re.compile(r"(fraction|share|ratio)(_of_[a-z]+)?$"), fmt_pct),

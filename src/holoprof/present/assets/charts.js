@@ -89,7 +89,8 @@
   }
   // as holoprof.present.palette.evidence_label / evidence_value
   function evidenceLabel(k) {
-    return String(k).replace(/_bytes_per_s$/, "").replace(/_s_per_step$/, " per step").replace(/_(s|bytes|percent)$/, "")
+    if (k === "per_s") return "per second";
+    return String(k).replace(/_bytes_per_s$/, "").replace(/_per_s$/, " per second").replace(/_s_per_step$/, " per step").replace(/_(s|bytes|percent)$/, "")
       .replace(/_fraction(_of_[a-z]+)?$/, " share$1").replace(/_/g, " ");
   }
   function evidenceValue(k, v) {
@@ -97,6 +98,7 @@
     if (typeof v === "boolean") return v ? "yes" : "no";
     if (typeof v !== "number") return String(v);
     if (/_bytes_per_s$/.test(k)) return fmtRate(v);
+    if (/(^|_)per_s$/.test(k)) return fmtNum(v) + "/s";
     if (/_s(_per_step)?$/.test(k)) return fmtS(v);
     if (/(^|_)bytes(_per_(step|save|sample))?$/.test(k)) return fmtBytes(v);
     if (/(fraction|share|ratio)(_of_[a-z]+)?$/.test(k)) return fmtPct(v);

@@ -219,7 +219,7 @@
       const out = r.outside_steps || {};
       const outside = Object.entries(out.phases || {}).filter(([, v]) => v > 0);
       el.innerHTML = H.phaseBarHtml(r) + `<div class="muted denominator">Shares are of the main loop's total step time (${esc(fmtS(r.steps.total_s))} over ${esc(fmtNum(r.steps.count))} steps).</div>`
-        + (outside.length ? `<div class="muted">Outside training steps: ${outside.map(([k, v]) => esc(phaseLabel(k)) + " " + esc(fmtS(v))).join(", ")}</div>` : "");
+        + (outside.length ? `<div class="muted denominator">Outside training steps: ${outside.map(([k, v]) => esc(phaseLabel(k)) + " " + esc(fmtS(v))).join(", ")}</div>` : "");
     } else if (ioFirst) {
       title.textContent = "I/O";
       el.innerHTML = ioSummaryHtml(r.io, 8, true);
@@ -391,7 +391,8 @@
     document.getElementById("extra").innerHTML = out.join("");
   }
   // a column's name without its unit: the cells carry it ("step median", not "step median s")
-  function colLabel(k) { return H.evidenceLabel(k); }
+  const COL_LABELS = { count: "steps", median_s: "median step", p90_s: "p90 step", per_s: "steps per second" };
+  function colLabel(k) { return COL_LABELS[k] || H.evidenceLabel(k); }
   function fmtCell(k, v) {
     if (typeof v !== "number") return v == null ? "–" : String(v);
     if (/^(pid|rank|local_rank|host)$/.test(k)) return String(v);
