@@ -153,6 +153,7 @@
   function axis(unit, label, x) {
     const a = { stroke: "#6b7385", grid: { stroke: "#eef1f5" }, ticks: { stroke: "#e3e7ee" }, size: x ? 34 : 84, values: (u, ticks) => ticks.map(unitFmt(unit)) };
     if (label) { a.label = label; a.labelSize = 18; }
+    if (x && unit === "seconds") a.space = 80; // "1 min 40 s" needs room
     if (unit === "bytes" || unit === "bytes_per_s") a.incrs = BYTE_INCRS;
     if (unit === "count") a.incrs = COUNT_INCRS;
     return a;
