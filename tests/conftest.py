@@ -141,7 +141,34 @@ def report_json(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
         doc = skip_corrupt(build, [os.fspath(run_dir)])  # as the command line does
     assert isinstance(doc, dict)
+    check_report_schema(doc)
     return doc
+
+
+_VALIDATOR: list[Any] = []
+
+
+def check_report_schema(doc: dict[str, Any]) -> None:
+    """Fails the test when ``doc`` does not follow the report's shipped JSON Schema. Every report made
+    through :func:`report_json` (and so :func:`traced`) is checked. Needs ``jsonschema`` (the dev
+    extra, which ``make test`` installs); without it the check is left to test_report_schema.py,
+    which then says it skipped."""
+    if not _VALIDATOR:
+        try:
+            import jsonschema  # lazy: the dev extra's; the suite's other checks do not need it
+        except ImportError:
+            _VALIDATOR.append(None)
+        else:
+            from holoprof import model
+
+            with open(model.REPORT_SCHEMA_FILE, encoding="utf-8") as f:
+                _VALIDATOR.append(jsonschema.Draft202012Validator(json.load(f)))
+    if _VALIDATOR[0] is not None:
+        errors = [
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}"
+            for e in _VALIDATOR[0].iter_errors(doc)
+        ]
+        assert errors == [], f"the report does not follow holoprof/schema/report.schema.json: {errors[:5]}"
 
 
 def error_lines(stderr: str) -> list[str]:

@@ -38,7 +38,10 @@ def test_one_self_contained_file(report_file: Path) -> None:
         r"""(?:src|href|xlink:href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import"""
     )
     assert not re.search(external, text, re.I), "no reference to anything on the network"
-    assert not re.search(r"<(script|link|iframe|img)\b", text), "no external resources, no script"
+    assert not re.search(r"<(link|iframe|img)\b", text), "no external resources"
+    assert not re.search(r"<script[^>]*\bsrc\s*=", text, re.I), "scripts are inline"
+    assert "default-src 'none'" in text, "the page's policy forbids loading anything"
+    assert "uPlot" in text, "the dashboard's chart library, inlined"
     assert len(list(report_file.parent.iterdir())) == 1, "one file"
     assert report_file.stat().st_size < 500_000
 
@@ -46,9 +49,9 @@ def test_one_self_contained_file(report_file: Path) -> None:
 def test_charts_findings_and_stages_are_in_it(run: TracedRun, report_file: Path) -> None:
     text = report_file.read_text(encoding="utf-8")
     doc = run.report
-    assert text.count("<svg") >= 4, "step time, phases, Gantt, resources"
-    for title in ("step time over steps", "phase breakdown over steps", "stages and processes over time"):
-        assert title in text
+    for chart in ("step", "phases", "resources"):
+        assert f"data-chart='{chart}'" in text, chart
+    assert "stages and processes over time" in text and "<rect" in text, "the Gantt chart (SVG)"
     assert doc["findings"], "the pipeline sleeps outside the phases each step: host overhead"
     for f in doc["findings"]:
         assert html.escape(f["title"]) in text
@@ -56,9 +59,8 @@ def test_charts_findings_and_stages_are_in_it(run: TracedRun, report_file: Path)
     assert "host_overhead" in text
     for s in doc["stages"]:
         assert html.escape(s["name"]) in text
-    assert "<polyline" in text and "<rect" in text
     assert doc["io"].get("files_detail"), "the pipeline ran with --io-trace: the I/O section has data"
-    assert "Read sizes (Darshan buckets)" in text and "Top files" in text
+    assert "Read sizes (Darshan buckets)" in text and "class='io-files'" in text
     assert html.escape(doc["io"]["files_detail"][0]["path"]) in text
     if (doc.get("memory") or {}).get("categories"):
         assert "Categories at the step with the peak" in text
@@ -76,8 +78,14 @@ def test_user_strings_are_escaped(run: TracedRun) -> None:
         "files_detail": [{"path": f"/data/{evil}.bin", "bytes_read": 10, "reads": 1}],
     }  # fmt: skip
     out = render_html(doc)
-    assert "<script" not in out and "<b>run" not in out
+    assert evil not in out and "<b>run" not in out
     assert html.escape(evil) in out
+    # the chart data inside the page's script cannot end it
+    doc["phases"] = {
+        **doc["phases"],
+        "</script><script>alert(1)//": {"fraction": 0, "total_s": 0, "median_s": 0},
+    }
+    assert "</script><script>alert(1)" not in render_html(doc)
 
 
 def test_long_runs_say_they_are_downsampled(run: TracedRun) -> None:
@@ -106,3 +114,38 @@ def test_renders_in_headless_chromium_without_console_errors(report_file: Path, 
     assert console == [], console
     dom = proc.stdout
     assert "<svg" in dom and "Findings" in dom and "Workflow: stages and processes" in dom
+    assert dom.count('class="uplot') >= 3, "step time, phases over steps, resources: drawn by uPlot"
+
+
+def test_one_phase_list_for_every_view() -> None:
+    """The palette colours and names every phase of the data model, in its order; the dashboard and
+    the shared chart code keep no phase list of their own (they take the report's, the model's)."""
+    from holoprof import model
+    from holoprof.present import palette
+
+    assert list(palette.PHASE_COLORS) == list(model.PHASES)
+    assert palette.palette_doc()["phases"] == list(model.PHASES)
+    assert len(set(palette.PHASE_COLORS.values())) == len(model.PHASES), "one colour each"
+    static = Path(palette.__file__).resolve().parent.parent / "serve" / "static"
+    for source in (static / "app.js", Path(palette.ASSETS_DIR) / "charts.js"):
+        text = source.read_text(encoding="utf-8")
+        assert not re.search(r"[\"']data_wait[\"']", text), f"{source.name} has its own phase list"
+
+
+def test_evidence_reads_as_named_numbers() -> None:
+    from holoprof.present.palette import evidence_label, evidence_value
+
+    cases = {
+        "data_wait_fraction": ("data wait share", 0.342, "34%"),
+        "step_median_s": ("step median", 0.0547, "54.7 ms"),
+        "exposed_s_per_step": ("exposed per step", 0.00258, "2.58 ms"),
+        "peak_bytes": ("peak", 3 * 1024**3, "3 GiB"),
+        "bytes_per_step": ("bytes per step", 4, "4 B"),
+        "median_bandwidth_bytes_per_s": ("median bandwidth", 41.6 * 1024**2, "41.6 MiB/s"),
+        "gpu_util_mean_percent": ("gpu util mean", 37.25, "37%"),
+        "pid": ("pid", 13029, "13029"),
+        "reads": ("reads", 34816, "34,816"),
+        "pin_memory": ("pin memory", False, "no"),
+    }
+    for key, (label, value, shown) in cases.items():
+        assert (evidence_label(key), evidence_value(key, value)) == (label, shown), key

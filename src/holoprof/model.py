@@ -10,6 +10,7 @@ interpreter start-up in every process of a job. The Arrow schemas are therefore 
 
 from __future__ import annotations
 
+import os
 from typing import Final, Literal
 
 SCHEMA_VERSION: Final = 1
@@ -17,6 +18,10 @@ SCHEMA_VERSION: Final = 1
 #: ``holoprof run --memory`` modes of the memory collector: sampled steps (default), every step, off
 MEMORY_MODES: tuple[str, ...] = ("sampled", "full", "off")
 REPORT_SCHEMA: Final = "holoprof.report/1"
+#: The report's JSON Schema, shipped with the package (checked against every report the tests make).
+REPORT_SCHEMA_FILE: Final = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "schema", "report.schema.json"
+)
 
 # --- span kinds ------------------------------------------------------------------------------------
 SpanKind = Literal["stage", "epoch", "step", "phase", "op", "io", "comm", "checkpoint", "user"]

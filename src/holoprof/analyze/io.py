@@ -810,8 +810,9 @@ def _read_window_s(rows: list[FileRow]) -> float:
 
 
 def _bandwidths(rows: list[FileRow], tot: dict[str, float], start_ns: int, end_ns: int) -> dict[str, Any]:
-    """The read bandwidth while in read calls, while reading (the read window) and over the run."""
-    read_t = tot["read_time_s"]
+    """The read bandwidth while in read calls, while reading (the read window) and over the run; the
+    write bandwidth while in write calls and over the run."""
+    read_t, write_t = tot["read_time_s"], tot["write_time_s"]
     window_s = _read_window_s(rows)
     wall_s = max(0.0, (end_ns - start_ns) / NS)
     bw_read = tot["bytes_read"] / read_t if read_t > 0 else 0.0
@@ -822,6 +823,8 @@ def _bandwidths(rows: list[FileRow], tot: dict[str, float], start_ns: int, end_n
         "bandwidth_read_window_bytes_per_s": round(bw_window, 1),
         "bandwidth_read_wall_bytes_per_s": round(bw_wall, 1),
         "read_window_s": round(window_s, 6),
+        "bandwidth_write_bytes_per_s": round(tot["bytes_written"] / write_t if write_t > 0 else 0.0, 1),
+        "bandwidth_write_wall_bytes_per_s": round(tot["bytes_written"] / wall_s if wall_s > 0 else 0.0, 1),
     }
 
 

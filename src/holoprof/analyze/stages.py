@@ -42,6 +42,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -656,6 +657,15 @@ def mark_critical(stages: list[Stage]) -> None:
     chain(by_parent.get(None, []))
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _natural(text: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that orders numbers inside names by value: ``darshan-2`` before ``darshan-10``."""
+    parts = _DIGITS.split(text)
+    return tuple((0, int(p)) if i % 2 else (1, p) for i, p in enumerate(parts) if p)
+
+
 def _order(stages: list[Stage]) -> list[Stage]:
     by_parent: dict[str | None, list[Stage]] = {}
     ids = {s.id for s in stages}
@@ -666,7 +676,7 @@ def _order(stages: list[Stage]) -> list[Stage]:
     out: list[Stage] = []
 
     def walk(parent: str | None, depth: int) -> None:
-        for st in sorted(by_parent.get(parent, []), key=lambda s: (s.start_ns, s.end_ns, s.id)):
+        for st in sorted(by_parent.get(parent, []), key=lambda s: (s.start_ns, s.end_ns, _natural(s.id))):
             st.depth = depth
             out.append(st)
             walk(st.id, depth + 1)
@@ -677,7 +687,7 @@ def _order(stages: list[Stage]) -> list[Stage]:
             continue
         for st in out:
             if st.id == parent:
-                st.children = [c.id for c in sorted(children, key=lambda s: (s.start_ns, s.id))]
+                st.children = [c.id for c in sorted(children, key=lambda s: (s.start_ns, _natural(s.id)))]
     return out
 
 

@@ -1,11 +1,16 @@
-"""The HTML report: one self-contained file (inline CSS and SVG, no script, no network) that renders a
-``holoprof.report/1`` document; computes nothing.
+"""The HTML report: one self-contained file (inline CSS and script, nothing from the network) that
+renders a ``holoprof.report/1`` document; computes nothing.
 
-Charts are SVG drawn here: step time over steps, the phase breakdown over steps (stacked), resources
-over time, a Gantt chart of stages and processes, the I/O access-size histogram and top files, memory
-categories. Every string from the run (paths, commands, names, evidence) is escaped. The document is
-already downsampled (the step timeline holds at most ~120 points, resource series ~60), so the file
-stays small for long runs; charts say so when they show downsampled data.
+It speaks the dashboard's visual language: the same palette and phase list
+(:mod:`holoprof.present.palette`), the same shared view code (``assets/charts.js``) and chart library
+(uPlot, inlined), the same first screen: the headline numbers, then where a step goes (or, for a run
+without steps, its reads and writes) beside the findings. Charts drawn with uPlot: step time over
+steps, the phases over steps (stacked), each rank's step and its phases, resources over time. Drawn
+here as SVG: the Gantt chart of stages and processes and the read-size histogram. Tables, findings
+and notes are HTML, readable without script. Every string from the run (paths, commands, names,
+evidence) is escaped. The document is already downsampled (the step timeline holds at most ~120
+points, resource series ~60), so the file stays small for long runs; charts say so when they show
+downsampled data.
 """
 
 from __future__ import annotations
@@ -19,60 +24,35 @@ from typing import Any
 
 from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
-from holoprof.present.summary import at_most, more_label, top_rows, total, tree_parent
+from holoprof.present import palette
+from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
+from holoprof.present.summary import at_most, more_files, more_label, top_rows, total, tree_parent
 from holoprof.present.terminal import fmt_phase_per_step, host_clock_text
 from holoprof.present.text import printable
 
-PHASE_COLORS = {
-    "data_wait": "#d62728",
-    "forward": "#2ca02c",
-    "backward": "#1f77b4",
-    "optimizer": "#9467bd",
-    "compute": "#98df8a",
-    "compile": "#ff7f0e",
-    "communication": "#e6b800",
-    "checkpoint": "#17becf",
-    "eval": "#8c8c8c",
-    "other": "#c7c7c7",
-}
-KIND_COLORS = {
-    "train": "#2ca02c",
-    "evaluate": "#7f7f7f",
-    "checkpoint": "#17becf",
-    "prepare": "#ff7f0e",
-    "other": "#aec7e8",
-}
-SEVERITY_COLORS = {"high": "#c62828", "medium": "#e08a00", "low": "#1565c0"}
-MEMORY_COLORS = {
-    "weights": "#1f77b4",
-    "gradients": "#ff7f0e",
-    "optimizer_state": "#9467bd",
-    "activations": "#2ca02c",
-    "other": "#c7c7c7",
-}
-
 CSS = """
 body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:0;
-background:#f6f7f9;color:#1d2330;font-size:14px;line-height:1.45}
-main{max-width:1100px;margin:0 auto;padding:24px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:0 0 10px}
-section{background:#fff;border:1px solid #e2e5ea;border-radius:8px;padding:16px 20px;margin:0 0 16px}
+background:#f4f6f9;color:#1d2433;font-size:14px;line-height:1.45}
+main{max-width:1280px;margin:0 auto;padding:24px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:0 0 10px}h3{font-size:14px;margin:14px 0 6px}
+section,.card{background:#fff;border-radius:10px;box-shadow:0 1px 2px rgba(20,30,60,.06),0 0 0 1px #e3e7ee;
+padding:16px 20px;margin:0 0 16px;min-width:0}
+.first{display:grid;grid-template-columns:1fr 1fr;gap:16px;align-items:start}.first>.card{margin:0 0 16px}
+@media (max-width:900px){.first{grid-template-columns:1fr}}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eef0f3;
 vertical-align:top}th{font-weight:600;color:#56607a;font-size:12px;text-transform:uppercase;letter-spacing:.03em}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px}.kv div:nth-child(odd){color:#56607a}
-.tiles{display:flex;gap:12px;flex-wrap:wrap;margin-top:12px}.tile{background:#f3f5f8;border-radius:6px;
-padding:8px 14px;min-width:110px}.tile b{display:block;font-size:18px}.tile span{color:#56607a;font-size:12px}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin-bottom:12px}
+.kv div:nth-child(odd){color:#56607a}
 code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px;word-break:break-all}
-.muted{color:#6b7489;font-size:12px}.finding{border-left:4px solid #999;padding:6px 12px;margin:10px 0;
-background:#fafbfc}.finding h3{font-size:15px;margin:0 0 4px}.sev{font-size:11px;font-weight:700;
-text-transform:uppercase;color:#fff;border-radius:3px;padding:1px 6px;margin-right:6px}
-.legend{display:flex;gap:14px;flex-wrap:wrap;font-size:12px;margin:6px 0}.legend i{display:inline-block;
-width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:middle}
+.muted{color:#6b7489;font-size:12px}
 .note{color:#8a5a00;background:#fff8e6;border:1px solid #f1dca8;border-radius:6px;padding:6px 10px;margin:6px 0}
 svg{display:block;max-width:100%;height:auto}svg text{font-family:inherit;font-size:11px;fill:#56607a}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(330px,1fr));gap:12px}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:16px}
+.charts>div{min-width:0}
 .crit{color:#c62828;font-weight:700}
+.legend i{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:middle}
+.io-files td.mono{overflow-wrap:anywhere}
 """
 
 
@@ -81,175 +61,20 @@ def esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
-def fmt_s(s: float) -> str:
-    s = float(s)
-    if s == 0:
-        return "0 s"
-    if abs(s) >= 100:
-        return f"{s:.0f} s"
-    if abs(s) >= 1:
-        return f"{s:.2f} s"
-    if abs(s) >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.0f} µs"
+#: Numbers as the dashboard writes them (one set of formatters for both views).
+fmt_s = palette.fmt_seconds
+fmt_bytes = palette.fmt_bytes
+fmt_pct = palette.fmt_pct
+fmt_num = palette.fmt_number
 
 
-def fmt_bytes(b: float) -> str:
-    b = float(b)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(b) < 1024 or unit == "TiB":
-            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
-        b /= 1024
-    return f"{b:.1f} TiB"
-
-
-def fmt_pct(f: float) -> str:
-    return f"{100 * float(f):.1f}%"
-
-
-def fmt_num(x: float) -> str:
-    x = float(x)
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e9:
-        return f"{x / 1e9:.1f} G"
-    if abs(x) >= 1e6:
-        return f"{x / 1e6:.1f} M"
-    if abs(x) >= 1e3:
-        return f"{x / 1e3:.1f} k"
-    if abs(x) >= 10:
-        return f"{x:.0f}"
-    return f"{x:.2g}"
-
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v, default=str)
-    return str(v)
+def fmt_rate(b: float) -> str:
+    return fmt_bytes(b) + "/s"
 
 
 # --- SVG primitives ----------------------------------------------------------------------------------
-W, H = 680, 220
-PAD_L, PAD_R, PAD_T, PAD_B = 62, 14, 12, 30
-
-
-def _nice_max(v: float) -> float:
-    if v <= 0 or not math.isfinite(v):
-        return 1.0
-    exp = 10 ** math.floor(math.log10(v))
-    for m in (1, 2, 2.5, 5, 10):
-        if v <= m * exp:
-            return m * exp
-    return 10 * exp
-
-
-def _axes(
-    x0: float, x1: float, ymax: float, yfmt: Callable[[float], str], xfmt: Callable[[float], str],
-    w: int = W, h: int = H, xlabel: str = "",
-) -> list[str]:  # fmt: skip
-    out = []
-    pw, ph = w - PAD_L - PAD_R, h - PAD_T - PAD_B
-    for i in range(5):
-        y = PAD_T + ph - ph * i / 4
-        out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{w - PAD_R}" y2="{y:.1f}" stroke="#eef0f3"/>')
-        out.append(
-            f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end">{esc(yfmt(ymax * i / 4))}</text>'
-        )
-    for i in range(5):
-        x = PAD_L + pw * i / 4
-        out.append(
-            f'<text x="{x:.1f}" y="{h - PAD_B + 16}" text-anchor="middle">'
-            f"{esc(xfmt(x0 + (x1 - x0) * i / 4))}</text>"
-        )
-    out.append(f'<line x1="{PAD_L}" y1="{PAD_T + ph}" x2="{w - PAD_R}" y2="{PAD_T + ph}" stroke="#b8bfcc"/>')
-    if xlabel:
-        out.append(f'<text x="{w - PAD_R}" y="{h - 2}" text-anchor="end">{esc(xlabel)}</text>')
-    return out
-
-
-def line_chart(
-    points: Sequence[tuple[float, float]],
-    yfmt: Callable[[float], str],
-    xfmt: Callable[[float], str],
-    xlabel: str,
-    color: str = "#1f77b4",
-    title: str = "",
-    w: int = W,
-    h: int = H,
-) -> str:
-    if not points:
-        return ""
-    xs = [float(p[0]) for p in points]
-    ys = [float(p[1]) for p in points]
-    x0, x1 = min(xs), max(xs)
-    if x1 <= x0:
-        x1 = x0 + 1
-    ymax = _nice_max(max(ys) if ys else 1.0)
-    pw, ph = w - PAD_L - PAD_R, h - PAD_T - PAD_B
-
-    def px(x: float) -> float:
-        return PAD_L + pw * (x - x0) / (x1 - x0)
-
-    def py(y: float) -> float:
-        return PAD_T + ph - ph * max(0.0, y) / ymax
-
-    parts = [f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{esc(title)}">']
-    if title:
-        parts.append(f"<title>{esc(title)}</title>")
-    parts += _axes(x0, x1, ymax, yfmt, xfmt, w, h, xlabel)
-    coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=True))
-    area = f"{px(xs[0]):.1f},{py(0):.1f} {coords} {px(xs[-1]):.1f},{py(0):.1f}"
-    parts.append(f'<polygon points="{area}" fill="{color}" fill-opacity="0.12" stroke="none"/>')
-    parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8"/>')
-    if len(xs) <= 40:
-        for x, y in zip(xs, ys, strict=True):
-            parts.append(
-                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.2" fill="{color}">'
-                f"<title>{esc(xfmt(x))}: {esc(yfmt(y))}</title></circle>"
-            )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def stacked_bars(
-    rows: Sequence[dict[str, float]],
-    keys: Sequence[str],
-    colors: dict[str, str],
-    xkey: str,
-    yfmt: Callable[[float], str],
-    title: str,
-    w: int = W,
-    h: int = H,
-) -> str:
-    if not rows:
-        return ""
-    totals = [sum(float(r.get(k, 0) or 0) for k in keys) for r in rows]
-    ymax = _nice_max(max(totals) if totals else 1.0)
-    pw, ph = w - PAD_L - PAD_R, h - PAD_T - PAD_B
-    n = len(rows)
-    bw = pw / n
-    x0, x1 = float(rows[0].get(xkey, 0)), float(rows[-1].get(xkey, 0))
-    parts = [f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{esc(title)}">']
-    parts.append(f"<title>{esc(title)}</title>")
-    parts += _axes(x0, x1 if x1 > x0 else x0 + 1, ymax, yfmt, lambda v: f"{v:.0f}", w, h, "step")
-    for i, r in enumerate(rows):
-        y: float = PAD_T + ph
-        x = PAD_L + i * bw
-        for k in keys:
-            v = float(r.get(k, 0) or 0)
-            if v <= 0:
-                continue
-            hh = ph * v / ymax
-            y -= hh
-            parts.append(
-                f'<rect x="{x + bw * 0.08:.2f}" y="{y:.2f}" width="{max(0.5, bw * 0.84):.2f}" '
-                f'height="{hh:.2f}" fill="{colors.get(k, "#999")}">'
-                f"<title>step {esc(f'{float(r.get(xkey, 0)):.0f}')} {esc(k)}: {esc(yfmt(v))}</title></rect>"
-            )
-    parts.append("</svg>")
-    return "".join(parts)
+W = 680
+PAD_R = 14
 
 
 def hbars(
@@ -325,8 +150,8 @@ def legend(items: Sequence[tuple[str, str]]) -> str:
 
 # --- sections ----------------------------------------------------------------------------------------
 def _header(doc: dict[str, Any]) -> str:
+    """The run's name, status and command, and its headline numbers (the dashboard's)."""
     run = doc.get("run", {})
-    st = doc.get("steps", {})
     cmd = " ".join(str(c) for c in (run.get("command") or []))
     status = str(run.get("status", "?"))
     code = run.get("exit_code")
@@ -334,120 +159,193 @@ def _header(doc: dict[str, Any]) -> str:
     kv = [
         ("run", f'<span class="mono">{esc(run.get("dir", ""))}</span>'),
         ("command", f"<code>{esc(cmd)}</code>"),
-        ("status", esc(status_txt)),
         ("hosts", esc(", ".join(str(h) for h in run.get("hosts", [])))),
     ]
     clocks = run.get("host_clocks") or []
     if len(clocks) > 1:  # each host's clock alignment, under the hosts
         kv[-1] = ("hosts", "<br>".join(esc(host_clock_text(h)) for h in clocks))
-    tiles = [
-        (fmt_s(run.get("duration_s", 0) or 0), "duration"),
-        (f"{run.get('processes', 0)} ({run.get('traced_processes', 0)} traced)", "processes"),
-        (str(st.get("count", 0)), "steps"),
-        ("unknown" if st.get("epochs") is None else str(st["epochs"]), "epochs"),
-        (fmt_s(st.get("median_s", 0) or 0), "median step"),
-        (fmt_s(st.get("p90_s", 0) or 0), "p90 step"),
-        (f"{float(st.get('per_s', 0) or 0):.2f}", "steps/s"),
-    ]
-    if run.get("ranks"):
-        tiles.append((str(run["ranks"]), "ranks"))
+    kpis = _io_kpis(doc) if _io_first(doc) else _step_kpis(doc)
     return (
-        f"<section><h1>holoprof report{(' — ' + esc(run['name'])) if run.get('name') else ''}</h1>"
+        f"<h1>{esc(run.get('name') or 'holoprof report')} <span class='badge {esc(status)}'>"
+        f"{esc(status_txt)}</span></h1>"
         '<div class="kv">' + "".join(f"<div>{k}</div><div>{v}</div>" for k, v in kv) + "</div>"
-        '<div class="tiles">'
-        + "".join(f"<div class='tile'><b>{esc(v)}</b><span>{esc(k)}</span></div>" for v, k in tiles)
-        + "</div></section>"
-    )
-
-
-def _steps(doc: dict[str, Any]) -> str:
-    st = doc.get("steps", {})
-    tl = st.get("timeline") or []
-    if not st.get("count"):
-        return (
-            "<section><h2>Steps</h2><p class='muted'>No training steps detected. Steps come from "
-            "optimizer.step() (PyTorch); loops without one can call holoprof.step() once per iteration."
-            "</p></section>"
+        '<div class="kpis" id="kpis">'
+        + "".join(
+            f"<div class='kpi'><div class='l'>{esc(label)}</div><div class='v'>{esc(v)}</div>"
+            + (f"<div class='h'>{esc(hint)}</div>" if hint else "")
+            + "</div>"
+            for label, v, hint in kpis
         )
-    downsampled = len(tl) < int(st.get("count", 0))
-    note = (
-        f"<p class='muted'>downsampled: {len(tl)} points, each the mean of about "
-        f"{math.ceil(int(st['count']) / max(1, len(tl)))} consecutive steps of {int(st['count'])}</p>"
-        if downsampled
-        else ""
+        + "</div>"
     )
-    chart = line_chart(
-        [(r["step"], r["step_s"]) for r in tl],
-        fmt_s,
-        lambda v: f"{v:.0f}",
-        "step",
-        title="step time over steps",
+
+
+def _io_first(doc: dict[str, Any]) -> bool:
+    """A run without training steps whose I/O was recorded (an imported Darshan log, a data
+    preparation job): its first screen is its I/O."""
+    return not (doc.get("steps") or {}).get("count") and bool(doc.get("io"))
+
+
+def _processes_kpi(run: dict[str, Any]) -> tuple[str, str, str]:
+    ranks, procs = int(run.get("ranks") or 0), int(run.get("processes") or 0)
+    if ranks and ranks == procs:
+        return ("ranks", fmt_num(ranks), "")
+    return ("processes", fmt_num(procs), f"{fmt_num(ranks)} ranks" if ranks else "")
+
+
+def _step_kpis(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    run, st = doc.get("run", {}), doc.get("steps", {})
+    per_s = float(st.get("per_s", 0) or 0)
+    out = [
+        ("steps", fmt_num(int(st.get("count", 0) or 0)), ""),
+        ("median step", fmt_s(st.get("median_s", 0) or 0), ""),
+        ("p90 step", fmt_s(st.get("p90_s", 0) or 0), ""),
+        ("throughput", f"{per_s:.{2 if per_s < 10 else 1}f} steps/s" if per_s else "–", ""),
+        ("epochs", "unknown" if st.get("epochs") is None else fmt_num(st["epochs"]), ""),
+        ("duration", fmt_s(run.get("duration_s", 0) or 0), ""),
+        _processes_kpi(run),
+    ]
+    if run.get("dropped_events"):
+        out.append(("dropped events", fmt_num(run["dropped_events"]), ""))
+    return out
+
+
+def _io_kpis(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    run, io = doc.get("run", {}), doc.get("io") or {}
+    return [
+        ("read", fmt_bytes(io.get("bytes_read", 0) or 0), f"{fmt_num(io.get('reads', 0) or 0)} read calls"),
+        ("written", fmt_bytes(io.get("bytes_written", 0) or 0), f"{fmt_num(io.get('writes', 0) or 0)} write calls"),
+        ("read bandwidth", fmt_rate(io.get("bandwidth_read_wall_bytes_per_s", 0) or 0), "over the run"),
+        ("write bandwidth", fmt_rate(io.get("bandwidth_write_wall_bytes_per_s", 0) or 0), "over the run"),
+        ("files", fmt_num(io.get("files", 0) or 0), ""),
+        ("duration", fmt_s(run.get("duration_s", 0) or 0), ""),
+        _processes_kpi(run),
+    ]  # fmt: skip
+
+
+def _first_screen(doc: dict[str, Any]) -> str:
+    """Where a step goes (or, without steps, the run's reads and writes) beside the findings."""
+    if (doc.get("steps") or {}).get("count"):
+        left = "<h2>Where a step goes</h2>" + _phase_table(doc)
+    elif _io_first(doc):
+        left = "<h2>I/O</h2>" + _io_summary(doc.get("io") or {}, 8, compact=True)
+    else:
+        left = (
+            "<h2>Steps</h2><p class='muted'>No training steps detected. Steps come from "
+            "optimizer.step() (PyTorch); loops without one can call holoprof.step() once per iteration."
+            "</p>"
+        )
+    return (
+        "<div class='first'><div class='card' id='headline'>" + left + "</div>"
+        "<div class='card' id='findings'><h2>Findings</h2>" + _findings(doc) + "</div></div>"
     )
+
+
+def _phase_table(doc: dict[str, Any]) -> str:
+    """The phase bar and table: every phase of the data model that the run has, in its order."""
     phases = doc.get("phases", {})
-    names = [p for p in PHASE_COLORS] + [k for k in (tl[0] if tl else {}) if k not in PHASE_COLORS]
-    keys = [p for p in names if p not in ("step", "step_s") and any(float(r.get(p, 0) or 0) > 0 for r in tl)]
-    stacked = stacked_bars(tl, keys, PHASE_COLORS, "step", fmt_s, "phase breakdown over steps")
-    rows = "".join(
-        f"<tr><td><i style='display:inline-block;width:10px;height:10px;background:{PHASE_COLORS.get(p, '#999')}'>"
-        f"</i> {esc(p)}</td><td class='num'>{fmt_pct(v.get('fraction', 0))}</td>"
-        f"<td class='num'>{esc(fmt_phase_per_step(v, fmt_s))}</td><td class='num'>{esc(fmt_s(v.get('total_s', 0)))}</td></tr>"
+    st = doc.get("steps", {})
+    items = [
+        (p, v)
         for p, v in phases.items()
         if float(v.get("fraction", 0) or 0) > 0 or float(v.get("total_s", 0) or 0) > 0
+    ]
+    bar = "".join(
+        f"<div title='{esc(palette.phase_label(p))} {esc(fmt_pct(v.get('fraction', 0)))}' "
+        f"style='width:{100 * float(v.get('fraction', 0) or 0):.3f}%;background:{palette.phase_color(p)}'></div>"
+        for p, v in items
+    )
+    rows = "".join(
+        f"<tr data-phase='{esc(p)}'><td><span class='sw' style='background:{palette.phase_color(p)}'></span>"
+        f"{esc(palette.phase_label(p))}</td><td class='num'>{esc(fmt_pct(v.get('fraction', 0)))}</td>"
+        f"<td class='num'>{esc(fmt_phase_per_step(v, fmt_s))}</td>"
+        f"<td class='num'>{esc(fmt_s(v.get('total_s', 0)))}</td></tr>"
+        for p, v in items
     )
     outside = doc.get("outside_steps") or {}
     out_txt = ""
     if float(outside.get("total_s", 0) or 0) > 0:
-        items = ", ".join(f"{esc(k)} {esc(fmt_s(v))}" for k, v in outside.get("phases", {}).items() if v > 0)
-        out_txt = f"<p class='muted'>outside training steps: {items}</p>"
-    return (
-        "<section><h2>Step time over steps</h2>" + chart + note + "</section>"
-        "<section><h2>Where each step's time goes</h2>"
-        + legend([(k, PHASE_COLORS.get(k, "#999")) for k in keys])
-        + stacked
-        + note
-        + "<table><tr><th>phase</th><th class='num'>share</th><th class='num'>median/step</th>"
-        "<th class='num'>total</th></tr>" + rows + "</table>" + out_txt + "</section>"
-    )
-
-
-_RESOURCE_CHARTS: tuple[tuple[str, str, Callable[[float], str], str], ...] = (
-    ("job.cpu_percent", "CPU of the job (100% = one core)", lambda v: f"{v:.0f}%", "#1f77b4"),
-    ("job.rss_bytes", "memory RSS of the job", fmt_bytes, "#9467bd"),
-    ("job.read_bytes_per_s", "storage reads", lambda v: fmt_bytes(v) + "/s", "#2ca02c"),
-    ("job.write_bytes_per_s", "storage writes", lambda v: fmt_bytes(v) + "/s", "#d62728"),
-    ("host.net_recv_bytes_per_s", "network in (host)", lambda v: fmt_bytes(v) + "/s", "#17becf"),
-    ("host.net_sent_bytes_per_s", "network out (host)", lambda v: fmt_bytes(v) + "/s", "#bcbd22"),
-)
-
-
-def _resources(doc: dict[str, Any]) -> str:
-    res = doc.get("resources", {})
-    series = res.get("series", {})
-    summary = res.get("summary", {})
-    charts: list[tuple[str, str, Callable[[float], str], str]] = list(_RESOURCE_CHARTS)
-    for g in doc.get("run", {}).get("gpus", []) or []:
-        charts += [
-            (f"gpu.{g}.util_percent", f"GPU {g} utilization", lambda v: f"{v:.0f}%", "#ff7f0e"),
-            (f"gpu.{g}.mem_used_bytes", f"GPU {g} memory", fmt_bytes, "#8c564b"),
-            (f"gpu.{g}.power_w", f"GPU {g} power", lambda v: f"{v:.0f} W", "#e377c2"),
-        ]
-    cells = []
-    for key, label, f, color in charts:
-        pts = series.get(key) or []
-        if len(pts) < 2:
-            continue
-        s = summary.get(key, {})
-        chart = line_chart(pts, f, lambda v: f"{v:.0f} s", "seconds", color, label, w=420, h=180)
-        cells.append(
-            f"<div><b>{esc(label)}</b> <span class='muted'>mean {esc(f(s.get('mean', 0)))}, "
-            f"max {esc(f(s.get('max', 0)))}</span>{chart}</div>"
+        out_items = ", ".join(
+            f"{esc(palette.phase_label(k))} {esc(fmt_s(v))}"
+            for k, v in outside.get("phases", {}).items()
+            if v > 0
         )
-    if not cells:
-        return ""
+        out_txt = f"<p class='muted'>Outside training steps: {out_items}</p>"
     return (
-        "<section><h2>Resources over time</h2><p class='muted'>downsampled: means over equal time "
-        "buckets of the job-wide samples</p><div class='grid'>" + "".join(cells) + "</div></section>"
+        f"<div class='phasebar'>{bar}</div><table class='phase-table'><thead><tr><th>phase</th>"
+        "<th class='num'>share of step time</th><th class='num'>median per step</th><th class='num'>total</th>"
+        f"</tr></thead><tbody>{rows}</tbody></table>"
+        f"<p class='muted'>Shares are of the main loop's total step time ({esc(fmt_s(st.get('total_s', 0) or 0))} "
+        f"over {esc(fmt_num(int(st.get('count', 0) or 0)))} steps).</p>" + out_txt
     )
+
+
+def _charts(doc: dict[str, Any]) -> str:
+    """The uPlot charts (drawn by the inline script from the data embedded in the page)."""
+    st = doc.get("steps", {})
+    tl = st.get("timeline") or []
+    parts = []
+    if st.get("count") and tl:
+        downsampled = len(tl) < int(st.get("count", 0))
+        note = (
+            f"<p class='muted'>downsampled: {len(tl)} points, each the mean of about "
+            f"{math.ceil(int(st['count']) / max(1, len(tl)))} consecutive steps of {int(st['count'])}</p>"
+            if downsampled
+            else ""
+        )
+        parts.append(
+            "<section><div class='charts'>"
+            f"<div><h2>Step time</h2><div class='chart' data-chart='step'></div>{note}</div>"
+            f"<div><h2>Phases over steps</h2><div class='chart' data-chart='phases'></div>{note}</div>"
+            "</div></section>"
+        )
+    if len(st.get("per_rank") or []) > 1:
+        parts.append(
+            "<section><h2>Step time per rank</h2><p class='muted'>median step of each rank, split into its "
+            "phases</p><div class='chart' data-chart='ranks'></div></section>"
+        )
+    if any(len(v or []) >= 2 for v in ((doc.get("resources") or {}).get("series") or {}).values()):
+        parts.append(
+            "<section><h2>Resources over time</h2><p class='muted'>downsampled: means over equal time "
+            "buckets of the job-wide samples; host lines (dashed) start hidden: click a legend entry to "
+            "show or hide a line</p><div class='charts' data-chart='resources'></div></section>"
+        )
+    return "".join(parts)
+
+
+#: What the inline script draws: the parts of the report that the charts read.
+def _chart_data(doc: dict[str, Any]) -> dict[str, Any]:
+    st = doc.get("steps", {})
+    return {
+        "phases": doc.get("phases", {}),
+        "steps": {"count": st.get("count", 0), "timeline": st.get("timeline") or [], "per_rank": st.get("per_rank") or []},
+        "resources": {"series": (doc.get("resources") or {}).get("series") or {}},
+    }  # fmt: skip
+
+
+DRAW_JS = """
+(function () {
+  var H = window.HoloViews, R = window.HOLOPROF_REPORT;
+  if (!H || !window.uPlot) return;
+  document.querySelectorAll("[data-chart]").forEach(function (el) {
+    var kind = el.getAttribute("data-chart");
+    if (kind === "resources") {
+      H.resourceSpecs(R.resources.series).forEach(function (g) {
+        var cell = document.createElement("div");
+        cell.innerHTML = "<h3>" + H.esc(g.title) + "</h3><div class='chart'></div>";
+        el.appendChild(cell);
+        H.draw(cell.querySelector(".chart"), g.spec);
+      });
+      return;
+    }
+    var phases = H.phasesOf(R);
+    var spec = kind === "step" ? H.stepSpec(R.steps.timeline)
+      : kind === "phases" ? H.phaseSpec(R.steps.timeline, phases)
+      : kind === "ranks" ? H.rankSpec(R.steps.per_rank, phases) : null;
+    if (spec) H.draw(el, spec, kind === "ranks" ? 260 : 220);
+  });
+})();
+"""
 
 
 def _gantt(doc: dict[str, Any]) -> str:
@@ -565,56 +463,81 @@ def _stage_table(stages: list[dict[str, Any]], rest: list[dict[str, Any]]) -> st
     )
 
 
+def _io_summary(io: dict[str, Any], limit: int, compact: bool = False) -> str:
+    """Reads and writes: totals, bandwidth over the run and inside the calls, the top files and a row
+    for the rest (counted from the run's totals, not from the files listed in the report)."""
+    trs = "".join(
+        f"<tr><td>{label}</td><td class='num'>{esc(fmt_bytes(io.get(b, 0) or 0))}</td>"
+        f"<td class='num'>{esc(fmt_num(io.get(n, 0) or 0))}</td><td class='num'>{esc(fmt_s(io.get(t, 0) or 0))}</td>"
+        f"<td class='num'>{esc(fmt_rate(io.get(wall, 0) or 0))}</td><td class='num'>{esc(fmt_rate(io.get(inside, 0) or 0))}</td></tr>"
+        for label, b, n, t, wall, inside in (
+            ("read", "bytes_read", "reads", "read_time_s", "bandwidth_read_wall_bytes_per_s", "bandwidth_read_bytes_per_s"),
+            ("written", "bytes_written", "writes", "write_time_s", "bandwidth_write_wall_bytes_per_s", "bandwidth_write_bytes_per_s"),
+        )
+    )  # fmt: skip
+    out = (
+        "<table class='io-totals'><thead><tr><th></th><th class='num'>bytes</th><th class='num'>calls</th>"
+        "<th class='num' title='summed over the processes'>time in calls</th><th class='num'>over the run</th>"
+        f"<th class='num'>inside the calls</th></tr></thead><tbody>{trs}</tbody></table>"
+    )
+    files = io.get("files_detail") or []
+    shown = files[:limit]
+    if not shown:
+        return out
+    head = "<th>file</th><th class='num'>read</th><th class='num'>written</th>"
+    head += "<th class='num'>reads</th><th class='num'>writes</th>"
+    if not compact:
+        head += "<th class='num'>mapped</th><th class='num'>opens</th><th class='num'>sequential</th><th class='num'>read time</th>"
+    rows = ""
+    for f in shown:
+        rows += (
+            f"<tr><td class='mono'>{esc(f.get('path', ''))}</td><td class='num'>{esc(fmt_bytes(f.get('bytes_read', 0) or 0))}</td>"
+            f"<td class='num'>{esc(fmt_bytes(f.get('bytes_written', 0) or 0))}</td>"
+            f"<td class='num'>{esc(fmt_num(f.get('reads', 0) or 0))}</td><td class='num'>{esc(fmt_num(f.get('writes', 0) or 0))}</td>"
+        )  # fmt: skip
+        if not compact:
+            rows += (
+                f"<td class='num'>{esc(fmt_bytes(f.get('bytes_mapped', 0) or 0) if f.get('mmaps') else '–')}</td>"
+                f"<td class='num'>{esc(fmt_num(f.get('opens', 0) or 0))}</td>"
+                f"<td class='num'>{esc(fmt_pct(f.get('seq_read_fraction', 0) or 0) if f.get('reads') else '–')}</td>"
+                f"<td class='num'>{esc(fmt_s(f.get('read_time_s', 0) or 0))}</td>"
+            )
+        rows += "</tr>"
+    rows += _more_files_row(io, shown, 5 if compact else 9)
+    return out + f"<table class='io-files'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def _more_files_row(io: dict[str, Any], shown: list[dict[str, Any]], columns: int) -> str:
+    """ "… and 2,043 more files: 1.58 MiB read, 510 GiB written" from the run's totals ("" if none)."""
+    more, read, _reads, written = more_files(io, shown)
+    if not more:
+        return ""
+    what = ", ".join(
+        x
+        for x in (
+            f"{fmt_bytes(read)} read" if read else "",
+            f"{fmt_bytes(written)} written" if written else "",
+        )
+        if x
+    )
+    return f"<tr class='more'><td colspan='{columns}'>… and {fmt_num(more)} more files{': ' + what if what else ''}</td></tr>"
+
+
 def _io(doc: dict[str, Any]) -> str:
     io = doc.get("io") or {}
     if not io:
         return ""
-    tiles = []
-    for key, label, f in (
-        ("bytes_read", "read", fmt_bytes),
-        ("bytes_written", "written", fmt_bytes),
-        ("files", "files", fmt_num),
-        ("reads", "read calls", fmt_num),
-        ("writes", "write calls", fmt_num),
-        ("bandwidth_read_bytes_per_s", "read bandwidth", lambda v: fmt_bytes(v) + "/s"),
-    ):
-        if key in io and io[key] is not None:
-            tiles.append(f"<div class='tile'><b>{esc(f(io[key]))}</b><span>{esc(label)}</span></div>")
     hist = io.get("read_size_histogram") or {}
-    hchart = hbars([(str(k), float(v or 0)) for k, v in hist.items()], fmt_num, "#2ca02c", title="read sizes")
-    files = io.get("files_detail") or []
-    shown = files[:20]
-    trs = "".join(
-        f"<tr><td class='mono'>{esc(f.get('path', ''))}</td><td class='num'>{esc(fmt_bytes(f.get('bytes_read', 0) or 0))}</td>"
-        f"<td class='num'>{esc(fmt_bytes(f.get('bytes_written', 0) or 0))}</td>"
-        f"<td class='num'>{esc(fmt_bytes(f.get('bytes_mapped', 0) or 0) if f.get('mmaps') else '-')}</td>"
-        f"<td class='num'>{esc(fmt_num(f.get('reads', 0) or 0))}</td><td class='num'>{esc(fmt_num(f.get('writes', 0) or 0))}</td>"
-        f"<td class='num'>{esc(fmt_num(f.get('opens', 0) or 0))}</td>"
-        f"<td class='num'>{esc(fmt_pct(f.get('seq_read_fraction', 0) or 0))}</td>"
-        f"<td class='num'>{esc(fmt_s(f.get('read_time_s', 0) or 0))}</td></tr>"
-        for f in shown
-    )
-    more = (
-        f"<p class='muted'>{len(files) - len(shown)} more files not shown</p>"
-        if len(files) > len(shown)
-        else ""
-    )
-    table = (
-        (
-            "<h3>Top files</h3><table><tr><th>path</th><th class='num'>read</th><th class='num'>written</th>"
-            "<th class='num'>mapped</th>"
-            "<th class='num'>reads</th><th class='num'>writes</th><th class='num'>opens</th>"
-            "<th class='num'>sequential</th><th class='num'>read time</th></tr>" + trs + "</table>" + more
-        )
-        if shown
-        else ""
-    )
+    items = [(str(k), float(v or 0)) for k, v in hist.items()]
+    while items and not items[-1][1]:  # no empty rows at either end (as the terminal)
+        items.pop()
+    while items and not items[0][1]:
+        items.pop(0)
+    hchart = hbars(items, fmt_num, palette.SERIES_COLORS[2], title="read sizes")
     return (
-        "<section><h2>I/O</h2><div class='tiles'>"
-        + "".join(tiles)
-        + "</div>"
+        "<section><h2>I/O</h2>"
+        + _io_summary(io, 20)
         + (f"<h3>Read sizes (Darshan buckets)</h3>{hchart}" if hchart else "")
-        + table
         + "</section>"
     )
 
@@ -652,9 +575,6 @@ def _memory(doc: dict[str, Any]) -> str:
         parts.append(
             f"<p class='note'>Activations not measured on step(s) {esc(steps)}: {esc(un['why'])}</p>"
         )
-    tu = mem.get("tensors_unmeasured")
-    if tu:
-        parts.append(f"<p class='note'>Some tensors not measured: {esc(tu['why'])}</p>")
     layers = mem.get("per_layer") or []
     if layers:
         trs = "".join(
@@ -669,6 +589,99 @@ def _memory(doc: dict[str, Any]) -> str:
         )
     parts.append("</section>")
     return "".join(parts)
+
+
+def _evidence(ev: dict[str, Any]) -> str:
+    """Evidence as a short table of named numbers; nested evidence (per rank, per file, a model's
+    inputs) as a small table inside a details element."""
+    scalars = [(k, v) for k, v in ev.items() if not isinstance(v, (dict, list))]
+    nested = [(k, v) for k, v in ev.items() if isinstance(v, (dict, list)) and v]
+    out = ""
+    if scalars:
+        out += "<table class='ev'><tbody>" + "".join(
+            f"<tr><th>{esc(evidence_label(k))}</th><td>{esc(evidence_value(k, v))}</td></tr>" for k, v in scalars
+        ) + "</tbody></table>"  # fmt: skip
+    for k, v in nested:
+        out += f"<details class='ev-details'><summary>{esc(evidence_label(k))} ({len(v)})</summary>{_nested(k, v)}</details>"
+    return out
+
+
+def _nested(key: str, v: dict[str, Any] | list[Any], limit: int = 8) -> str:
+    def cell(k: str, x: Any) -> str:
+        return esc(json.dumps(x, default=str) if isinstance(x, (dict, list)) else evidence_value(k, x))
+
+    if isinstance(v, dict):
+        return "<table class='ev-nested'><tbody>" + "".join(
+            f"<tr><th>{esc(evidence_label(k))}</th><td>{cell(k, x)}</td></tr>" for k, x in v.items()
+        ) + "</tbody></table>"  # fmt: skip
+    if not all(isinstance(x, dict) for x in v):
+        return f"<div class='ev-list'>{esc(', '.join(cell(key, x) for x in v))}</div>"
+    cols = list(dict.fromkeys(k for x in v for k in x))
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{cell(c, x.get(c))}</td>" for c in cols) + "</tr>" for x in v[:limit]
+    )
+    if len(v) > limit:
+        rows += f"<tr class='more'><td colspan='{len(cols)}'>… and {len(v) - limit} more</td></tr>"
+    head = "".join(f"<th>{esc(evidence_label(c))}</th>" for c in cols)
+    return f"<table class='ev-nested'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def _findings(doc: dict[str, Any]) -> str:
+    """Each finding: its headline, its predicted or measured gain, its evidence, its fix."""
+    found = doc.get("findings") or []
+    if not found:
+        return "<div class='empty' id='no-findings'>No findings: nothing crossed a threshold.</div>"
+    items = []
+    for f in found:
+        sev = str(f.get("severity", "low"))
+        gain = gain_label(f)
+        thr = f.get("threshold") or {}
+        thr_txt = ", ".join(f"{evidence_label(k)} {evidence_value(k, v)}" for k, v in thr.items())
+        items.append(
+            f"<div class='finding {esc(sev)}' data-finding='{esc(f.get('id', ''))}'>"
+            f"<div class='fh'><span class='badge {esc(sev)}'>{esc(sev)}</span> "
+            f"<span class='t'>{esc(f.get('title', ''))}</span></div>"
+            + (f"<div class='gain'>{esc(gain)}</div>" if gain else "")
+            + _evidence(f.get("evidence") or {})
+            + f"<div class='fix'><strong>Fix:</strong> {esc(f.get('recommendation', ''))}</div>"
+            + (f"<div class='muted'>threshold: {esc(thr_txt)}</div>" if thr_txt else "")
+            + f"<div class='fid mono'>{esc(f.get('id', ''))}</div></div>"
+        )
+    return "".join(items)
+
+
+def _notes(doc: dict[str, Any]) -> str:
+    run = doc.get("run", {})
+    notes = []
+    if run.get("dropped_events"):
+        notes.append(
+            f"{run['dropped_events']} events were dropped (buffer full or disk unwritable); totals may be low"
+        )
+    notes += [f"collector turned off: {e}" for e in run.get("errors", []) or []]
+    notes += [str(w) for w in run.get("warnings", []) or []]
+    if not notes:
+        return ""
+    return (
+        "<section><h2>Notes</h2>" + "".join(f"<div class='note'>{esc(n)}</div>" for n in notes) + "</section>"
+    )
+
+
+#: The page's policy: nothing from the network, only the inline styles and scripts of the page.
+CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
+
+
+def _scripts(doc: dict[str, Any]) -> str:
+    """uPlot, the palette, the shared view code and the chart data, inline."""
+    return "".join(
+        f"<script>{text}</script>"
+        for text in (
+            palette.asset("vendor/uPlot.iife.min.js"),
+            palette.palette_js(),
+            palette.asset("charts.js"),
+            f"window.HOLOPROF_REPORT = {palette.script_json(_chart_data(doc))};",
+            DRAW_JS,
+        )
+    )
 
 
 def fmt_flops(x: Any, unit: str = "FLOP") -> str:
@@ -767,50 +780,6 @@ def _goodput(doc: dict[str, Any]) -> str:
     )
 
 
-def _findings(doc: dict[str, Any]) -> str:
-    found = doc.get("findings") or []
-    if not found:
-        return "<section><h2>Findings</h2><p>No findings: nothing crossed a threshold.</p></section>"
-    items = []
-    for f in found:
-        sev = str(f.get("severity", "low"))
-        color = SEVERITY_COLORS.get(sev, "#666")
-        ev = "".join(
-            f"<tr><td>{esc(k)}</td><td class='mono'>{esc(_fmt_value(v))}</td></tr>"
-            for k, v in (f.get("evidence") or {}).items()
-        )
-        thr = f.get("threshold") or {}
-        thr_txt = ", ".join(f"{k} {_fmt_value(v)}" for k, v in thr.items())
-        items.append(
-            f"<div class='finding' style='border-left-color:{color}'>"
-            f"<h3><span class='sev' style='background:{color}'>{esc(sev)}</span>{esc(f.get('title', ''))} "
-            f"<span class='muted'>({esc(f.get('id', ''))})</span></h3>"
-            f"<p><b>Fix:</b> {esc(f.get('recommendation', ''))}</p>"
-            + (f"<p><b>Expected gain:</b> {esc(gain_label(f))}</p>" if gain_label(f) else "")
-            + (f"<p class='muted'>threshold: {esc(thr_txt)}</p>" if thr_txt else "")
-            + f"<table><tr><th>evidence</th><th>value</th></tr>{ev}</table></div>"
-        )
-    return "<section><h2>Findings</h2>" + "".join(items) + "</section>"
-
-
-def _notes(doc: dict[str, Any]) -> str:
-    run = doc.get("run", {})
-    notes = []
-    warnings = [str(w) for w in run.get("warnings", []) or []]
-    if run.get("dropped_events") and not any("events were dropped" in w for w in warnings):
-        # a report of an earlier version, whose warnings do not say it yet
-        notes.append(
-            f"{run['dropped_events']} events were dropped (buffer full or disk unwritable); totals may be low"
-        )
-    notes += [f"collector turned off: {e}" for e in run.get("errors", []) or []]
-    notes += warnings
-    if not notes:
-        return ""
-    return (
-        "<section><h2>Notes</h2>" + "".join(f"<div class='note'>{esc(n)}</div>" for n in notes) + "</section>"
-    )
-
-
 def render_html(doc: dict[str, Any]) -> str:
     """The whole report as one HTML document (a string)."""
     doc = printable(doc)
@@ -820,25 +789,26 @@ def render_html(doc: dict[str, Any]) -> str:
         part
         for part in (
             _header(doc),
-            _findings(doc),
-            _steps(doc),
+            _first_screen(doc),
+            _charts(doc),
             _compute(doc),
             _goodput(doc),
             _gantt(doc),
-            _resources(doc),
             _io(doc),
             _memory(doc),
             _notes(doc),
         )
         if part
     )
+    styles = palette.asset("vendor/uPlot.min.css") + palette.asset("views.css") + CSS
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        'img-src data:">'
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>{body}"
-        f"<p class='muted'>{esc(doc.get('schema', ''))} · generated by holoprof</p></main></body></html>\n"
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f"<title>{esc(title)}</title><style>{styles}</style></head><body><main>{body}"
+        "<noscript><p class='muted'>The charts need JavaScript; the tables above do not.</p></noscript>"
+        f"<p class='muted'>{esc(doc.get('schema', ''))} · generated by holoprof · charts by uPlot (MIT)</p>"
+        f"</main>{_scripts(doc)}</body></html>\n"
     )
 
 

@@ -155,15 +155,18 @@ def _top_files(io: dict[str, Any]) -> list[Any]:
             for f in files[:TOP_FILES]
         ],
     )
-    rest = files[TOP_FILES:]
     parts: list[Any] = [Text(""), Text("top files", style="bold"), t]
-    if rest:
+    count, read, reads, written = summary.more_files(io, files[:TOP_FILES])
+    if count:
+        where = (
+            "every file is in holoprof report RUN --json"
+            if len(files) >= int(io.get("files") or 0)
+            else f"the largest {len(files)} are in holoprof report RUN --json"
+        )
         parts.append(
             Text(
-                f"{summary.more_label(rest, 'files')}: {fmt_bytes(summary.total(rest, 'bytes_read'))} read in "
-                f"{int(summary.total(rest, 'reads'))} reads, {fmt_bytes(summary.total(rest, 'bytes_written'))} "
-                "written "
-                "(every file is in holoprof report RUN --json)",
+                f"… and {count:,} more files: {fmt_bytes(read)} read in {int(reads):,} reads, "
+                f"{fmt_bytes(written)} written ({where})",
                 style="grey62",
             )
         )

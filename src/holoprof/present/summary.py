@@ -79,3 +79,14 @@ def at_most(rest: Sequence[dict[str, Any]], key: str, fmt: Callable[[float], str
     """The largest ``key`` over the rows, formatted, as a bound: "≤ 15.5 ms" (empty for no rows)."""
     values = [float(r[key]) for r in rest if r.get(key) is not None]
     return f"≤ {fmt(max(values))}" if values else ""
+
+
+def more_files(io: dict[str, Any], shown: Sequence[dict[str, Any]]) -> tuple[int, float, float, float]:
+    """What the files not shown add up to, from the run's I/O totals (the report lists only the
+    largest files): ``(files, bytes read, read calls, bytes written)``."""
+    listed = io.get("files_detail") or []
+    count = max(0, int(io.get("files") or 0) - len(shown), len(listed) - len(shown))
+    read = max(0.0, float(io.get("bytes_read") or 0) - total(shown, "bytes_read"))
+    reads = max(0.0, float(io.get("reads") or 0) - total(shown, "reads"))
+    written = max(0.0, float(io.get("bytes_written") or 0) - total(shown, "bytes_written"))
+    return count, read, reads, written

@@ -1,7 +1,9 @@
 """``holoprof serve``: a live dashboard and JSON API over running and finished runs.
 
 Standard library only (``http.server``). The dashboard's charts use uPlot, shipped inside the
-package (``static/vendor``); nothing is fetched from the network at run time.
+package (``present/assets/vendor``) and drawn by the same ``charts.js`` as the HTML report, with the
+palette of :mod:`holoprof.present.palette` (served as ``/static/palette.js``); nothing is fetched from
+the network at run time.
 
 Security model:
 
@@ -13,7 +15,7 @@ Security model:
 * POSTs also need the ``X-Holoprof-Token`` header (or ``Authorization: Bearer``), which a cross-site
   form or script cannot send, and a same-origin ``Origin`` when one is given; bodies are JSON of at
   most 16 KiB, and actions come from the allow-list of :mod:`holoprof.store.mailbox`;
-* files are served only from the package's static folder (a fixed list made at start) and from a
+* files are served only from the package's static folders (a fixed list made at start) and from a
   run's ``artifacts/`` folder (a plain name, resolved and checked to stay inside it);
 * at most ``max_connections`` connections at once, each closed when its next request is late
   (``request_timeout_s``): see :mod:`holoprof.serve.connections`.
@@ -46,6 +48,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from holoprof import model
 from holoprof.analyze.report import build_report
 from holoprof.errors import HoloprofError
+from holoprof.present.palette import ASSETS_DIR, palette_js
 from holoprof.present.prometheus import CONTENT_TYPE, render
 from holoprof.serve import ctl
 from holoprof.serve.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, WRITE_CHUNK, LimitedServer
@@ -72,6 +75,9 @@ REPORT_MAX_INTERVAL_S = 2.0
 #: in ``holoprof_runs_pending`` (present while there are any). Half of Prometheus' default scrape
 #: timeout.
 METRICS_BUILD_BUDGET_S = 5.0
+#: The run list waits at most this long for the summaries (steps, step time) of finished runs it has
+#: not seen before; the rest show their steps at the list's next refresh.
+LIST_BUILD_BUDGET_S = 2.0
 #: A finished run's files are checked for changes (its summary rebuilt if they did), and a run that
 #: could not be read is read again while its files stay the same, at most this often.
 RECHECK_S = 10.0
@@ -180,7 +186,11 @@ class Runs:
 
     def summary(self) -> list[dict[str, Any]]:
         """One line per run. A running run's report is brought up to date (as /metrics does), so that
-        its step count follows the job; a run that cannot be read is listed as ``broken``, with why."""
+        its step count follows the job; a finished run's steps come from its summary (from memory or
+        disk, else built in the background: the list waits for those builds at most
+        LIST_BUILD_BUDGET_S, and shows the runs still pending without steps); a run that cannot be
+        read is listed as ``broken``, with why."""
+        self._summaries_for_list()
         out = []
         for run_id, p in self.paths().items():
             error = None
@@ -221,6 +231,28 @@ class Runs:
             )
         out.sort(key=lambda r: r["start_ns"] or 0, reverse=True)
         return out
+
+    def _summaries_for_list(self) -> None:
+        """Every finished run's summary from memory or disk; those that have none are built in the
+        background, waited for at most LIST_BUILD_BUDGET_S."""
+        deadline = time.monotonic() + LIST_BUILD_BUDGET_S
+        new = []
+        for run_id, path in self.paths().items():
+            try:
+                if run_status(rundir.read_manifest(path)) == "running":
+                    continue  # its report is brought up to date by the list itself
+                if self._run_summary(run_id, path, build=False, wait_s=0.0) is None:
+                    new.append(run_id)
+            except (HttpError, HoloprofError):
+                continue  # broken: listed as such
+        if not new:
+            return
+        self._build_later(new)
+        with self._cond:
+            self._cond.wait_for(
+                lambda: not any(r in self._queue or r == self._building for r in new),
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
 
     def report(self, run_id: str) -> dict[str, Any]:
         """The run's report, rebuilt when its data changed (at most once per second, and at most once
@@ -388,13 +420,15 @@ def _build(path: str) -> dict[str, Any]:
 
 
 def _static_files() -> dict[str, str]:
-    """Every file of the static folder by its relative name (made once: requests only pick from it)."""
+    """Every file of the static folder and of the views' shared assets (``charts.js``, uPlot) by its
+    relative name (made once: requests only pick from it)."""
     out = {}
-    for base, _dirs, files in os.walk(STATIC_DIR):
-        for f in files:
-            full = os.path.join(base, f)
-            rel = os.path.relpath(full, STATIC_DIR).replace(os.sep, "/")
-            out[rel] = full
+    for folder in (ASSETS_DIR, STATIC_DIR):
+        for base, _dirs, files in os.walk(folder):
+            for f in files:
+                full = os.path.join(base, f)
+                rel = os.path.relpath(full, folder).replace(os.sep, "/")
+                out[rel] = full
     return out
 
 
@@ -643,6 +677,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, body, "text/html; charset=utf-8")
 
     def _static(self, rel: str) -> None:
+        if rel == "palette.js":  # the one list of phases, colours and labels, from the Python side
+            body = palette_js().encode()
+            return self._send(
+                200, body, "application/javascript; charset=utf-8", {"Cache-Control": "no-cache"}
+            )
         path = self.server.static.get(rel)
         if path is None:
             raise HttpError(404, "no such file")

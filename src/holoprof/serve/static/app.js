@@ -2,51 +2,13 @@
 (function () {
   "use strict";
 
+  const H = window.HoloViews; // shared with the HTML report: formatting, findings, chart specs, palette
+  const { esc, fmtS, fmtBytes, fmtRate, fmtPct, fmtNum, phaseColor, phaseLabel } = H;
   const POLL_MS = 1500;
-  const PHASES = ["data_wait", "forward", "backward", "optimizer", "compile", "communication", "checkpoint", "eval", "other"];
-  const COLORS = {
-    data_wait: "#e45756", forward: "#4c78a8", backward: "#72b7b2", optimizer: "#54a24b", compile: "#ff9da6",
-    communication: "#b279a2", checkpoint: "#f58518", eval: "#eeca3b", other: "#a5a9b4",
-  };
-  const LABELS = {
-    data_wait: "data wait", forward: "forward", backward: "backward", optimizer: "optimizer", compile: "compile",
-    communication: "communication", checkpoint: "checkpoint", eval: "eval", other: "other",
-  };
 
   const state = { runId: null, timer: null, charts: {}, summaries: {}, lastReport: null, lastActions: null, busy: false };
 
-  // --- formatting ------------------------------------------------------------------------------------
-  function esc(v) {
-    return String(v == null ? "" : v).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
-  }
-  function fmtS(s) {
-    if (s == null || isNaN(s)) return "–";
-    const a = Math.abs(s);
-    if (a === 0) return "0 s";
-    if (a < 1e-3) return (s * 1e6).toFixed(a < 1e-5 ? 2 : 0) + " µs";
-    if (a < 1) return (s * 1e3).toFixed(a < 0.01 ? 2 : a < 0.1 ? 1 : 0) + " ms";
-    if (a < 120) return s.toFixed(a < 10 ? 2 : 1) + " s";
-    if (a < 7200) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
-    return (s / 3600).toFixed(1) + " h";
-  }
-  // a phase's time per step: its median, or for a phase of a few steps only (eval, checkpoint: median 0)
-  // its time per step where it occurs and in how many steps (as the terminal and HTML reports)
-  function phasePerStep(v) {
-    const n = v.steps || 0;
-    if (!(v.median_s > 0) && v.total_s > 0 && n) return fmtS(v.per_occurrence_s) + " in " + n + (n === 1 ? " step" : " steps");
-    return fmtS(v.median_s);
-  }
   function fmtUs(us) { return fmtS(us / 1e6); }
-  function fmtBytes(b) {
-    if (b == null || isNaN(b)) return "–";
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0, v = Math.abs(b);
-    while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
-    return (b < 0 ? "-" : "") + (i === 0 ? v.toFixed(0) : v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0)) + " " + u[i];
-  }
-  function fmtRate(b) { return fmtBytes(b) + "/s"; }
-  function fmtPct(f) { return f == null ? "–" : (f * 100).toFixed(f < 0.1 ? 1 : 0) + "%"; }
-  function fmtNum(n) { return n == null ? "–" : Number(n).toLocaleString("en-US"); }
   function fmtTime(ns) { return ns ? new Date(ns / 1e6).toLocaleString() : "–"; }
   // Long tables (thousands of ranks or processes) show the MAX_ROWS costliest rows in their own
   // order, then one row for the rest; the API keeps every row (as holoprof.present.summary does).
@@ -113,12 +75,14 @@
         <td><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td>
         <td>${esc(fmtTime(r.start_ns))}</td>
         <td class="num">${r.end_ns && r.start_ns ? fmtS((r.end_ns - r.start_ns) / 1e9) : "–"}</td>
+        <td class="num">${r.steps == null ? "–" : fmtNum(r.steps)}</td>
+        <td class="num">${r.median_step_s ? fmtS(r.median_step_s) : "–"}</td>
         <td class="mono">${esc((r.command || []).join(" "))}</td>
       </tr>`).join("");
     document.getElementById("app").innerHTML = `
       <h1>Runs</h1><div class="sub mono">${esc(doc.root)}</div>
       <div class="card scroll">
-        ${doc.runs.length ? `<table id="runs-table"><thead><tr><th>run</th><th>status</th><th>started</th><th class="num">duration</th><th>command</th></tr></thead><tbody>${rows}</tbody></table>`
+        ${doc.runs.length ? `<table id="runs-table"><thead><tr><th>run</th><th>status</th><th>started</th><th class="num">duration</th><th class="num">steps</th><th class="num">median step</th><th>command</th></tr></thead><tbody>${rows}</tbody></table>`
           : '<div class="empty">No runs here yet. Start one with <code>holoprof run -- python train.py</code>.</div>'}
       </div>`;
     document.querySelectorAll("tr[data-run]").forEach((tr) => tr.addEventListener("click", () => {
@@ -128,28 +92,31 @@
   }
 
   // --- one run ---------------------------------------------------------------------------------------
+  // The first screen: the headline numbers, then where a step goes (or, for a run without steps, its
+  // I/O) beside the findings; the charts and tables after.
   function skeleton(id) {
     document.getElementById("app").innerHTML = `
       <h1 id="run-title">${esc(id)}</h1>
       <div class="sub mono" id="run-sub"></div>
       <div class="kpis" id="kpis"></div>
-      <div class="grid">
+      <div class="grid" id="first">
+        <div class="card span-6 scroll" id="headline-card"><h2 id="headline-title">Where a step goes</h2><div id="headline"></div></div>
+        <div class="card span-6" id="findings-card"><h2>Findings</h2><div id="findings"></div></div>
+      </div>
+      <div class="grid" id="step-grid">
         <div class="card span-6"><h2>Step time</h2><div class="chart" id="step-chart" data-points="0"></div></div>
         <div class="card span-6"><h2>Phases over steps</h2><div class="chart" id="phase-chart"></div></div>
       </div>
-      <div class="grid">
-        <div class="card span-6"><h2>Where a step goes</h2><div id="phasebar"></div></div>
-        <div class="card span-6 timeline"><h2>Recent steps</h2><div id="timeline"></div></div>
+      <div class="grid" id="rank-grid"></div>
+      <div class="grid" id="timeline-grid">
+        <div class="card span-12 timeline"><h2 id="timeline-title">Recent steps</h2><div id="timeline"></div></div>
       </div>
       <div class="grid" id="resources"></div>
-      <div class="grid">
+      <div class="grid" id="actions-grid" hidden>
         <div class="card span-12" id="actions-card"><h2>On demand</h2><div id="actions"></div></div>
       </div>
       <div class="grid" id="deep"></div>
       <div class="grid" id="extra"></div>
-      <div class="grid">
-        <div class="card span-12"><h2>Findings</h2><div id="findings"></div></div>
-      </div>
       <div class="grid">
         <div class="card span-12 scroll"><h2>Processes</h2><div id="processes"></div></div>
       </div>`;
@@ -188,146 +155,175 @@
 
   function renderReport(id, r) {
     state.lastReport = r;
-    const run = r.run, st = r.steps;
+    const run = r.run, st = r.steps, io = r.io || {};
+    const hasSteps = (st.count || 0) > 0;
+    const ioFirst = !hasSteps && Object.keys(io).length > 0;
     document.getElementById("run-title").innerHTML = esc(run.name || id) + ` <span class="badge ${esc(run.status)}" id="run-status">${esc(run.status)}</span>`;
     document.getElementById("run-sub").textContent = (run.command || []).join(" ");
-    const kpis = [
-      ["steps", fmtNum(st.count)],
-      ["epochs", st.epochs == null ? "unknown" : fmtNum(st.epochs)],
-      ["median step", fmtS(st.median_s)],
-      ["p90 step", fmtS(st.p90_s)],
-      ["throughput", st.per_s ? st.per_s.toFixed(st.per_s < 10 ? 2 : 1) + " steps/s" : "–"],
-      ["duration", fmtS(run.duration_s)],
-      ["processes", fmtNum(run.processes) + (run.ranks ? " · " + run.ranks + " ranks" : "")],
-      ["dropped events", fmtNum(run.dropped_events)],
-    ];
-    const clocks = run.host_clocks || [];
-    const tips = {};
-    if (clocks.length > 1) {  // a run of several hosts: their clocks are aligned, to within this
-      const unc = clocks.map((c) => c.clock_uncertainty_s);
-      const known = unc.filter((u) => u != null);
-      const dead = (run.dead_hosts || []).length;
-      kpis.push(["hosts", clocks.length + " · clocks " + (known.length === unc.length ? "± " + fmtS(Math.max(...known)) : "partly unaligned") + (dead ? " · " + dead + " dead" : "")]);
-      tips.hosts = clocks.map((c) => `${c.host}: ranks ${(c.ranks || []).join(", ") || "none"}, ` + (c.clock_source === "reference" ? "reference clock" : c.clock_uncertainty_s == null ? "clock offset unknown" : `clock ${c.clock_offset_s >= 0 ? "+" : "-"}${fmtS(Math.abs(c.clock_offset_s))} ± ${fmtS(c.clock_uncertainty_s)} (${c.clock_source})`)).join("\n");
+    const kpis = ioFirst ? ioKpis(r) : stepKpis(r);
+    document.getElementById("kpis").innerHTML = kpis.map(([l, v, h]) => `<div class="kpi"><div class="l">${esc(l)}</div><div class="v">${esc(v)}</div>${h ? `<div class="h">${esc(h)}</div>` : ""}</div>`).join("");
+    document.getElementById("step-grid").hidden = !hasSteps;
+    document.getElementById("timeline-grid").hidden = !hasSteps;
+    if (hasSteps) {
+      renderStepChart(st.timeline || []);
+      renderPhaseChart(st.timeline || [], H.phasesOf(r));
+      renderTimeline(st, H.phasesOf(r));
+    } else {
+      ["step", "phase"].forEach(destroyKey);
     }
-    document.getElementById("kpis").innerHTML = kpis.map(([l, v]) => `<div class="kpi"${tips[l] ? ` title="${esc(tips[l])}"` : ""}><div class="l">${esc(l)}</div><div class="v">${esc(v)}</div></div>`).join("");
-    renderStepChart(st.timeline || []);
-    renderPhaseChart(st.timeline || []);
-    renderPhaseBar(r.phases);
-    renderTimeline(st.timeline || []);
+    renderHeadline(r, hasSteps, ioFirst);
+    renderRanks(r);
     renderResources(r.resources || {});
-    renderExtra(r);
+    renderExtra(r, ioFirst);
     renderFindings(r.findings || []);
     renderProcesses(r.processes || []);
   }
 
-  // --- charts ----------------------------------------------------------------------------------------
+  function stepKpis(r) {
+    const run = r.run, st = r.steps;
+    const out = [
+      ["steps", fmtNum(st.count)],
+      ["median step", fmtS(st.median_s)],
+      ["p90 step", fmtS(st.p90_s)],
+      ["throughput", st.per_s ? +st.per_s.toFixed(st.per_s < 10 ? 2 : 1) + " steps/s" : "–"],
+      ["epochs", st.epochs == null ? "unknown" : fmtNum(st.epochs)],
+      ["duration", fmtS(run.duration_s)],
+      processesKpi(run),
+    ];
+    if (run.dropped_events) out.push(["dropped events", fmtNum(run.dropped_events)]);
+    return out;
+  }
+  // a run without training steps (an imported Darshan log, a data-preparation job): its I/O first
+  function ioKpis(r) {
+    const run = r.run, io = r.io || {};
+    return [
+      ["read", fmtBytes(io.bytes_read), fmtNum(io.reads || 0) + " read calls"],
+      ["written", fmtBytes(io.bytes_written), fmtNum(io.writes || 0) + " write calls"],
+      ["read bandwidth", fmtRate(io.bandwidth_read_wall_bytes_per_s), "over the run"],
+      ["write bandwidth", fmtRate(io.bandwidth_write_wall_bytes_per_s), "over the run"],
+      ["files", fmtNum(io.files)],
+      ["duration", fmtS(run.duration_s)],
+      processesKpi(run),
+    ];
+  }
+  function processesKpi(run) {
+    if (run.ranks && run.ranks === run.processes) return ["ranks", fmtNum(run.ranks)];
+    return ["processes", fmtNum(run.processes), run.ranks ? fmtNum(run.ranks) + " ranks" : ""];
+  }
+
+  function renderHeadline(r, hasSteps, ioFirst) {
+    const el = document.getElementById("headline");
+    const title = document.getElementById("headline-title");
+    if (hasSteps) {
+      title.textContent = "Where a step goes";
+      const out = r.outside_steps || {};
+      const outside = Object.entries(out.phases || {}).filter(([, v]) => v > 0);
+      el.innerHTML = H.phaseBarHtml(r) + `<div class="muted denominator">Shares are of the main loop's total step time (${esc(fmtS(r.steps.total_s))} over ${esc(fmtNum(r.steps.count))} steps).</div>`
+        + (outside.length ? `<div class="muted denominator">Outside training steps: ${outside.map(([k, v]) => esc(phaseLabel(k)) + " " + esc(fmtS(v))).join(", ")}</div>` : "");
+    } else if (ioFirst) {
+      title.textContent = "I/O";
+      el.innerHTML = ioSummaryHtml(r.io, 8, true);
+    } else {
+      title.textContent = "Steps";
+      el.innerHTML = `<div class="empty">${r.run.status === "running" ? "No training step yet." : "No training steps in this run. Steps come from optimizer.step() (PyTorch) or holoprof.step()."}</div>`;
+    }
+  }
+
+  // --- charts (specs from the shared views file) ------------------------------------------------------
   function chartWidth(el) { return Math.max(280, el.clientWidth || 500); }
-  function upsert(key, el, opts, data) {
+  function upsert(key, el, spec, height) {
+    const h = height || 220;
     let c = state.charts[key];
-    if (c && c.series.length !== opts.series.length) { c.destroy(); c = null; }
+    if (c && c.series.length !== spec.opts.series.length) { c.destroy(); c = null; }
     if (!c) {
       el.innerHTML = "";
-      c = new uPlot(Object.assign({ width: chartWidth(el), height: 220 }, opts), data, el);
+      c = new uPlot(Object.assign({ width: chartWidth(el), height: h }, spec.opts), spec.data, el);
       state.charts[key] = c;
     } else {
-      c.setData(data);
+      c.setData(spec.data);
       const w = chartWidth(el);
-      if (Math.abs(w - c.width) > 4) c.setSize({ width: w, height: 220 });
+      if (Math.abs(w - c.width) > 4) c.setSize({ width: w, height: h });
     }
     return c;
   }
-  const axis = (fmt, label) => ({ stroke: "#6b7385", grid: { stroke: "#eef1f5" }, ticks: { stroke: "#e3e7ee" }, size: 78, label, labelSize: 18, values: (u, ticks) => ticks.map(fmt) });
+  function destroyKey(k) { if (state.charts[k]) { state.charts[k].destroy(); delete state.charts[k]; } }
 
   function renderStepChart(tl) {
     const el = document.getElementById("step-chart");
     if (!tl.length) { el.innerHTML = '<div class="empty">No training step yet.</div>'; destroyKey("step"); el.dataset.points = "0"; return; }
-    const xs = tl.map((p) => p.step), ys = tl.map((p) => p.step_s);
-    upsert("step", el, {
-      scales: { x: { time: false } },
-      series: [{ label: "step", value: (u, v) => v == null ? "–" : fmtNum(v) }, { label: "step time", stroke: "#3b6fd8", width: 2, fill: "rgba(59,111,216,.08)", value: (u, v) => fmtS(v), points: { show: tl.length < 40 } }],
-      axes: [axis((v) => fmtNum(v), "step"), axis((v) => fmtS(v))],
-    }, [xs, ys]);
+    upsert("step", el, H.stepSpec(tl));
     el.dataset.points = String(tl.length);
-    el.dataset.lastStep = String(xs[xs.length - 1]);
+    el.dataset.lastStep = String(tl[tl.length - 1].step);
   }
-  function destroyKey(k) { if (state.charts[k]) { state.charts[k].destroy(); delete state.charts[k]; } }
 
-  function renderPhaseChart(tl) {
+  function renderPhaseChart(tl, phases) {
     const el = document.getElementById("phase-chart");
     if (!tl.length) { el.innerHTML = '<div class="empty">No training step yet.</div>'; destroyKey("phase"); return; }
-    const shown = PHASES.filter((p) => tl.some((t) => t[p] > 0));
-    const cum = [], acc = tl.map(() => 0);
-    shown.forEach((p) => { cum.push(tl.map((t, i) => (acc[i] += t[p] || 0))); });
-    // draw the top of the stack first: each lower area paints over the one above it
-    const order = shown.map((p, i) => i).reverse();
-    const series = [{ label: "step", value: (u, v) => v == null ? "–" : fmtNum(v) }].concat(order.map((i) => ({
-      label: LABELS[shown[i]], stroke: COLORS[shown[i]], fill: COLORS[shown[i]], width: 1,
-      points: { show: false },
-      value: (u, v, si, idx) => idx == null ? "–" : fmtS(tl[idx][shown[i]]),
-    })));
-    upsert("phase", el, {
-      scales: { x: { time: false } },
-      series,
-      axes: [axis((v) => fmtNum(v), "step"), axis((v) => fmtS(v))],
-    }, [tl.map((t) => t.step)].concat(order.map((i) => cum[i])));
+    const spec = H.phaseSpec(tl, phases);
+    upsert("phase", el, spec);
+    el.dataset.phases = spec.shown.join(" ");
   }
 
-  function renderPhaseBar(phases) {
-    const el = document.getElementById("phasebar");
-    const items = PHASES.map((p) => [p, phases[p] || { fraction: 0 }]).filter(([, v]) => v.fraction > 0);
-    if (!items.length) { el.innerHTML = '<div class="empty">No training step yet.</div>'; return; }
-    el.innerHTML = `<div class="phasebar">${items.map(([p, v]) => `<div title="${esc(LABELS[p])} ${fmtPct(v.fraction)}" style="width:${(v.fraction * 100).toFixed(3)}%;background:${COLORS[p]}"></div>`).join("")}</div>
-      <table><thead><tr><th>phase</th><th class="num">share</th><th class="num">median per step</th><th class="num">total</th></tr></thead><tbody>
-      ${items.map(([p, v]) => `<tr><td><span class="legend"><span><span class="sw" style="background:${COLORS[p]}"></span>${esc(LABELS[p])}</span></span></td><td class="num">${fmtPct(v.fraction)}</td><td class="num">${esc(phasePerStep(v))}</td><td class="num">${fmtS(v.total_s)}</td></tr>`).join("")}
-      </tbody></table>`;
+  // each rank's median step and its parts (a job of several step processes: DDP ranks)
+  function renderRanks(r) {
+    const host = document.getElementById("rank-grid");
+    const per = (r.steps && r.steps.per_rank) || [];
+    if (per.length < 2) { host.innerHTML = ""; destroyKey("ranks"); return; }
+    if (!document.getElementById("rank-chart")) {
+      host.innerHTML = `<div class="card span-12" id="rank-card"><h2>Step time per rank</h2><div class="sub">median step of each rank, split into its phases</div><div class="chart" id="rank-chart"></div></div>`;
+      destroyKey("ranks");
+    }
+    const el = document.getElementById("rank-chart");
+    const spec = H.rankSpec(per, H.phasesOf(r));
+    upsert("ranks", el, spec, 260);
+    el.dataset.ranks = String(per.length);
+    el.dataset.phases = spec.shown.join(" ");
   }
 
-  function renderTimeline(tl) {
+  // The timeline holds at most ~120 points: on a long run each is the mean of several steps, and the
+  // rows say which steps they cover.
+  function renderTimeline(st, phases) {
+    const tl = st.timeline || [];
     const el = document.getElementById("timeline");
     const recent = tl.slice(-12);
     if (!recent.length) { el.innerHTML = '<div class="empty">No training step yet.</div>'; return; }
-    const W = 640, rowH = 18, gap = 5, left = 64, right = 70;
+    const per = tl.length > 1 ? tl[tl.length - 1].step - tl[tl.length - 2].step : 1;
+    const lastStep = tl[tl.length - 1].step + Math.max(0, (st.count || tl.length) - 1 - (tl.length - 1) * per);
+    const label = (t, i) => {
+      const first = t.step, next = i + 1 < recent.length ? recent[i + 1].step : lastStep + 1;
+      return next - first > 1 ? `steps ${fmtNum(first)}–${fmtNum(next - 1)}` : `step ${fmtNum(first)}`;
+    };
+    document.getElementById("timeline-title").textContent = per > 1
+      ? `Recent steps (each bar the mean of ${per} consecutive steps)` : "Recent steps";
+    const W = 1000, rowH = 18, gap = 5, left = 130, right = 70;
     const max = Math.max(...recent.map((t) => t.step_s)) || 1;
-    const H = recent.length * (rowH + gap) + 4;
-    let svg = `<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="phases of recent steps">`;
+    const Ht = recent.length * (rowH + gap) + 4;
+    let svg = `<svg viewBox="0 0 ${W} ${Ht}" role="img" aria-label="phases of recent steps">`;
     recent.forEach((t, i) => {
       const y = i * (rowH + gap);
       let x = left;
-      svg += `<text x="${left - 8}" y="${y + 13}" text-anchor="end">step ${fmtNum(t.step)}</text>`;
-      PHASES.forEach((p) => {
+      svg += `<text x="${left - 8}" y="${y + 13}" text-anchor="end">${esc(label(t, i))}</text>`;
+      phases.forEach((p) => {
         const w = ((t[p] || 0) / max) * (W - left - right);
         if (w > 0.2) {
-          svg += `<rect x="${x.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${rowH}" fill="${COLORS[p]}"><title>${esc(LABELS[p])}: ${esc(fmtS(t[p]))}</title></rect>`;
+          svg += `<rect x="${x.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${rowH}" fill="${phaseColor(p)}"><title>${esc(phaseLabel(p))}: ${esc(fmtS(t[p]))}</title></rect>`;
         }
         x += w;
       });
       svg += `<text x="${x + 6}" y="${y + 13}">${esc(fmtS(t.step_s))}</text>`;
     });
     svg += "</svg>";
-    const legend = PHASES.filter((p) => recent.some((t) => t[p] > 0)).map((p) => `<span><span class="sw" style="background:${COLORS[p]}"></span>${esc(LABELS[p])}</span>`).join("");
+    const legend = phases.filter((p) => recent.some((t) => t[p] > 0)).map((p) => `<span><span class="sw" style="background:${phaseColor(p)}"></span>${esc(phaseLabel(p))}</span>`).join("");
     el.innerHTML = svg + `<div class="legend">${legend}</div>`;
+    el.dataset.rows = String(recent.length);
   }
 
-  const RESOURCE_GROUPS = [
-    { key: "cpu", title: "CPU", names: ["job.cpu_percent", "host.cpu_percent"], fmt: (v) => v.toFixed(0) + "%" },
-    { key: "mem", title: "Memory", names: ["job.rss_bytes", "host.mem_used_bytes"], fmt: fmtBytes },
-    { key: "disk", title: "Disk I/O", names: ["job.read_bytes_per_s", "job.write_bytes_per_s"], fmt: fmtRate },
-    { key: "net", title: "Network", names: ["host.net_recv_bytes_per_s", "host.net_sent_bytes_per_s"], fmt: fmtRate },
-  ];
-  const SERIES_COLORS = ["#3b6fd8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2"];
-
   function renderResources(res) {
-    const series = res.series || {};
-    const groups = RESOURCE_GROUPS.slice();
-    const gpu = Object.keys(series).filter((n) => n.startsWith("gpu."));
-    if (gpu.length) {
-      groups.push({ key: "gpu-util", title: "GPU utilization", names: gpu.filter((n) => n.endsWith("util_percent") || n.endsWith("utilization")), fmt: (v) => v.toFixed(0) + "%" });
-      groups.push({ key: "gpu-mem", title: "GPU memory", names: gpu.filter((n) => n.includes("mem")), fmt: fmtBytes });
-    }
     const host = document.getElementById("resources");
-    const present = groups.filter((g) => g.names.some((n) => (series[n] || []).length));
-    if (!present.length) { host.innerHTML = ""; Object.keys(state.charts).filter((k) => k.startsWith("res-")).forEach(destroyKey); return; }
+    const present = H.resourceSpecs(res.series || {});
+    const keys = new Set(present.map((g) => "res-" + g.key));
+    Object.keys(state.charts).filter((k) => k.startsWith("res-") && !keys.has(k)).forEach(destroyKey);
+    Array.from(host.children).filter((c) => !keys.has(c.id)).forEach((c) => c.remove());
     present.forEach((g) => {
       let card = document.getElementById("res-" + g.key);
       if (!card) {
@@ -337,15 +333,28 @@
         card.innerHTML = `<h2>${esc(g.title)}</h2><div class="chart"></div>`;
         host.appendChild(card);
       }
-      const names = g.names.filter((n) => (series[n] || []).length);
-      const xs = Array.from(new Set(names.flatMap((n) => series[n].map((p) => p[0])))).sort((a, b) => a - b);
-      const data = [xs].concat(names.map((n) => { const m = new Map(series[n]); return xs.map((x) => (m.has(x) ? m.get(x) : null)); }));
-      upsert("res-" + g.key, card.querySelector(".chart"), {
-        scales: { x: { time: false } },
-        series: [{ label: "time", value: (u, v) => v == null ? "–" : fmtS(v) }].concat(names.map((n, i) => ({ label: n, stroke: SERIES_COLORS[i % SERIES_COLORS.length], width: 2, spanGaps: true, value: (u, v) => v == null ? "–" : g.fmt(v) }))),
-        axes: [axis((v) => fmtS(v), "time since start"), axis(g.fmt)],
-      }, data);
+      upsert("res-" + g.key, card.querySelector(".chart"), g.spec);
     });
+  }
+
+  // reads and writes of the run: totals, bandwidth over the run (and inside the calls), top files
+  // (``compact``: the first screen's, with fewer columns)
+  function ioSummaryHtml(io, limit, compact) {
+    const all = io.files_detail || [];
+    const files = all.slice(0, limit);
+    const shownRead = files.reduce((a, f) => a + (f.bytes_read || 0), 0);
+    const shownWritten = files.reduce((a, f) => a + (f.bytes_written || 0), 0);
+    const moreFiles = Math.max(0, (io.files || all.length) - files.length);
+    const moreRead = Math.max(0, (io.bytes_read || 0) - shownRead), moreWritten = Math.max(0, (io.bytes_written || 0) - shownWritten);
+    const more = [moreRead ? fmtBytes(moreRead) + " read" : "", moreWritten ? fmtBytes(moreWritten) + " written" : ""].filter(Boolean).join(", ");
+    return `<table class="io-totals"><thead><tr><th></th><th class="num">bytes</th><th class="num">calls</th><th class="num" title="summed over the processes">time in calls</th><th class="num">over the run</th><th class="num">inside the calls</th></tr></thead><tbody>
+        <tr><td>read</td><td class="num">${fmtBytes(io.bytes_read)}</td><td class="num">${fmtNum(io.reads || 0)}</td><td class="num">${fmtS(io.read_time_s)}</td><td class="num">${fmtRate(io.bandwidth_read_wall_bytes_per_s)}</td><td class="num">${fmtRate(io.bandwidth_read_bytes_per_s)}</td></tr>
+        <tr><td>written</td><td class="num">${fmtBytes(io.bytes_written)}</td><td class="num">${fmtNum(io.writes || 0)}</td><td class="num">${fmtS(io.write_time_s)}</td><td class="num">${fmtRate(io.bandwidth_write_wall_bytes_per_s)}</td><td class="num">${fmtRate(io.bandwidth_write_bytes_per_s)}</td></tr>
+      </tbody></table>
+      ${files.length ? `<table class="io-files"><thead><tr><th>file</th><th class="num">read</th><th class="num">written</th><th class="num">reads</th><th class="num">writes</th>${compact ? "" : '<th class="num">sequential</th><th class="num">read time</th>'}</tr></thead><tbody>
+      ${files.map((f) => `<tr><td class="mono">${esc(f.path)}</td><td class="num">${fmtBytes(f.bytes_read)}</td><td class="num">${fmtBytes(f.bytes_written)}</td><td class="num">${fmtNum(f.reads)}</td><td class="num">${fmtNum(f.writes)}</td>${compact ? "" : `<td class="num">${f.reads ? fmtPct(f.seq_read_fraction) : "–"}</td><td class="num">${fmtS(f.read_time_s)}</td>`}</tr>`).join("")}
+      ${moreFiles ? `<tr class="more"><td colspan="${compact ? 5 : 7}">… and ${fmtNum(moreFiles)} more files${more ? ": " + more : ""}</td></tr>` : ""}
+      </tbody></table>` : ""}`;
   }
 
   function fmtFlops(x, unit) {
@@ -378,34 +387,24 @@
       ${(comp.graph_breaks || []).concat(comp.recompiles || []).slice(0, 8).map((b) => `<p class="muted">${esc(b.reason)} at ${esc(b.location)} (${esc(b.count)}×)</p>`).join("")}
     </div>`;
   }
-  function renderExtra(r) {
+  function renderExtra(r, ioFirst) {
     const out = [];
     const cc = computeCard(r);
     if (cc) out.push(cc);
     const io = r.io || {};
-    if (Object.keys(io).length) {
-      const files = (io.files_detail || []).slice(0, 12);
-      out.push(`<div class="card span-6 scroll" id="io-card"><h2>I/O</h2>
-        <div class="kpis">
-          <div class="kpi"><div class="l">read</div><div class="v">${fmtBytes(io.bytes_read)}</div></div>
-          <div class="kpi"><div class="l">written</div><div class="v">${fmtBytes(io.bytes_written)}</div></div>
-          <div class="kpi"><div class="l">read bandwidth</div><div class="v">${fmtRate(io.bandwidth_read_bytes_per_s)}</div></div>
-          <div class="kpi"><div class="l">files</div><div class="v">${fmtNum(io.files)}</div></div>
-        </div>
-        ${files.length ? `<table><thead><tr><th>file</th><th class="num">read</th><th class="num">reads</th><th class="num">sequential</th><th class="num">read time</th></tr></thead><tbody>
-        ${files.map((f) => `<tr><td class="mono">${esc(f.path)}</td><td class="num">${fmtBytes(f.bytes_read)}</td><td class="num">${fmtNum(f.reads)}</td><td class="num">${fmtPct(f.seq_read_fraction)}</td><td class="num">${fmtS(f.read_time_s)}</td></tr>`).join("")}
-        </tbody></table>` : ""}</div>`);
+    if (Object.keys(io).length && !ioFirst) {
+      out.push(`<div class="card span-12 scroll" id="io-card"><h2>I/O</h2>${ioSummaryHtml(io, 12)}</div>`);
     }
     const mem = r.memory || {};
     const cats = mem.categories || {};
     const catItems = Object.entries(cats).filter(([, v]) => typeof v === "number" && v > 0);
     if (catItems.length) {
       const total = catItems.reduce((a, [, v]) => a + v, 0);
-      const mc = ["#4c78a8", "#e45756", "#f58518", "#54a24b", "#a5a9b4", "#b279a2"];
+      const mc = (k) => H.P.memory_colors[k] || H.P.unknown_phase_color;
       out.push(`<div class="card span-6" id="memory-card"><h2>Memory${mem.device ? " (" + esc(mem.device) + ")" : ""}</h2>
         <div class="kpis"><div class="kpi"><div class="l">peak</div><div class="v">${fmtBytes(mem.peak_bytes)}</div></div></div>
-        <div class="phasebar">${catItems.map(([k, v], i) => `<div title="${esc(k)} ${fmtBytes(v)}" style="width:${((v / total) * 100).toFixed(3)}%;background:${mc[i % mc.length]}"></div>`).join("")}</div>
-        <table><tbody>${catItems.map(([k, v], i) => `<tr><td><span class="legend"><span><span class="sw" style="background:${mc[i % mc.length]}"></span>${esc(k.replace(/_/g, " "))}</span></span></td><td class="num">${fmtBytes(v)}</td><td class="num">${fmtPct(v / total)}</td></tr>`).join("")}</tbody></table></div>`);
+        <div class="phasebar">${catItems.map(([k, v]) => `<div title="${esc(k)} ${fmtBytes(v)}" style="width:${((v / total) * 100).toFixed(3)}%;background:${mc(k)}"></div>`).join("")}</div>
+        <table><tbody>${catItems.map(([k, v]) => `<tr><td><span class="sw" style="background:${mc(k)}"></span>${esc(k.replace(/_/g, " "))}</td><td class="num">${fmtBytes(v)}</td><td class="num">${fmtPct(v / total)}</td></tr>`).join("")}</tbody></table></div>`);
     }
     const comm = r.communication || {};
     const perRank = comm.per_rank || [];
@@ -416,31 +415,25 @@
       const keys = Array.from(new Set(rows.flatMap((x) => Object.keys(x)))).filter((k) => k !== "phases" && typeof rows[0][k] !== "object");
       out.push(`<div class="card span-12 scroll" id="comm-card"><h2>Communication and ranks</h2>
         ${comm.bytes_per_step != null ? `<div class="kpis"><div class="kpi"><div class="l">bytes per step</div><div class="v">${fmtBytes(comm.bytes_per_step)}</div></div><div class="kpi"><div class="l">exposed communication</div><div class="v">${fmtPct(comm.exposed_fraction)}</div></div></div>` : ""}
-        <table><thead><tr>${keys.map((k) => `<th class="num">${esc(k.replace(/_/g, " "))}</th>`).join("")}</tr></thead><tbody>
+        <table><thead><tr>${keys.map((k) => `<th class="num">${esc(colLabel(k))}</th>`).join("")}</tr></thead><tbody>
         ${rows.map((x) => `<tr>${keys.map((k) => `<td class="num">${esc(fmtCell(k, x[k]))}</td>`).join("")}</tr>`).join("")}
         ${rest.length ? `<tr class="more"><td colspan="${keys.length}">… and ${rest.length} more ranks (the slowest are shown; every rank is in the API's report)</td></tr>` : ""}
         </tbody></table></div>`);
     }
     document.getElementById("extra").innerHTML = out.join("");
   }
+  // a column's name without its unit: the cells carry it ("step median", not "step median s")
+  const COL_LABELS = { count: "steps", median_s: "median step", p90_s: "p90 step", per_s: "steps per second" };
+  function colLabel(k) { return COL_LABELS[k] || H.evidenceLabel(k); }
   function fmtCell(k, v) {
     if (typeof v !== "number") return v == null ? "–" : String(v);
-    if (k.endsWith("_s")) return fmtS(v);
-    if (k.endsWith("_bytes") || k === "bytes") return fmtBytes(v);
-    if (k.endsWith("fraction")) return fmtPct(v);
-    return fmtNum(v);
+    if (/^(pid|rank|local_rank|host)$/.test(k)) return String(v);
+    return H.evidenceValue(k, v);
   }
 
   function renderFindings(fs) {
     const el = document.getElementById("findings");
-    if (!fs.length) { el.innerHTML = '<div class="empty">No findings: nothing stands out (yet).</div>'; return; }
-    el.innerHTML = fs.map((f) => `<div class="finding ${esc(f.severity)}">
-      <span class="badge ${esc(f.severity)}">${esc(f.severity)}</span> <span class="muted mono">${esc(f.id)}</span>
-      <div class="t">${esc(f.title)}</div>
-      <div class="r">${esc(f.recommendation)}</div>
-      <div class="e">evidence: ${esc(Object.entries(f.evidence || {}).filter(([k]) => k !== "stacks").map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(", "))}${f.estimated_gain ? " · estimated gain up to " + fmtPct(f.estimated_gain) + " of step time" : ""}</div>
-      ${Object.entries((f.evidence || {}).stacks || {}).map(([rank, text]) => `<details><summary>Python stacks of rank ${esc(rank)}</summary><pre class="mono">${esc(text)}</pre></details>`).join("")}
-    </div>`).join("");
+    el.innerHTML = H.findingsHtml(fs);
   }
 
   function renderProcesses(ps) {
@@ -496,6 +489,8 @@
   function renderActions(id, doc) {
     state.lastActions = doc;
     const running = doc.status === "running";
+    // the buttons need a live job: a finished or imported run's page has no on-demand panel
+    document.getElementById("actions-grid").hidden = !running;
     document.querySelectorAll("#actions button[data-action]").forEach((b) => { b.disabled = !running; });
     document.getElementById("actions-note").textContent = running ? "each traced process answers within about a second" : "the run is not running: on-demand actions need a live job";
     const reqs = doc.requests || [];
@@ -547,7 +542,7 @@
   if (/[?&]token=/.test(location.search)) history.replaceState(null, "", location.pathname + location.hash);
   window.addEventListener("hashchange", route);
   window.addEventListener("resize", () => {
-    Object.values(state.charts).forEach((c) => { const el = c.root.parentElement; if (el) c.setSize({ width: chartWidth(el), height: 220 }); });
+    Object.values(state.charts).forEach((c) => { const el = c.root.parentElement; if (el) c.setSize({ width: chartWidth(el), height: c.height }); });
   });
   route();
 })();

@@ -1,0 +1,270 @@
+/* holoprof views: the formatting, findings and charts that the dashboard and the HTML report share.
+   Reads window.HOLOPROF_PALETTE (holoprof.present.palette: the data model's phases, colours, labels)
+   and draws with uPlot. Renders a holoprof.report/1 document; computes nothing the report does not say. */
+(function (root) {
+  "use strict";
+
+  const P = root.HOLOPROF_PALETTE;
+
+  // --- formatting ------------------------------------------------------------------------------------
+  function esc(v) {
+    return String(v == null ? "" : v).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+  }
+  function fmtS(s) {
+    if (s == null || isNaN(s)) return "–";
+    const a = Math.abs(s);
+    if (a === 0) return "0 s";
+    if (a < 1e-3) return (s * 1e6).toFixed(a < 1e-5 ? 2 : 0) + " µs";
+    if (a < 1) return +(s * 1e3).toFixed(a < 0.01 ? 2 : a < 0.1 ? 1 : 0) + " ms";
+    if (a < 120) return +s.toFixed(a < 10 ? 2 : 1) + " s";
+    if (a < 7200) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+    return (s / 3600).toFixed(1) + " h";
+  }
+  function fmtBytes(b) {
+    if (b == null || isNaN(b)) return "–";
+    const u = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let i = 0, v = Math.abs(b);
+    while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+    return (b < 0 ? "-" : "") + (i === 0 ? v.toFixed(0) : +v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0)) + " " + u[i];
+  }
+  function fmtRate(b) { return b == null || isNaN(b) ? "–" : fmtBytes(b) + "/s"; }
+  function fmtPct(f) { return f == null || isNaN(f) ? "–" : +(f * 100).toFixed(f < 0.1 ? 1 : 0) + "%"; }
+  // counts with thousands separators; other numbers to three significant digits
+  function fmtNum(n) {
+    if (n == null || isNaN(n)) return "–";
+    if (Number.isInteger(n)) return Number(n).toLocaleString("en-US");
+    const a = Math.abs(n);
+    return a >= 1000 ? Math.round(n).toLocaleString("en-US") : String(+n.toPrecision(3));
+  }
+  const UNIT_FMT = {
+    percent: (v) => +v.toFixed(Math.abs(v) < 10 ? 1 : 0) + "%",
+    bytes: fmtBytes,
+    bytes_per_s: fmtRate,
+    watts: (v) => +v.toFixed(0) + " W",
+    seconds: fmtS,
+    count: fmtNum,
+  };
+  const unitFmt = (unit) => UNIT_FMT[unit] || fmtNum;
+
+  // --- phases: the report's own list (the data model's, in its order) ------------------------------
+  const phaseColor = (p) => (P.phase_colors && P.phase_colors[p]) || P.unknown_phase_color;
+  const phaseLabel = (p) => (P.phase_labels && P.phase_labels[p]) || String(p).replace(/_/g, " ");
+  function phasesOf(report) {
+    const keys = Object.keys((report && report.phases) || {});
+    return keys.length ? keys : P.phases.slice();
+  }
+  function phasesPresent(report) {
+    return phasesOf(report).filter((p) => { const v = report.phases[p] || {}; return v.fraction > 0 || v.total_s > 0; });
+  }
+  // a phase's time per step: its median, or for a phase of a few steps only (eval, checkpoint: median
+  // 0) its time per step where it occurs and in how many steps (as the terminal report)
+  function phasePerStep(v) {
+    const n = v.steps || 0;
+    if (!(v.median_s > 0) && v.total_s > 0 && n) return fmtS(v.per_occurrence_s) + " in " + n + (n === 1 ? " step" : " steps");
+    return fmtS(v.median_s);
+  }
+  function phaseBarHtml(report) {
+    const items = phasesPresent(report).map((p) => [p, report.phases[p]]);
+    if (!items.length) return "";
+    return `<div class="phasebar">${items.map(([p, v]) => `<div title="${esc(phaseLabel(p))} ${fmtPct(v.fraction)}" style="width:${(v.fraction * 100).toFixed(3)}%;background:${phaseColor(p)}"></div>`).join("")}</div>
+      <table class="phase-table"><thead><tr><th>phase</th><th class="num">share of step time</th><th class="num">median per step</th><th class="num">total</th></tr></thead><tbody>
+      ${items.map(([p, v]) => `<tr data-phase="${esc(p)}"><td><span class="sw" style="background:${phaseColor(p)}"></span>${esc(phaseLabel(p))}</td><td class="num">${fmtPct(v.fraction)}</td><td class="num">${esc(phasePerStep(v))}</td><td class="num">${fmtS(v.total_s)}</td></tr>`).join("")}
+      </tbody></table>`;
+  }
+
+  // --- findings --------------------------------------------------------------------------------------
+  const ms = (s) => (1000 * (s || 0)).toFixed(1) + " ms";
+  // as holoprof.analyze.findings.gain_label
+  function gainLabel(f) {
+    const gain = Number(f.estimated_gain || 0), basis = f.gain_basis || {};
+    if (f.gain_kind === "measured") {
+      const iv = basis.best_interval_s || [0, 0];
+      const where = `${basis.best}: step ${ms(basis.best_step_s)} (95% CI ${ms(iv[0])}–${ms(iv[1])}) against ${ms(basis.this_step_s)} with ${basis.this}`;
+      if (basis.best === basis.this) return `measured: this run is the sweep's best configuration, step ${ms(basis.best_step_s)}`;
+      return gain ? `measured: ${(100 * gain).toFixed(0)}% of step time, ${where}` : `measured: no significant gain, ${where}`;
+    }
+    if (!gain) return basis.model === "input_pipeline" ? "predicted: no gain on this machine" : "";
+    if (basis.model === "input_pipeline") return `predicted by the input-pipeline model: ${(100 * gain).toFixed(0)}% of step time`;
+    return `predicted: up to ${(100 * gain).toFixed(0)}% of step time`;
+  }
+  // as holoprof.present.palette.evidence_label / evidence_value
+  function evidenceLabel(k) {
+    if (k === "per_s") return "per second";
+    return String(k).replace(/_bytes_per_s$/, "").replace(/_per_s$/, " per second").replace(/_s_per_step$/, " per step").replace(/_(s|bytes|percent)$/, "")
+      .replace(/_fraction(_of_[a-z]+)?$/, " share$1").replace(/_/g, " ");
+  }
+  function evidenceValue(k, v) {
+    if (v == null) return "–";
+    if (typeof v === "boolean") return v ? "yes" : "no";
+    if (typeof v !== "number") return String(v);
+    if (/_bytes_per_s$/.test(k)) return fmtRate(v);
+    if (/(^|_)per_s$/.test(k)) return fmtNum(v) + "/s";
+    if (/_s(_per_step)?$/.test(k)) return fmtS(v);
+    if (/(^|_)bytes(_per_(step|save|sample))?$/.test(k)) return fmtBytes(v);
+    if (/(fraction|share|ratio)(_of_[a-z]+)?$/.test(k)) return fmtPct(v);
+    if (/_percent$/.test(k)) return UNIT_FMT.percent(v);
+    if (/(^|_)(pid|rank|step)$/.test(k)) return String(v);
+    return fmtNum(v);
+  }
+  const NESTED_ROWS = 8;
+  function nestedHtml(k, v) {
+    let body;
+    if (Array.isArray(v) && v.length && v.every((x) => x && typeof x === "object" && !Array.isArray(x))) {
+      const cols = Array.from(new Set(v.flatMap((x) => Object.keys(x))));
+      const rows = v.slice(0, NESTED_ROWS);
+      body = `<table class="ev-nested"><thead><tr>${cols.map((c) => `<th>${esc(evidenceLabel(c))}</th>`).join("")}</tr></thead><tbody>
+        ${rows.map((x) => `<tr>${cols.map((c) => `<td>${esc(typeof x[c] === "object" && x[c] != null ? JSON.stringify(x[c]) : evidenceValue(c, x[c]))}</td>`).join("")}</tr>`).join("")}
+        ${v.length > rows.length ? `<tr class="more"><td colspan="${cols.length}">… and ${v.length - rows.length} more</td></tr>` : ""}</tbody></table>`;
+    } else if (Array.isArray(v)) {
+      body = `<div class="ev-list">${esc(v.map((x) => typeof x === "object" ? JSON.stringify(x) : evidenceValue(k, x)).join(", "))}</div>`;
+    } else {
+      body = `<table class="ev-nested"><tbody>${Object.entries(v).map(([kk, vv]) => `<tr><th>${esc(evidenceLabel(kk))}</th><td>${esc(typeof vv === "object" && vv != null ? JSON.stringify(vv) : evidenceValue(kk, vv))}</td></tr>`).join("")}</tbody></table>`;
+    }
+    const n = Array.isArray(v) ? v.length : Object.keys(v).length;
+    return `<details class="ev-details"><summary>${esc(evidenceLabel(k))} (${n})</summary>${body}</details>`;
+  }
+  function evidenceHtml(ev) {
+    const entries = Object.entries(ev || {});
+    const scalars = entries.filter(([, v]) => v == null || typeof v !== "object");
+    const nested = entries.filter(([, v]) => v != null && typeof v === "object" && (Array.isArray(v) ? v.length : Object.keys(v).length));
+    return (scalars.length ? `<table class="ev"><tbody>${scalars.map(([k, v]) => `<tr><th>${esc(evidenceLabel(k))}</th><td>${esc(evidenceValue(k, v))}</td></tr>`).join("")}</tbody></table>` : "")
+      + nested.map(([k, v]) => nestedHtml(k, v)).join("");
+  }
+  function findingsHtml(fs) {
+    if (!fs || !fs.length) return '<div class="empty" id="no-findings">No findings: nothing crossed a threshold.</div>';
+    return fs.map((f) => {
+      const gain = gainLabel(f);
+      return `<div class="finding ${esc(f.severity)}" data-finding="${esc(f.id)}">
+        <div class="fh"><span class="badge ${esc(f.severity)}">${esc(f.severity)}</span> <span class="t">${esc(f.title)}</span></div>
+        ${gain ? `<div class="gain">${esc(gain)}</div>` : ""}
+        ${evidenceHtml(Object.fromEntries(Object.entries(f.evidence || {}).filter(([k]) => k !== "stacks")))}
+        ${Object.entries((f.evidence || {}).stacks || {}).map(([rank, text]) => `<details><summary>Python stacks of rank ${esc(rank)}</summary><pre class="mono">${esc(text)}</pre></details>`).join("")}
+        <div class="fix"><strong>Fix:</strong> ${esc(f.recommendation)}</div>
+        <div class="fid mono">${esc(f.id)}</div>
+      </div>`;
+    }).join("");
+  }
+
+  // --- chart specs: {opts, data} for uPlot ---------------------------------------------------------
+  const BYTE_INCRS = [];
+  for (let e = 0; e <= 5; e++) [1, 2, 5, 10, 20, 50, 100, 200, 500].forEach((m) => BYTE_INCRS.push(m * Math.pow(1024, e)));
+  const COUNT_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
+  // an axis with ticks at round values of its unit (bytes: 1, 2, 5 × powers of 1024); ``x``: the
+  // horizontal one (a short band), else the vertical one (room for "143.1 MiB/s")
+  function axis(unit, label, x) {
+    const a = { stroke: "#6b7385", grid: { stroke: "#eef1f5" }, ticks: { stroke: "#e3e7ee" }, size: x ? 34 : 84, values: (u, ticks) => ticks.map(unitFmt(unit)) };
+    if (label) { a.label = label; a.labelSize = 18; }
+    if (x && unit === "seconds") a.space = 80; // "1 min 40 s" needs room
+    if (unit === "bytes" || unit === "bytes_per_s") a.incrs = BYTE_INCRS;
+    if (unit === "count") a.incrs = COUNT_INCRS;
+    return a;
+  }
+  const fromZero = (u, mn, mx) => [0, mx > 0 ? mx * 1.04 : 1];
+  const xSeries = (label, fmt) => ({ label, value: (u, v) => (v == null ? "" : fmt(v)) });
+
+  function stepSpec(tl) {
+    return {
+      opts: {
+        scales: { x: { time: false }, y: { range: fromZero } },
+        series: [xSeries("step", String), { label: "step time", stroke: "#3b6fd8", width: 2, fill: "rgba(59,111,216,.08)", value: (u, v) => (v == null ? "" : fmtS(v)), points: { show: tl.length < 40 } }],
+        axes: [axis("count", "step", true), axis("seconds")],
+      },
+      data: [tl.map((p) => p.step), tl.map((p) => p.step_s)],
+    };
+  }
+  // the phases of each step, stacked (the top of the stack first: each lower area paints over it)
+  function phaseSpec(tl, phases) {
+    const shown = phases.filter((p) => tl.some((t) => t[p] > 0));
+    const acc = tl.map(() => 0);
+    const cum = shown.map((p) => tl.map((t, i) => (acc[i] += t[p] || 0)));
+    const order = shown.map((p, i) => i).reverse();
+    return {
+      shown,
+      opts: {
+        scales: { x: { time: false }, y: { range: fromZero } },
+        series: [xSeries("step", String)].concat(order.map((i) => ({
+          label: phaseLabel(shown[i]), stroke: phaseColor(shown[i]), fill: phaseColor(shown[i]), width: 1, points: { show: false },
+          value: (u, v, si, idx) => (idx == null ? "" : fmtS(tl[idx][shown[i]])),
+        }))),
+        axes: [axis("count", "step", true), axis("seconds")],
+      },
+      data: [tl.map((t) => t.step)].concat(order.map((i) => cum[i])),
+    };
+  }
+  // each rank's median step, split into its phases (stacked bars, ranks in numeric order)
+  function rankSpec(perRank, phases) {
+    const rows = perRank.slice().sort((a, b) => a.rank - b.rank);
+    const part = (r, p) => ((r.phases || {})[p] || 0) * (r.median_s || 0);
+    const shown = phases.filter((p) => rows.some((r) => part(r, p) > 0));
+    const acc = rows.map(() => 0);
+    const cum = shown.map((p) => rows.map((r, i) => (acc[i] += part(r, p))));
+    const order = shown.map((p, i) => i).reverse();
+    const bars = root.uPlot && root.uPlot.paths && root.uPlot.paths.bars ? root.uPlot.paths.bars({ size: [0.7, 48] }) : undefined;
+    return {
+      shown,
+      opts: {
+        scales: { x: { time: false, range: (u, mn, mx) => [mn - 0.6, mx + 0.6] }, y: { range: fromZero } },
+        series: [xSeries("rank", String)].concat(order.map((i) => ({
+          label: phaseLabel(shown[i]), stroke: phaseColor(shown[i]), fill: phaseColor(shown[i]), width: 0, paths: bars, points: { show: false },
+          value: (u, v, si, idx) => (idx == null ? "" : fmtS(part(rows[idx], shown[i]))),
+        }))).concat([{ label: "median step", stroke: "#1d2433", paths: () => null, points: { show: false }, value: (u, v) => (v == null ? "" : fmtS(v)) }]),
+        axes: [axis("count", "rank", true), axis("seconds")],
+      },
+      data: [rows.map((r) => r.rank)].concat(order.map((i) => cum[i])).concat([rows.map((r) => r.median_s)]),
+    };
+  }
+  // resource charts: [{key, title, unit, spec}] for the series the run has; host lines start hidden
+  // when the job's own are in the same chart (a click on the legend shows them)
+  function resourceSpecs(series) {
+    series = series || {};
+    const groups = (P.resource_groups || []).map((g) => Object.assign({}, g));
+    const gpu = {};
+    Object.keys(series).forEach((n) => {
+      const m = n.match(/^gpu\.([^.]+)\.(.+)$/);
+      const what = m && P.gpu_series[m[2]];
+      if (!what) return;
+      (gpu[what.key] = gpu[what.key] || { key: what.key, title: what.title, unit: what.unit, names: [] }).names.push(n);
+    });
+    Object.values(gpu).forEach((g) => groups.push(g));
+    return groups.map((g) => {
+      const names = g.names.filter((n) => (series[n] || []).length);
+      if (!names.length) return null;
+      const hasJob = names.some((n) => !n.startsWith("host."));
+      const xs = Array.from(new Set(names.flatMap((n) => series[n].map((p) => p[0])))).sort((a, b) => a - b);
+      const data = [xs].concat(names.map((n) => { const m = new Map(series[n]); return xs.map((x) => (m.has(x) ? m.get(x) : null)); }));
+      const fmt = unitFmt(g.unit);
+      return {
+        key: g.key, title: g.title, unit: g.unit,
+        spec: {
+          opts: {
+            scales: { x: { time: false }, y: { range: fromZero } },
+            series: [xSeries("time", fmtS)].concat(names.map((n, i) => ({
+              label: seriesLabel(n), stroke: P.series_colors[i % P.series_colors.length], width: n.startsWith("host.") ? 1.5 : 2,
+              dash: n.startsWith("host.") && hasJob ? [6, 4] : undefined, show: !(hasJob && n.startsWith("host.")),
+              spanGaps: true, value: (u, v) => (v == null ? "" : fmt(v)),
+            }))),
+            axes: [axis("seconds", "time since start", true), axis(g.unit)],
+          },
+          data,
+        },
+      };
+    }).filter(Boolean);
+  }
+  function seriesLabel(n) {
+    if (P.series[n]) return P.series[n].label;
+    const m = n.match(/^gpu\.([^.]+)\.(.+)$/);
+    if (m && P.gpu_series[m[2]]) return "GPU " + m[1] + " " + P.gpu_series[m[2]].label;
+    return n.replace(/[._]/g, " ");
+  }
+  // a uPlot chart of spec in el, as wide as el
+  function draw(el, spec, height) {
+    el.innerHTML = "";
+    return new root.uPlot(Object.assign({ width: Math.max(280, el.clientWidth || 500), height: height || 220 }, spec.opts), spec.data, el);
+  }
+
+  root.HoloViews = {
+    P, esc, fmtS, fmtBytes, fmtRate, fmtPct, fmtNum, unitFmt, phaseColor, phaseLabel, phasesOf, phasesPresent,
+    phasePerStep, phaseBarHtml, gainLabel, evidenceLabel, evidenceValue, evidenceHtml, findingsHtml,
+    axis, stepSpec, phaseSpec, rankSpec, resourceSpecs, seriesLabel, draw,
+  };
+})(window);
