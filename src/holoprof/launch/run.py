@@ -397,6 +397,7 @@ def _from_terminal() -> bool:
         return False
 
 
+# long: one sequence, start to stop, of the job and the threads that watch it (sampler, host heartbeat)
 def _supervise(
     argv: list[str], run_dir: str, options: dict[str, Any], part: hosts.HostPart | None = None
 ) -> tuple[int, Storage]:

@@ -23,6 +23,7 @@ PHASE_COLORS: dict[str, str] = {
     "backward": "#72b7b2",
     "optimizer": "#54a24b",
     "compute": "#5b5fc7",
+    "compile": "#ff9da6",
     "communication": "#b279a2",
     "checkpoint": "#f58518",
     "eval": "#eeca3b",
