@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean tools
+.PHONY: venv demo test lint bench clean tools gpu-wheels
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ test: $(STAMP) lint tools
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# Wheels a GPU machine without network lacks (benchmarks/gpu_check.py --wheels; see benchmarks/RESULTS.md)
+gpu-wheels: $(STAMP)
+	PYTHON=$(PY) sh benchmarks/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info holoprof-runs .pytest_cache .mypy_cache .ruff_cache
