@@ -55,10 +55,14 @@ PY = sys.executable
 HOLOPROF = [PY, "-m", "holoprof.cli"]
 
 
+#: where --wheels installs (pip --target: the machine's Python is left as it is)
+SITE: list[str] = []
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    src = os.path.join(ROOT, "src")
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    paths = [os.path.join(ROOT, "src"), *SITE]
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
 
@@ -84,10 +88,14 @@ def _cuda() -> bool:
 # ------------------------------------------------------------------------------------------ setup
 def install_wheels(dirs: list[str]) -> dict[str, Any]:
     """pip install, offline and without dependencies, the carried wheels whose project is not
-    installed yet (what the machine has is kept); one folder's failure does not stop the next."""
+    installed yet into a folder put on the path (what the machine has is kept as it is); one
+    folder's failure does not stop the next."""
     from importlib import metadata  # lazy: only with --wheels
 
-    out: dict[str, Any] = {}
+    site = tempfile.mkdtemp(prefix="gpucheck-site-")
+    SITE.append(site)
+    sys.path.insert(0, site)
+    out: dict[str, Any] = {"target": site}
     for d in dirs:
         wheels, present = [], []
         for w in sorted(glob.glob(os.path.join(d, "*.whl"))):
@@ -98,11 +106,19 @@ def install_wheels(dirs: list[str]) -> dict[str, Any]:
                 wheels.append(w)
         res: dict[str, Any] = {"already_installed": present}
         if wheels:
-            cmd = [PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *wheels]
+            cmd = [PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", site, *wheels]
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
             res.update(
                 installed=[os.path.basename(w) for w in wheels], rc=p.returncode, stderr=p.stderr[-1500:]
             )
+            if p.returncode != 0:  # one by one: the others still install
+                failed = []
+                for w in wheels:
+                    q = subprocess.run([*cmd[: -len(wheels)], w], capture_output=True, text=True, timeout=120)
+                    if q.returncode != 0:
+                        failed.append(os.path.basename(w))
+                res["failed"] = failed
+                res["installed"] = [os.path.basename(w) for w in wheels if os.path.basename(w) not in failed]
         out[d] = res
     return out
 
