@@ -199,7 +199,8 @@ def copy_run(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> str:
 #: Test modules that compare measured times or throughputs (a significant 5 ms slowdown, throughput
 #: growing with the batch, a live report's rebuilds spaced by their cost, a LocalCluster's workers, a
 #: read bandwidth against a measured reference, phases against the job's own timers in 2-rank DDP and
-#: FSDP jobs). Under pytest-xdist they run last, on one worker, alone: the other workers stop first, so
+#: FSDP jobs, the input model's measured restarts and spinning, a live hang seen while it lasts).
+#: Under pytest-xdist they run last, on one worker, alone: the other workers stop first, so
 #: that no other test loads the machine meanwhile.
 TIMING_MODULES = frozenset(
     {
@@ -210,6 +211,8 @@ TIMING_MODULES = frozenset(
         "test_io_report.py",
         "test_frameworks_torch.py",
         "test_fsdp.py",
+        "test_input_model.py",
+        "test_hang.py",
         "test_tf_distribute_keras.py",
     }
 )

@@ -315,9 +315,10 @@ def _measure_peaks(run_dir: str) -> None:
     try:
         for note in ensure_peaks(run_dir):
             sys.stderr.write(f"holoprof: {note}\n")
-    except Exception as exc:
+    except Exception as exc:  # one line: the first of the error's own (DuckDB's run over several)
+        first = (str(exc).splitlines() or [""])[0]
         sys.stderr.write(
-            f"holoprof: could not measure this CPU's peak FLOP/s ({type(exc).__name__}: {exc})\n"
+            f"holoprof: could not measure this CPU's peak FLOP/s ({type(exc).__name__}: {first})\n"
         )
 
 
