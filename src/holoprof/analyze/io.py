@@ -525,8 +525,9 @@ def data_rows(rows: list[FileRow], st: Any) -> tuple[list[FileRow], dict[str, in
     the files left out, counted per reason. Left out: files the job did not read (written, or only
     looked at); files of the job's environment (:func:`holoprof.analyze.datafiles.not_data`: the
     system, Python installations, programs, tool configuration, bookkeeping); and, for a run with a
-    training loop, files whose reads all ended before its first step or began after its last
-    (``outside_loop``: read once at start-up, the loop never waited for them)."""
+    training loop, files whose reads all began after its last step (``outside_loop``: the loop never
+    waited for them). Files read before the first step are kept: a DataLoader's workers prefetch
+    the first batches' files then."""
     window = (st.first_start_ns / NS, st.last_end_ns / NS) if st is not None and st.count else None
     kept: list[FileRow] = []
     left: dict[str, set[str]] = {}
@@ -534,7 +535,7 @@ def data_rows(rows: list[FileRow], st: Any) -> tuple[list[FileRow], dict[str, in
         v = f.v
         why = not_data(f.path) if v["reads"] or v["mmaps"] else "not_read"
         if why is None and window is not None and not v["mmaps"] and v["read_start"] > 0:
-            why = "outside_loop" if v["read_end"] < window[0] or v["read_start"] > window[1] else None
+            why = "outside_loop" if v["read_start"] > window[1] else None
         if why is None:
             kept.append(f)
         else:
