@@ -554,16 +554,24 @@ def _time_base_s(run: Run, ctx: dict[str, Any]) -> float:
     return max(1, n) * max(0.0, (end_ns - start_ns) / NS)
 
 
+def _files_used(
+    run: Run, ctx: dict[str, Any] | None, rows: list[FileRow]
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Per path, the sums of the files ``rows`` opened, read, wrote or mapped (with the distinct pages
+    their mappings brought in), and of those among them that were read (through calls or mappings)."""
+    touched = {
+        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or _mapped_in(d)
+    }
+    _mapped_pages(run, ctx, touched, rows)
+    return touched, {p: d for p, d in touched.items() if d["bytes_read"] > 0 or _mapped_in(d)}
+
+
 def _data_view(
     run: Run, rows: list[FileRow], st: Any, base_s: float, ctx: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The measures the I/O findings use, over the data the training reads (:func:`data_rows`)."""
     tot = _totals(rows)
-    touched = {
-        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or _mapped_in(d)
-    }
-    _mapped_pages(run, ctx, touched, rows)
-    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or _mapped_in(d)}
+    touched, read_files = _files_used(run, ctx, rows)
     sizes = [d["extent"] for d in read_files.values()]
     ref = _reference_bandwidth(run, read_files)
     io_time = tot["read_time_s"] + tot["write_time_s"] + tot["meta_time_s"]
@@ -627,11 +635,7 @@ def _section(
     roles = _roles(run)
     tot = _totals(rows)
     hist = _read_size_histogram(rows)
-    touched = {
-        p: d for p, d in _per_path(rows).items() if d["opens"] or d["reads"] or d["writes"] or _mapped_in(d)
-    }
-    _mapped_pages(run, ctx, touched, rows)
-    read_files = {p: d for p, d in touched.items() if d["bytes_read"] > 0 or _mapped_in(d)}
+    touched, read_files = _files_used(run, ctx, rows)
     sizes = [d["extent"] for d in read_files.values()]
     start_ns, end_ns = _run_bounds(run, ctx)
     ref = _reference_bandwidth(run, read_files)
