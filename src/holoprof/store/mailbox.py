@@ -37,6 +37,7 @@ import time
 from typing import Any
 
 from holoprof import model
+from holoprof.store.safeio import file_kind
 
 #: The allow-list: action -> {parameter: (minimum, maximum, default)}.
 ACTION_SPECS: dict[str, dict[str, tuple[int, int, int]]] = {
@@ -175,18 +176,6 @@ def artifact_path(run_dir: str, action: str, req_id: str, host: str, pid: int, s
 
 
 # --- reading ---------------------------------------------------------------------------------------
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
 def _nesting_ok(data: bytes, limit: int) -> bool:
     """Whether the arrays and objects of a JSON text nest at most ``limit`` deep (strings skipped)."""
     depth = 0
@@ -238,7 +227,7 @@ def read_file(name: str, dir_fd: int, limit: int = MAX_REQUEST_BYTES) -> tuple[d
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise RequestError(f"the request is {_kind(st.st_mode)}; only regular files are read")
+            raise RequestError(f"the request is {file_kind(st.st_mode)}; only regular files are read")
         if st.st_size > limit:
             raise RequestError(f"the request is larger than {limit} bytes")
         chunks: list[bytes] = []
