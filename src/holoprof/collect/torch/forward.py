@@ -52,7 +52,9 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
             observers = st.observers if training else ()
             for o in observers:
                 o.begin(self, args)
-            t0 = now_ns()  # the phase is the module call: the bookkeeping above is not in it
+            # the phase is the call as the job's own timer around it sees it: the bookkeeping above
+            # (and a sampled step's set-up, e.g. the FLOP counter's) is in it, not in ``other``
+            t0 = t_open
         except Exception as exc:
             agent.fail(col, exc)
             return orig_call(self, *args, **kwargs)
