@@ -26,7 +26,15 @@ from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present import palette
 from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
-from holoprof.present.summary import at_most, more_files, more_label, top_rows, total, tree_parent
+from holoprof.present.summary import (
+    at_most,
+    collapse_ranks,
+    more_files,
+    more_label,
+    top_rows,
+    total,
+    tree_parent,
+)
 from holoprof.present.terminal import fmt_phase_per_step, host_clock_text
 from holoprof.present.text import printable
 
@@ -349,7 +357,8 @@ DRAW_JS = """
 
 
 def _gantt(doc: dict[str, Any]) -> str:
-    all_stages = doc.get("stages") or []
+    every = doc.get("stages") or []
+    all_stages = collapse_ranks(every)  # 2,048 ranks of one command: one row
     stages, rest = top_rows(
         all_stages,
         lambda st: float(st.get("wall_s") or 0),
@@ -358,7 +367,7 @@ def _gantt(doc: dict[str, Any]) -> str:
     run = doc.get("run", {})
     duration = float(run.get("duration_s", 0) or 0)
     spans, hidden = top_rows(  # the longest processes
-        _process_spans(doc, all_stages, run.get("start_ns") or 0, duration), lambda x: x[2] - x[1]
+        _process_spans(doc, every, run.get("start_ns") or 0, duration), lambda x: x[2] - x[1]
     )
     rows = [_stage_bar(st) for st in stages] + [_process_bar(p, s, e) for p, s, e in spans]
     if not rows:
@@ -478,7 +487,8 @@ def _io_summary(io: dict[str, Any], limit: int, compact: bool = False) -> str:
     out = (
         "<table class='io-totals'><thead><tr><th></th><th class='num'>bytes</th><th class='num'>calls</th>"
         "<th class='num' title='summed over the processes'>time in calls</th><th class='num'>over the run</th>"
-        f"<th class='num'>inside the calls</th></tr></thead><tbody>{trs}</tbody></table>"
+        f"<th class='num' title='bytes over the time in calls summed over the processes'>per process in calls</th>"
+        f"</tr></thead><tbody>{trs}</tbody></table>"
     )
     files = io.get("files_detail") or []
     shown = files[:limit]

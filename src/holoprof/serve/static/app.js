@@ -347,7 +347,7 @@
     const moreFiles = Math.max(0, (io.files || all.length) - files.length);
     const moreRead = Math.max(0, (io.bytes_read || 0) - shownRead), moreWritten = Math.max(0, (io.bytes_written || 0) - shownWritten);
     const more = [moreRead ? fmtBytes(moreRead) + " read" : "", moreWritten ? fmtBytes(moreWritten) + " written" : ""].filter(Boolean).join(", ");
-    return `<table class="io-totals"><thead><tr><th></th><th class="num">bytes</th><th class="num">calls</th><th class="num" title="summed over the processes">time in calls</th><th class="num">over the run</th><th class="num">inside the calls</th></tr></thead><tbody>
+    return `<table class="io-totals"><thead><tr><th></th><th class="num">bytes</th><th class="num">calls</th><th class="num" title="summed over the processes">time in calls</th><th class="num">over the run</th><th class="num" title="bytes over the time in calls summed over the processes">per process in calls</th></tr></thead><tbody>
         <tr><td>read</td><td class="num">${fmtBytes(io.bytes_read)}</td><td class="num">${fmtNum(io.reads || 0)}</td><td class="num">${fmtS(io.read_time_s)}</td><td class="num">${fmtRate(io.bandwidth_read_wall_bytes_per_s)}</td><td class="num">${fmtRate(io.bandwidth_read_bytes_per_s)}</td></tr>
         <tr><td>written</td><td class="num">${fmtBytes(io.bytes_written)}</td><td class="num">${fmtNum(io.writes || 0)}</td><td class="num">${fmtS(io.write_time_s)}</td><td class="num">${fmtRate(io.bandwidth_write_wall_bytes_per_s)}</td><td class="num">${fmtRate(io.bandwidth_write_bytes_per_s)}</td></tr>
       </tbody></table>
