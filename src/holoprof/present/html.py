@@ -374,9 +374,10 @@ def _gantt(doc: dict[str, Any]) -> str:
         return ""
     chart = gantt(rows, duration, title="stages and processes over time")
     if rest or hidden:
+        cut = [f"{len(rest)} more stages" if rest else "", f"{len(hidden)} more processes" if hidden else ""]
         chart += (
             f"<p class='muted'>The chart shows the {len(stages)} longest stages and {len(spans)} longest "
-            f"processes; {len(rest)} more stages and {len(hidden)} more processes are in the JSON report.</p>"
+            f"processes; {' and '.join(c for c in cut if c)} are in the JSON report.</p>"
         )
     return (
         "<section><h2>Workflow: stages and processes</h2>"
