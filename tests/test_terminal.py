@@ -288,7 +288,7 @@ def test_terminal_summarizes_many_ranks_and_json_keeps_them_all(
 
 
 def test_html_summarizes_many_ranks(many_ranks: tuple[str, dict[str, Any]]) -> None:
-    run_dir, doc = many_ranks
+    run_dir, _doc = many_ranks
     proc = run_holoprof("report", run_dir, "--html", "-", cwd=run_dir)
     assert proc.returncode == 0, proc.stderr
     page = proc.stdout
