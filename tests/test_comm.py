@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import statistics
 import sys
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,8 @@ import holoprof
 from conftest import TracedRun, free_port, run_holoprof, run_python, traced
 from holoprof.analyze.comm import load_procs
 from holoprof.analyze.steps import step_processes, step_stats
+from holoprof.present.terminal import render
+from holoprof.serve.app import make_server
 
 DIST = Path(__file__).resolve().parent / "dist_scripts"
 DDP_SCRIPT = str(DIST / "ddp_train.py")
@@ -248,6 +253,52 @@ def test_the_rank_step_table_shows_the_slow_rank_in_every_step(straggler_run: Tr
         for i in range(STRAGGLER_STEPS):
             parts = sum(heat[k][r][i] for k in ("compute_s", "data_wait_s", "communication_s", "other_s"))
             assert parts == pytest.approx(heat["step_s"][r][i], abs=5e-6)
+
+
+def test_the_views_show_the_rank_step_heatmap_and_table(straggler_run: TracedRun, tmp_path: Path) -> None:
+    """The HTML report carries the heatmap's data and the table of the ranks; the dashboard's API has
+    the heatmap and serves the code that draws it; the terminal shows the table for 2+ ranks only."""
+    doc = straggler_run.report
+    out = tmp_path / "report.html"
+    p = run_holoprof("report", straggler_run.run_dir, "--html", str(out), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    page = out.read_text(encoding="utf-8")
+    assert "data-chart='rank-heatmap'" in page and "id='stragglers'" in page
+    data = json.loads(re.search(r"window\.HOLOPROF_REPORT = (\{.*?\});</script>", page).group(1))  # type: ignore[union-attr]
+    assert data["stragglers"]["heatmap"] == doc["stragglers"]["heatmap"]
+    table = re.search(r"<table class='ranks-table'>(.*?)</table>", page, re.S).group(1)  # type: ignore[union-attr]
+    assert [int(r) for r in re.findall(r"<tr><td class='num'>(\d+)</td>", table)] == [0, 1, 2]
+
+    server = make_server(straggler_run.run_dir, port=0)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+    try:
+
+        def get(path: str) -> bytes:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{server.port}{path}", headers={"Authorization": f"Bearer {server.token}"}
+            )
+            with urllib.request.urlopen(req, timeout=60) as r:
+                body: bytes = r.read()
+                return body
+
+        (run_id,) = [r["id"] for r in json.loads(get("/api/runs"))["runs"]]
+        api = json.loads(get(f"/api/runs/{run_id}/report"))
+        assert api["stragglers"]["heatmap"] == doc["stragglers"]["heatmap"]
+        assert b"renderStragglers" in get("/static/app.js") and b"function heatmap(" in get(
+            "/static/charts.js"
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    text = run_holoprof("report", straggler_run.run_dir, cwd=tmp_path).stdout
+    block = text.split("Ranks: who is slow, and where", 1)[1].split("I/O", 1)[0]
+    rows = [line.strip("│ ").split()[0] for line in block.splitlines() if re.match(r"^│\s+\d+\s+\d", line)]
+    assert rows == ["0", "1", "2"], block
+    one = io.StringIO()
+    render({**doc, "stragglers": {}}, file=one, width=110)
+    assert "Ranks: who is slow" not in one.getvalue()
 
 
 def test_user_comm_hook_runs_and_buckets_are_still_recorded(straggler_run: TracedRun) -> None:

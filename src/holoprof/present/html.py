@@ -26,6 +26,7 @@ from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present import palette
 from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
+from holoprof.present.stragglers import stragglers_html
 from holoprof.present.summary import at_most, more_files, more_label, top_rows, total, tree_parent
 from holoprof.present.terminal import fmt_phase_per_step, host_clock_text
 from holoprof.present.text import printable
@@ -320,6 +321,7 @@ def _chart_data(doc: dict[str, Any]) -> dict[str, Any]:
         "phases": doc.get("phases", {}),
         "steps": {"count": st.get("count", 0), "timeline": st.get("timeline") or [], "per_rank": st.get("per_rank") or []},
         "resources": {"series": (doc.get("resources") or {}).get("series") or {}},
+        "stragglers": {"heatmap": (doc.get("stragglers") or {}).get("heatmap") or {}},
     }  # fmt: skip
 
 
@@ -338,6 +340,7 @@ DRAW_JS = """
       });
       return;
     }
+    if (kind === "rank-heatmap") { H.heatmap(el, R.stragglers.heatmap); return; }
     var phases = H.phasesOf(R);
     var spec = kind === "step" ? H.stepSpec(R.steps.timeline)
       : kind === "phases" ? H.phaseSpec(R.steps.timeline, phases)
@@ -791,6 +794,7 @@ def render_html(doc: dict[str, Any]) -> str:
             _header(doc),
             _first_screen(doc),
             _charts(doc),
+            stragglers_html(doc),
             _compute(doc),
             _goodput(doc),
             _gantt(doc),
