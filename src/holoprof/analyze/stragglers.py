@@ -66,7 +66,7 @@ MIN_GAIN_SHARE = 0.05
 #: A rank is slow with the straggler when its excess is at least this share of the straggler's.
 GROUP_SHARE = 0.5
 MAX_COLUMNS = 200
-MAX_CELLS = 40_000
+MAX_CELLS = 12_000
 MIN_COLUMNS = 20
 
 

@@ -15,10 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from holoprof.present.palette import fmt_seconds
-from holoprof.present.summary import natural_key, top_rows
+from holoprof.present.summary import MAX_ROWS, natural_key, top_rows
 from holoprof.present.terminal import keep_whole
 
 _PARTS = ("compute", "data_wait", "other")
+#: The HTML report's table shows this many ranks at most (the heatmap above it shows every rank).
+HTML_ROWS = 12
 
 
 def _ranks(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -44,10 +46,12 @@ def _cells(r: dict[str, Any]) -> list[str]:
 _HEAD = ("median step", "busy", "excess", "compute", "data wait", "other", "slowest in")
 
 
-def _shown(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _shown(
+    rows: list[dict[str, Any]], limit: int = MAX_ROWS
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The ranks in rank order; of many, those of the largest excess."""
     ordered = sorted(rows, key=lambda r: natural_key(r["rank"]))
-    return top_rows(ordered, lambda r: float(r.get("excess_s") or 0))
+    return top_rows(ordered, lambda r: float(r.get("excess_s") or 0), limit)
 
 
 def stragglers_group(doc: dict[str, Any]) -> Group | None:
@@ -100,15 +104,20 @@ def stragglers_html(doc: dict[str, Any]) -> str:
         if heat.get("binned")
         else ""
     )
-    shown, rest = _shown(rows)
+    shown, rest = _shown(rows, HTML_ROWS)
+    hosts = len({r.get("host") for r in rows}) > 1
     trs = "".join(
-        f"<tr><td class='num'>{_esc(r['rank'])}</td><td class='mono'>{_esc(r.get('host', ''))}</td>"
-        + "".join(f"<td class='num'>{_esc(c)}</td>" for c in _cells(r))
+        f"<tr><td>{_esc(r['rank'])}</td>"
+        + (f"<td class='mono'>{_esc(r.get('host', ''))}</td>" if hosts else "")
+        + "".join(f"<td>{_esc(c)}</td>" for c in _cells(r))
         + "</tr>"
         for r in shown
     )
     if rest:
-        trs += f"<tr><td colspan='{len(_HEAD) + 2}' class='muted'>… and {len(rest)} more ranks</td></tr>"
+        trs += (
+            f"<tr><td colspan='{len(_HEAD) + 1 + hosts}' class='muted'>… and {len(rest)} more ranks "
+            "(those of the largest excess are shown; every rank is in the JSON report)</td></tr>"
+        )
     return (
         "<section id='stragglers'><h2>Ranks × steps</h2>"
         "<p class='muted'>One row per rank, one column per step; the colour is the step time, or the "
@@ -117,8 +126,9 @@ def stragglers_html(doc: dict[str, Any]) -> str:
         f"<p class='muted'>Over the {_esc(s.get('steps', 0))} steady steps every rank ran: busy is the "
         "step less its exposed communication; excess is busy time above the median rank's "
         f"(rank {_esc(s.get('median_rank'))}), split into compute, data wait and other.</p>"
-        "<table class='ranks-table'><tr><th class='num'>rank</th><th>host</th>"
-        + "".join(f"<th class='num'>{_esc(h)}</th>" for h in _HEAD)
+        "<table class='ranks-table'><tr><th>rank</th>"
+        + ("<th>host</th>" if hosts else "")
+        + "".join(f"<th>{_esc(h)}</th>" for h in _HEAD)
         + "</tr>"
         + trs
         + "</table></section>"
