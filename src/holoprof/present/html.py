@@ -26,6 +26,7 @@ from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present import palette
 from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
+from holoprof.present.stragglers import stragglers_html
 from holoprof.present.summary import (
     at_most,
     collapse_ranks,
@@ -328,6 +329,7 @@ def _chart_data(doc: dict[str, Any]) -> dict[str, Any]:
         "phases": doc.get("phases", {}),
         "steps": {"count": st.get("count", 0), "timeline": st.get("timeline") or [], "per_rank": st.get("per_rank") or []},
         "resources": {"series": (doc.get("resources") or {}).get("series") or {}},
+        "stragglers": {"heatmap": (doc.get("stragglers") or {}).get("heatmap") or {}},
     }  # fmt: skip
 
 
@@ -346,6 +348,7 @@ DRAW_JS = """
       });
       return;
     }
+    if (kind === "rank-heatmap") { H.heatmap(el, R.stragglers.heatmap); return; }
     var phases = H.phasesOf(R);
     var spec = kind === "step" ? H.stepSpec(R.steps.timeline)
       : kind === "phases" ? H.phaseSpec(R.steps.timeline, phases)
@@ -802,6 +805,7 @@ def render_html(doc: dict[str, Any]) -> str:
             _header(doc),
             _first_screen(doc),
             _charts(doc),
+            stragglers_html(doc),
             _compute(doc),
             _goodput(doc),
             _gantt(doc),

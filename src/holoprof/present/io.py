@@ -148,27 +148,31 @@ def _top_files(io: dict[str, Any]) -> list[Any]:
         return []
     any_mapped = any(f.get("mmaps") for f in files[:TOP_FILES])
     # the read columns only where something was read (a write-only job's would be rows of 0)
-    reads = any(f["bytes_read"] or f["reads"] for f in files[:TOP_FILES])
+    with_reads = any(f["bytes_read"] or f["reads"] for f in files[:TOP_FILES])
     t = NamedRows(
         "file",
         [
-            *(["read"] if reads else []),
+            *(["read"] if with_reads else []),
             "written",
             *(["mapped"] if any_mapped else []),
-            *(["reads"] if reads else []),
+            *(["reads"] if with_reads else []),
             "opens",
-            *(["seq", "read time"] if reads else []),
+            *(["seq", "read time"] if with_reads else []),
         ],
         [
             (
                 Text(str(f["path"])),
                 [
-                    *([fmt_bytes(f["bytes_read"])] if reads else []),
+                    *([fmt_bytes(f["bytes_read"])] if with_reads else []),
                     fmt_bytes(f["bytes_written"]),
                     *([_mapped_cell(f)] if any_mapped else []),
-                    *([str(f["reads"])] if reads else []),
+                    *([str(f["reads"])] if with_reads else []),
                     str(f["opens"]),
-                    *([f"{100 * f['seq_read_fraction']:.0f}%", fmt_s(f["read_time_s"])] if reads else []),
+                    *(
+                        [f"{100 * f['seq_read_fraction']:.0f}%", fmt_s(f["read_time_s"])]
+                        if with_reads
+                        else []
+                    ),
                 ],
             )
             for f in files[:TOP_FILES]

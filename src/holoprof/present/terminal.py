@@ -389,6 +389,7 @@ _SECTION_RENDERERS: list[tuple[str, str]] = [
     ("Workflow stages", "holoprof.present.stages:stages_group"),
     ("Memory", "holoprof.present.memory:memory_group"),
     ("Communication", "holoprof.present.comm:comm_group"),
+    ("Ranks: who is slow, and where", "holoprof.present.stragglers:stragglers_group"),
     ("I/O", "holoprof.present.io:io_group"),
     ("Device time (imported trace)", "holoprof.present.terminal:device_group"),
 ]

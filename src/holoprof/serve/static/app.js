@@ -108,6 +108,7 @@
         <div class="card span-6"><h2>Phases over steps</h2><div class="chart" id="phase-chart"></div></div>
       </div>
       <div class="grid" id="rank-grid"></div>
+      <div class="grid" id="straggler-grid"></div>
       <div class="grid" id="timeline-grid">
         <div class="card span-12 timeline"><h2 id="timeline-title">Recent steps</h2><div id="timeline"></div></div>
       </div>
@@ -173,6 +174,7 @@
     }
     renderHeadline(r, hasSteps, ioFirst);
     renderRanks(r);
+    renderStragglers(r);
     renderResources(r.resources || {});
     renderExtra(r, ioFirst);
     renderFindings(r.findings || []);
@@ -278,6 +280,22 @@
     upsert("ranks", el, spec, 260);
     el.dataset.ranks = String(per.length);
     el.dataset.phases = spec.shown.join(" ");
+  }
+
+  // the rank × step heatmap (report.stragglers.heatmap), drawn by the shared views; the map chosen
+  // (step time, compute, ...) stays chosen across updates
+  function renderStragglers(r) {
+    const host = document.getElementById("straggler-grid");
+    const heat = (r.stragglers || {}).heatmap || {};
+    if (!(heat.ranks || []).length) { host.innerHTML = ""; return; }
+    if (!document.getElementById("rank-heatmap")) {
+      host.innerHTML = `<div class="card span-12" id="heatmap-card"><h2>Ranks × steps</h2><div class="sub" id="heatmap-sub"></div><div class="heatmap" id="rank-heatmap"></div></div>`;
+    }
+    document.getElementById("heatmap-sub").textContent = "one row per rank, one column per step"
+      + (heat.binned ? ` (each the mean of ${heat.bin_steps} consecutive steps)` : "")
+      + "; a fast rank's exposed communication is mostly waiting for the slowest";
+    const el = document.getElementById("rank-heatmap");
+    H.heatmap(el, heat, el.dataset.map);
   }
 
   // The timeline holds at most ~120 points: on a long run each is the mean of several steps, and the
