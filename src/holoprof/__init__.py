@@ -23,12 +23,11 @@ With ``engine="dask"`` the report's steps, phases and resources are computed on 
 other sections — I/O, memory, communication, stages, checkpoints — are small aggregates read with
 DuckDB); the exports read spans, samples and I/O operations through Dask partitions.
 
-This module imports nothing heavy: it is imported at start-up in every process of a traced job.
+This module imports nothing heavy: it is imported at start-up in every process of a traced job. The
+functions of the Python API (``holoprof.step()``, ``holoprof.trace()``, ...) load on first use.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from holoprof._version import __version__
 
@@ -46,12 +45,35 @@ __all__ = [
     "trace",
 ]
 
-from holoprof.api import phase, stage, start, step, stop, trace
-from holoprof.errors import HoloprofError
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (it loads re: milliseconds)
 if TYPE_CHECKING:
+    from typing import Any
+
+    from holoprof.api import phase, stage, start, step, stop, trace
+    from holoprof.errors import HoloprofError
+
     # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.store.reader import Run
+
+_API = ("phase", "stage", "start", "step", "stop", "trace")
+
+
+def __getattr__(name: str) -> Any:
+    """The Python API's functions and ``HoloprofError``, imported at first use (PEP 562)."""
+    if name in _API:
+        # lazy: `import holoprof` runs at start-up in every traced process; the API loads on use
+        from holoprof import api
+
+        value = getattr(api, name)
+    elif name == "HoloprofError":
+        # lazy: `import holoprof` runs at start-up in every traced process; the API loads on use
+        from holoprof.errors import HoloprofError
+
+        value = HoloprofError
+    else:
+        raise AttributeError(f"module 'holoprof' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def load(path: Any, **where: Any) -> Run:
@@ -83,6 +105,7 @@ def report(run: Any, engine: str = "duckdb", scheduler: Any = None) -> dict[str,
     """
     # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.analyze.report import build_report
+    from holoprof.errors import HoloprofError
 
     if scheduler is not None and engine != "dask":
         raise HoloprofError("scheduler goes with engine='dask'")

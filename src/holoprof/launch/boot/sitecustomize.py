@@ -22,15 +22,17 @@ def _start_agent() -> None:
 
 
 def _chain_user_sitecustomize() -> None:
-    # lazy: loaded only when this runs
+    # lazy: loaded only when this runs (importlib.machinery is part of the interpreter's own start-up)
     import importlib.machinery
-    import importlib.util
 
     here = os.path.dirname(os.path.abspath(__file__))
     paths = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", paths)
     if spec is None or spec.loader is None or os.path.abspath(spec.origin or "") == os.path.abspath(__file__):
         return
+    # lazy: only where the job has a sitecustomize of its own (importlib.util loads contextlib)
+    import importlib.util
+
     module = importlib.util.module_from_spec(spec)
     sys.modules["sitecustomize"] = module
     spec.loader.exec_module(module)
