@@ -69,6 +69,25 @@ def _preloaded() -> bool:
     return any(os.path.basename(p).startswith("libholoprof_io.") or p == override for p in preload)
 
 
+def _claim_and_dump() -> bool:
+    """At the end of a process whose agent never bound the preloaded library (it ended before its
+    first flush): claim its counters and have the library write them now, as
+    :func:`holoprof.collect.io_native.set_owner` and :func:`~holoprof.collect.io_native.dump` do,
+    through ``ctypes`` alone (the module's bindings and decoders cost a short process milliseconds
+    more). The library then records when the process exits. False where it is not loaded."""
+    try:
+        import ctypes  # lazy: at the end of a short process only
+
+        lib = ctypes.CDLL(None)
+        set_owner, dump = lib.holoprof_io_set_owner, lib.holoprof_io_dump
+    except (OSError, AttributeError):
+        return False
+    set_owner.argtypes, set_owner.restype = [ctypes.c_int], None
+    dump.argtypes, dump.restype = [ctypes.c_char_p], ctypes.c_int
+    set_owner(1)
+    return bool(dump(None) == 0)
+
+
 def _patches() -> ModuleType:
     # lazy: the Python layer's patches, loaded where that layer counts (or a trace asks)
     from holoprof.collect import io_patches
@@ -289,8 +308,8 @@ class IoCollector(Collector):
     # -- the poller (writer thread) ----------------------------------------------------------------
     def poll(self) -> list[tuple[str, dict[str, list[Any]]]]:
         out: list[tuple[str, dict[str, list[Any]]]] = []
-        if not self.enabled:
-            return out
+        if not self.enabled or (self._final_dumped and self.native is None):
+            return out  # the library wrote this process's final counters itself (finish)
         self._bind()
         rows = self.native_rows() if self.native is not None else self.python_rows()
         if rows:
@@ -345,6 +364,10 @@ class IoCollector(Collector):
         return [{**r, "counters": json_text(r["counters"])} for r in got if pol.keep(str(r.get("path", "")))]
 
     def finish(self) -> None:
+        if self._unbound and self.enabled and _claim_and_dump():
+            self._unbound = False  # a process that ended before its first flush: read by the library
+            self._final_dumped = True
+            return
         self._bind()
         if self._trace_jobs:
             self.trace_stop()
