@@ -29,6 +29,8 @@ functions of the Python API (``holoprof.step()``, ``holoprof.trace()``, ...) loa
 
 from __future__ import annotations
 
+import sys
+
 from holoprof._version import __version__
 
 __all__ = [
@@ -56,22 +58,26 @@ if TYPE_CHECKING:
     from holoprof.store.reader import Run
 
 _API = ("phase", "stage", "start", "step", "stop", "trace")
+#: the submodules `import holoprof` used to load with the API, still reached as attributes
+_SUBMODULES = ("api", "errors", "model")
 
 
 def __getattr__(name: str) -> Any:
-    """The Python API's functions and ``HoloprofError``, imported at first use (PEP 562)."""
+    """The Python API's functions, ``HoloprofError`` and the submodules ``import holoprof`` used to
+    load with them, imported at first use (PEP 562)."""
     if name in _API:
-        # lazy: `import holoprof` runs at start-up in every traced process; the API loads on use
-        from holoprof import api
-
-        value = getattr(api, name)
+        module, attr = "holoprof.api", name
     elif name == "HoloprofError":
-        # lazy: `import holoprof` runs at start-up in every traced process; the API loads on use
-        from holoprof.errors import HoloprofError
-
-        value = HoloprofError
+        module, attr = "holoprof.errors", name
+    elif name in _SUBMODULES:
+        module, attr = f"holoprof.{name}", ""
     else:
         raise AttributeError(f"module 'holoprof' has no attribute {name!r}")
+    # lazy: `import holoprof` runs at start-up in every traced process; the API loads on use
+    __import__(module)
+    value = sys.modules[module]
+    if attr:
+        value = getattr(value, attr)
     globals()[name] = value
     return value
 
