@@ -77,3 +77,38 @@ def test_a_short_process_loads_nothing_heavy_and_is_in_the_run(tmp_path: Path) -
     files = loaded_run.rows("SELECT pid, path, counters FROM io_file_totals")
     (counters,) = [json.loads(c) for p, path, c in files if p == pid and path.endswith(f"probe-{pid}.txt")]
     assert counters["POSIX_BYTES_WRITTEN"] == 4096, counters
+
+
+SPAWN_PARENT = """
+import json, multiprocessing as mp, sys
+sys.path.insert(0, ".")
+import spawn_child
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=spawn_child.report, args=(q,))
+    p.start()
+    print(json.dumps(q.get()))
+    p.join()
+"""
+SPAWN_CHILD = """
+import gc
+full = gc.get_stats()[2]["collections"]
+import torch  # while the child loads what its parent sent, as a spawned DataLoader worker does
+
+def report(q):
+    from holoprof.agent import setup
+    q.put({"full_at_import": gc.get_stats()[2]["collections"] - full, **setup._FORK_RESET})
+"""
+
+
+def test_a_spawned_child_that_imports_torch_defers_the_gc_reset_to_its_first_fork(tmp_path: Path) -> None:
+    """The full collection after ``import torch`` (see ``reset_gc_clock``) guards forks; a spawned
+    child, a DataLoader worker that never forks, does not pay it at its start."""
+    (tmp_path / "parent.py").write_text(SPAWN_PARENT)
+    (tmp_path / "spawn_child.py").write_text(SPAWN_CHILD)
+    run = traced(tmp_path, "parent.py")
+    assert run.proc.returncode == 0, run.proc.stderr
+    got = json.loads(run.proc.stdout.strip().splitlines()[-1])
+    assert got["armed"] and not got["done"], got  # a collection waits for the child's first fork

@@ -6,12 +6,14 @@ Run under `holoprof run`, each traced child inherits the job's environment (the 
 each untraced child gets the same environment without holoprof's: no HOLOPROF_* variables, no native
 I/O library in LD_PRELOAD, no agent boot directory on PYTHONPATH. So both kinds start from the same
 process, one after the other, on a machine in the same state. Prints one JSON line: the wall time of
-each child, from its start to its exit as this process waits for it, in seconds, per kind, and the
-process ids of the traced ones.
+each child, from its start to its exit as this process waits for it, and its CPU time (user and
+system, which moves less than wall time when other work shares the machine), in seconds, per kind, and
+the process ids of the traced ones.
 """
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -38,19 +40,23 @@ def main() -> None:
     code = sys.argv[2] if len(sys.argv) > 2 else "import json"
     envs = {"traced": dict(os.environ), "untraced": untraced_env()}
     times: dict[str, list[float]] = {"traced": [], "untraced": []}
+    cpu: dict[str, list[float]] = {"traced": [], "untraced": []}
     pids: list[int] = []
     for i in range(n):
         order = ("traced", "untraced") if i % 2 == 0 else ("untraced", "traced")
         for kind in order:
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             proc = subprocess.Popen([sys.executable, "-c", code], env=envs[kind])
             rc = proc.wait()
             times[kind].append(time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[kind].append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
             if rc != 0:
                 raise SystemExit(f"a {kind} child exited with {rc}")
             if kind == "traced":
                 pids.append(proc.pid)
-    print(json.dumps({"code": code, "times_s": times, "traced_pids": pids}))
+    print(json.dumps({"code": code, "times_s": times, "cpu_s": cpu, "traced_pids": pids}))
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
     python spawn_loader.py [BATCHES]
 
 Prints one JSON line: first_batch_s (from iter() to the first batch: the workers' start, torch's
-import in them included), loop_s (all BATCHES batches), and worker_start_s (per worker, from the
-kernel's start of its process to the worker's init function: its own start-up). Nothing here knows
-about holoprof.
+import in them included), loop_s (all BATCHES batches), worker_start_s (per worker, from the
+kernel's start of its process to the worker's init function: its own start-up) and worker_cpu_s (the
+CPU time each worker used until then, which moves less than wall time when other work shares the
+machine). Nothing here knows about holoprof.
 """
 
 import json
@@ -36,7 +37,7 @@ def process_age_s() -> float:
 def init_worker(worker_id: int) -> None:
     # the parent reads these files once the loop is over
     with open(os.path.join(os.environ["SPAWN_LOADER_OUT"], f"worker{worker_id}"), "w") as f:
-        f.write(str(process_age_s()))
+        f.write(f"{process_age_s()} {time.process_time()}")
 
 
 def main() -> None:
@@ -55,11 +56,20 @@ def main() -> None:
     t1 = time.perf_counter()
     n = 1 + sum(1 for _ in it)
     t2 = time.perf_counter()
-    starts = []
+    starts, cpu = [], []
     for w in range(2):
         with open(os.path.join(out, f"worker{w}")) as f:
-            starts.append(float(f.read()))
-    print(json.dumps({"batches": n, "first_batch_s": t1 - t0, "loop_s": t2 - t0, "worker_start_s": starts}))
+            age, used = f.read().split()
+        starts.append(float(age))
+        cpu.append(float(used))
+    res = {
+        "batches": n,
+        "first_batch_s": t1 - t0,
+        "loop_s": t2 - t0,
+        "worker_start_s": starts,
+        "worker_cpu_s": cpu,
+    }
+    print(json.dumps(res))
 
 
 if __name__ == "__main__":

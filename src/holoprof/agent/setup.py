@@ -7,6 +7,7 @@ installs right after ``import torch`` finishes (or at once if torch is already i
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 
@@ -125,6 +126,40 @@ def reset_gc_clock(_module: ModuleType | None = None) -> None:
     (``gc.disable()``), and is turned off with the agent option ``gc_reset_after_torch=False``. Registered by
     :func:`after_collectors`, after every collector's own torch hook, so their allocations are
     behind the reset too.
+
+    A multiprocessing child that imports torch while it loads what its parent sent (a DataLoader
+    worker started with "spawn" or "forkserver", a ``torch.multiprocessing.spawn`` rank) collects
+    before its first fork instead: the cliff is a fork's, and a worker, which never forks, is spared a
+    full collection (tens to hundreds of milliseconds) at every start.
     """
-    if gc.isenabled():
+    if not gc.isenabled():
+        return
+    if _loading_from_parent():
+        _collect_before_first_fork()
+    else:
         gc.collect()
+
+
+def _loading_from_parent() -> bool:
+    """Whether this is a multiprocessing child still unpickling its process object (multiprocessing
+    marks the current process ``_inheriting`` meanwhile)."""
+    mp = sys.modules.get("multiprocessing.process")
+    try:
+        return mp is not None and bool(getattr(mp.current_process(), "_inheriting", False))
+    except Exception:
+        return False
+
+
+_FORK_RESET = {"armed": False, "done": False}
+
+
+def _collect_before_first_fork() -> None:
+    def before_fork() -> None:
+        if not _FORK_RESET["done"]:
+            _FORK_RESET["done"] = True
+            if gc.isenabled():
+                gc.collect()
+
+    if not _FORK_RESET["armed"] and hasattr(os, "register_at_fork"):
+        _FORK_RESET["armed"] = True
+        os.register_at_fork(before=before_fork)
