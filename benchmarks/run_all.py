@@ -17,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = [
     "bench_overhead.py",  # always-on overhead on a CPU training loop (issue: foundation)
     "bench_hotpath.py",  # cost per span, per module call, agent memory bound
+    "bench_startup.py",  # ms added per short Python process and per spawned DataLoader worker
     "bench_report_scale.py",  # report on 10M generated spans
     "bench_io_native.py",  # ns added per intercepted read()
     "bench_io_py.py",  # ns added per read in the Python layer

@@ -23,12 +23,13 @@ With ``engine="dask"`` the report's steps, phases and resources are computed on 
 other sections — I/O, memory, communication, stages, checkpoints — are small aggregates read with
 DuckDB); the exports read spans, samples and I/O operations through Dask partitions.
 
-This module imports nothing heavy: it is imported at start-up in every process of a traced job.
+This module imports nothing heavy: it is imported at start-up in every process of a traced job. The
+functions of the Python API (``holoprof.step()``, ``holoprof.trace()``, ...) load on first use.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import sys
 
 from holoprof._version import __version__
 
@@ -46,12 +47,39 @@ __all__ = [
     "trace",
 ]
 
-from holoprof.api import phase, stage, start, step, stop, trace
-from holoprof.errors import HoloprofError
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (it loads re: milliseconds)
 if TYPE_CHECKING:
+    from typing import Any
+
+    from holoprof.api import phase, stage, start, step, stop, trace
+    from holoprof.errors import HoloprofError
+
     # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.store.reader import Run
+
+_API = ("phase", "stage", "start", "step", "stop", "trace")
+#: the submodules `import holoprof` used to load with the API, still reached as attributes
+_SUBMODULES = ("api", "errors", "model")
+
+
+def __getattr__(name: str) -> Any:
+    """The Python API's functions, ``HoloprofError`` and the submodules ``import holoprof`` used to
+    load with them, imported at first use (PEP 562)."""
+    if name in _API:
+        module, attr = "holoprof.api", name
+    elif name == "HoloprofError":
+        module, attr = "holoprof.errors", name
+    elif name in _SUBMODULES:
+        module, attr = f"holoprof.{name}", ""
+    else:
+        raise AttributeError(f"module 'holoprof' has no attribute {name!r}")
+    # lazy: `import holoprof` runs at start-up in every traced process; the API loads on use
+    __import__(module)
+    value = sys.modules[module]
+    if attr:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
 
 
 def load(path: Any, **where: Any) -> Run:
@@ -83,6 +111,7 @@ def report(run: Any, engine: str = "duckdb", scheduler: Any = None) -> dict[str,
     """
     # lazy: DuckDB and the analyses load on use, not at `import holoprof`
     from holoprof.analyze.report import build_report
+    from holoprof.errors import HoloprofError
 
     if scheduler is not None and engine != "dask":
         raise HoloprofError("scheduler goes with engine='dask'")

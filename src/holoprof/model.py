@@ -11,7 +11,10 @@ interpreter start-up in every process of a job. The Arrow schemas are therefore 
 from __future__ import annotations
 
 import os
-from typing import Final, Literal
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (it loads re: milliseconds)
+if TYPE_CHECKING:
+    from typing import Final, Literal
 
 SCHEMA_VERSION: Final = 1
 
@@ -24,7 +27,8 @@ REPORT_SCHEMA_FILE: Final = os.path.join(
 )
 
 # --- span kinds ------------------------------------------------------------------------------------
-SpanKind = Literal["stage", "epoch", "step", "phase", "op", "io", "comm", "checkpoint", "user"]
+if TYPE_CHECKING:
+    SpanKind = Literal["stage", "epoch", "step", "phase", "op", "io", "comm", "checkpoint", "user"]
 SPAN_KINDS: Final[tuple[str, ...]] = (
     "stage",
     "epoch",
@@ -38,18 +42,19 @@ SPAN_KINDS: Final[tuple[str, ...]] = (
 )
 
 # --- standard phases ---------------------------------------------------------------------------------
-PhaseName = Literal[
-    "data_wait",
-    "forward",
-    "backward",
-    "optimizer",
-    "compute",
-    "compile",
-    "communication",
-    "checkpoint",
-    "eval",
-    "other",
-]
+if TYPE_CHECKING:
+    PhaseName = Literal[
+        "data_wait",
+        "forward",
+        "backward",
+        "optimizer",
+        "compute",
+        "compile",
+        "communication",
+        "checkpoint",
+        "eval",
+        "other",
+    ]
 #: ``compute`` is forward + backward + optimizer run as one fused call that cannot be told apart from
 #: outside (a compiled Keras/TensorFlow train step); frameworks that can split them never record it.
 #: ``compile`` is ``torch.compile``'s compilation, cut out of the phase it ran in (the first forward,
@@ -86,7 +91,8 @@ FINDING_IDS: Final[tuple[str, ...]] = (
     "graph_breaks",
     "recompiles",
 )
-Severity = Literal["high", "medium", "low"]
+if TYPE_CHECKING:
+    Severity = Literal["high", "medium", "low"]
 
 # --- process roles -----------------------------------------------------------------------------------
 ROLES: Final[tuple[str, ...]] = (

@@ -12,27 +12,36 @@ Rules that every line here keeps:
 
 This module imports the standard library only, and so does the writer: it stores raw chunks
 (``holoprof.store.raw``) that the launcher converts to Parquet outside the job.
+
+It is imported at interpreter start-up in every process of a traced job, short ones included (a
+pipeline's ``python -c``, a spawned DataLoader worker): it imports nothing that a process would not
+need before its first flush. ``typing`` (with ``re``), ``json``, ``socket`` and ``signal`` cost several
+milliseconds each, so annotations are only read by type checkers (``TYPE_CHECKING``), JSON is written
+by :func:`json_text`, the host name comes from ``os.uname`` and SIGTERM is handled through ``_signal``.
+``threading`` is imported here, on the main thread, on purpose: a module that first imports it on
+another thread (the writer) makes that thread the job's "main thread" for good.
 """
 
 from __future__ import annotations
 
+import _signal  # the C module behind `signal` (which builds its enums at import: milliseconds)
 import _thread
 import atexit
 import itertools
-import json
 import os
-import signal
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 from holoprof import model
 from holoprof._version import __version__
 from holoprof.agent.steps import StepTracker, ThreadLoop
 from holoprof.store.raw import write_raw
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers take it as True)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 _perf_ns = time.perf_counter_ns
 
@@ -43,9 +52,10 @@ EVENT_TABLES = ("spans", "samples", "io_ops")
 #: nothing was dropped; while events are being dropped they go out at every flush that changes them.
 COUNTERS_EVERY_S = 5.0
 
-#: A poller runs on the writer thread at each flush and returns rows to write:
-#: a list of (table, {column: values}) pairs.
-Poller = Callable[[], list[tuple[str, dict[str, list[Any]]]]]
+if TYPE_CHECKING:
+    #: A poller runs on the writer thread at each flush and returns rows to write:
+    #: a list of (table, {column: values}) pairs.
+    Poller = Callable[[], list[tuple[str, dict[str, list[Any]]]]]
 
 
 def _versions() -> dict[str, str]:
@@ -177,10 +187,13 @@ class Agent:
         self.early_flush = max(1, self.buffer_limit // 4)
         self.fixed_role = role
         self.forked = False  # True in a child made by fork (it inherits its parent's command line)
-        self.host = socket.gethostname()
+        self.host = os.uname().nodename  # what socket.gethostname() says, without loading socket
         self.collectors: list[Collector] = []
         self.pollers: list[Poller] = []
         self.finalizers: list[Callable[[], None]] = []
+        #: set-up that waits for the first flush before the final one (on the writer thread, about a
+        #: second in): what a process shorter than that never needs (the control mailbox's reader)
+        self.deferred: list[Callable[[], None]] = []
         self.errors: list[str] = []
         self._failed: set[str] = set()  # names already in errors
         self._warned: set[str] = set()
@@ -435,11 +448,22 @@ class Agent:
         if not acquired:
             return
         try:
+            if self.deferred and not final:
+                self._run_deferred()
             self._flush_locked(final)
         except Exception as exc:  # the writer must never take the job down
             self.fail("writer", exc)
         finally:
             self._lock.release()
+
+    def _run_deferred(self) -> None:
+        """Run the set-up that waited for the first flush (under the flush lock: no fork meanwhile)."""
+        tasks, self.deferred = self.deferred, []
+        for fn in tasks:
+            try:
+                fn()
+            except Exception as exc:
+                self.fail(getattr(fn, "__name__", "deferred"), exc)
 
     def _flush_locked(self, final: bool) -> None:
         spans, self.spans_buf = self.spans_buf, []
@@ -457,10 +481,10 @@ class Agent:
             tuple(sorted(ident.items())),
             self.dropped,
             len(self.errors),
-            json.dumps(self.info, sort_keys=True, default=str),
+            json_text(self.info, sort_keys=True),
         )
         counts = self.steps.counts(off)
-        counters = json.dumps(counts, separators=(",", ":")) if counts is not None else None
+        counters = json_text(counts, compact=True) if counts is not None else None
         now = time.monotonic()
         # the counts go out with the process's row: at every change while events are being dropped,
         # else at most every COUNTERS_EVERY_S (they are the report's figures only when spans were lost)
@@ -527,17 +551,17 @@ class Agent:
             "local_rank": [ident["local_rank"]],
             "world_size": [ident["world_size"]],
             "role": [ident["role"]],
-            "argv": [json.dumps(list(sys.argv))],
+            "argv": [json_text(list(sys.argv))],
             "exe": [sys.executable],
             "start_ns": [start],
             "end_ns": [now_wall if final else 0],
             "exit_code": [self.exit_code],
             "updated_ns": [now_wall],
             "clock_offset_ns": [self.clock_offset_ns],
-            "versions": [json.dumps(_versions())],
+            "versions": [json_text(_versions())],
             "dropped_events": [self.dropped],
-            "errors": [json.dumps(self.errors)],
-            "info": [json.dumps(info, default=str)],
+            "errors": [json_text(self.errors)],
+            "info": [json_text(info)],
             "counters": [counters],
         }
 
@@ -651,7 +675,7 @@ def _install_sigterm(agent: Agent) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        if _signal.getsignal(_signal.SIGTERM) != _signal.SIG_DFL:
             return
 
         def _on_term(signum: int, frame: Any) -> None:
@@ -660,10 +684,10 @@ def _install_sigterm(agent: Agent) -> None:
                 if a is not None:
                     a.shutdown(exit_code=128 + signum, timeout_s=2.0)
             finally:
-                signal.signal(signum, signal.SIG_DFL)
+                _signal.signal(signum, _signal.SIG_DFL)
                 os.kill(os.getpid(), signum)
 
-        signal.signal(signal.SIGTERM, _on_term)
+        _signal.signal(_signal.SIGTERM, _on_term)
     except (ValueError, OSError):
         pass
 
@@ -710,7 +734,7 @@ def _span_columns(spans: list[Any], base: dict[str, Any], off: int) -> dict[str,
         "start_ns": [s + off for s in start],
         "end_ns": [e + off for e in end],
         "step": step,
-        "attrs": [None if a is None else json.dumps(a, default=str) for a in attrs],
+        "attrs": [None if a is None else json_text(a) for a in attrs],
     }
 
 
@@ -729,3 +753,67 @@ def _sample_columns(samples: list[Any], base: dict[str, Any], off: int) -> dict[
 
 def now_ns() -> int:
     return _perf_ns()
+
+
+# --- JSON without the json module -----------------------------------------------------------------
+class _NotPlain(Exception):
+    """A value :func:`json_text` leaves to the json module."""
+
+
+def json_text(obj: Any, sort_keys: bool = False, compact: bool = False) -> str:
+    """``json.dumps(obj, default=str, sort_keys=sort_keys)`` (``compact``: separators ``","`` and
+    ``":"``), the same text, written without importing ``json`` when the job has not (``json`` loads
+    ``re`` and ``enum``: milliseconds in a short process) for the plain values the agent writes: str,
+    int, float, bool, None, lists, tuples and dicts with str keys. Anything else goes through ``json``."""
+    mod = sys.modules.get("json")
+    if mod is None:
+        try:
+            # lazy: the C helper behind json's own encoder (not json itself, see above)
+            from _json import encode_basestring_ascii
+
+            parts: list[str] = []
+            sep = (",", ":") if compact else (", ", ": ")
+            _plain(obj, parts, encode_basestring_ascii, sort_keys, *sep)
+            return "".join(parts)
+        except (_NotPlain, ImportError, RecursionError):
+            pass
+        import json  # lazy: only for values that are not plain data
+
+        mod = json
+    seps = (",", ":") if compact else None
+    return str(mod.dumps(obj, default=str, sort_keys=sort_keys, separators=seps))
+
+
+def _plain(obj: Any, out: list[str], quote: Callable[[str], str], sort: bool, item: str, key: str) -> None:
+    t = type(obj)
+    if t is str:
+        out.append(quote(obj))
+    elif obj is None or obj is True or obj is False:
+        out.append("null" if obj is None else "true" if obj else "false")
+    elif t is int:
+        out.append(int.__repr__(obj))
+    elif t is float:
+        if obj != obj or obj in (float("inf"), float("-inf")):
+            out.append("NaN" if obj != obj else "Infinity" if obj > 0 else "-Infinity")
+        else:
+            out.append(float.__repr__(obj))
+    elif t is list or t is tuple:
+        out.append("[")
+        for i, v in enumerate(obj):
+            if i:
+                out.append(item)
+            _plain(v, out, quote, sort, item, key)
+        out.append("]")
+    elif t is dict:
+        if any(type(k) is not str for k in obj):
+            raise _NotPlain
+        out.append("{")
+        for i, k in enumerate(sorted(obj) if sort else obj):
+            if i:
+                out.append(item)
+            out.append(quote(k))
+            out.append(key)
+            _plain(obj[k], out, quote, sort, item, key)
+        out.append("}")
+    else:
+        raise _NotPlain

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (loaded in every traced process)
 if TYPE_CHECKING:
+    from typing import Any
+
     from holoprof.agent.core import Agent
 
 _perf_ns = time.perf_counter_ns

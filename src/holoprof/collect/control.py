@@ -134,7 +134,8 @@ class ControlCollector(Collector):
         self._last_poll = 0.0
         self._hooked: StepTracker | None = None
         self._orig_class: type | None = None
-        self._start_wall_ns = time.time_ns()
+        # requests from the agent's start on (this collector is installed at the first flush)
+        self._start_wall_ns = agent.start_ns + agent.clock_offset_ns
         # tasks for the next step boundary: (task, deadline on the monotonic clock)
         self._boundary_tasks: list[tuple[Callable[[], None], float]] = []
         self._tasks_lock = threading.Lock()

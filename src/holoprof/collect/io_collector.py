@@ -14,27 +14,29 @@ on the writer thread, which writes a cumulative snapshot of the files that chang
 flush. On demand (the ``io-trace`` action of the control mailbox, or the agent option ``io_trace``),
 every operation is also written into ``io_ops``.
 
-Standard library only: this module loads in every process of a job.
+Standard library only: this module loads in every process of a job, at its start. So it loads the
+rest when it is used: the Python layer's patches where that layer counts, the native layer's bindings
+(``ctypes``) at the first flush or at exit, the path rules at the first rows.
 """
 
 from __future__ import annotations
 
-import builtins
-import collections
-import io
-import json
-import mmap
 import os
+import sys
 import threading
 import time
-from types import ModuleType
-from typing import Any, Final, Protocol
 
-from holoprof.agent.core import Agent, Collector
+from holoprof.agent.core import Agent, Collector, json_text
 from holoprof.agent.setup import post_import_finder
-from holoprof.collect import io_counters, io_patches
-from holoprof.collect.io_counters import TraceOp
-from holoprof.collect.io_paths import PathPolicy
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (loaded in every traced process)
+if TYPE_CHECKING:
+    import collections
+    from types import ModuleType
+    from typing import Any, Final, Protocol
+
+    from holoprof.collect.io_counters import TraceOp
+    from holoprof.collect.io_paths import PathPolicy
 
 _perf = time.perf_counter_ns
 
@@ -58,6 +60,48 @@ def _native() -> ModuleType | None:
         return None
 
 
+def _preloaded() -> bool:
+    """Whether ``LD_PRELOAD`` names the native library (``io_native.LIBRARY_NAME``, or the one
+    ``HOLOPROF_IO_LIB`` gives), as ``holoprof run`` sets it: then the dynamic loader has loaded it, and
+    its bindings can wait (``ctypes`` costs milliseconds in a process that may live for thirty)."""
+    preload = os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    override = os.environ.get("HOLOPROF_IO_LIB")
+    return any(os.path.basename(p).startswith("libholoprof_io.") or p == override for p in preload)
+
+
+def _claim_and_dump() -> bool:
+    """At the end of a process whose agent never bound the preloaded library (it ended before its
+    first flush): claim its counters and have the library write them now, as
+    :func:`holoprof.collect.io_native.set_owner` and :func:`~holoprof.collect.io_native.dump` do,
+    through ``ctypes`` alone (the module's bindings and decoders cost a short process milliseconds
+    more). The library then records when the process exits. False where it is not loaded."""
+    try:
+        import ctypes  # lazy: at the end of a short process only
+
+        lib = ctypes.CDLL(None)
+        set_owner, dump = lib.holoprof_io_set_owner, lib.holoprof_io_dump
+    except (OSError, AttributeError):
+        return False
+    set_owner.argtypes, set_owner.restype = [ctypes.c_int], None
+    dump.argtypes, dump.restype = [ctypes.c_char_p], ctypes.c_int
+    set_owner(1)
+    return bool(dump(None) == 0)
+
+
+def _patches() -> ModuleType:
+    # lazy: the Python layer's patches, loaded where that layer counts (or a trace asks)
+    from holoprof.collect import io_patches
+
+    return io_patches
+
+
+def _counters() -> ModuleType:
+    # lazy: the Python layer's counters and the per-operation ring, loaded where they are used
+    from holoprof.collect import io_counters
+
+    return io_counters
+
+
 class IoCollector(Collector):
     """Per-file I/O counters of this process, from the native layer when loaded, else from Python."""
 
@@ -66,45 +110,88 @@ class IoCollector(Collector):
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
         self._final_dumped = False
-        opts = agent.options
-        self.policy = PathPolicy(
-            list(opts.get(OPTION_INCLUDE) or []), list(opts.get(OPTION_EXCLUDE) or []), agent.run_dir
-        )
-        want = str(opts.get(OPTION_LAYER) or "auto")
+        self._policy: PathPolicy | None = None
+        want = str(agent.options.get(OPTION_LAYER) or "auto")
         self.native: ModuleType | None = None
-        if want != "python":
+        #: the library is preloaded: its bindings load at the first flush, or at exit (:meth:`_bind`)
+        self._unbound = want != "python" and _preloaded()
+        if want != "python" and not self._unbound:
             nat = _native()
             try:
                 if nat is not None and nat.available():
                     self.native = nat
             except Exception:
                 self.native = None
-        self.layer = "native" if self.native is not None else "python"
+        self.layer = "native" if self.native is not None or self._unbound else "python"
         self._since = 0
         self._trace_until_ns: int | None = None  # monotonic deadline of an on-demand trace
-        self._trace_all = bool(opts.get(OPTION_TRACE))
+        self._trace_all = bool(agent.options.get(OPTION_TRACE))
         self._trace_jobs: list[tuple[int, Any]] = []
+        self._native_traced = False
         self._tail: collections.deque[TraceOp] | None = None
         self._lock = threading.Lock()
 
+    @property
+    def policy(self) -> PathPolicy:
+        """Which paths are counted (the environment's files are not), built at its first use."""
+        if self._policy is None:
+            # lazy: the path rules (site, sysconfig) load where paths are kept or dropped
+            from holoprof.collect.io_paths import PathPolicy
+
+            opts = self.agent.options
+            self._policy = PathPolicy(
+                list(opts.get(OPTION_INCLUDE) or []), list(opts.get(OPTION_EXCLUDE) or []), self.agent.run_dir
+            )
+        return self._policy
+
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
-        io_patches.activate(self)
         self.agent.info["io_layer"] = self.layer
         self.agent.pollers.append(self.poll)
-        self._claim_native()
-        if self.native is None:
-            io_patches.set_policy(self.policy)
-            opener = io_patches.make_open(builtins.open)
-            self._set(builtins, "open", opener)
-            self._set(io, "open", opener)
-            for name, fn in io_patches.os_patches().items():
-                self._set(os, name, fn)
-            self._set(mmap, "mmap", io_patches.make_mmap(mmap.mmap))
-            post_import_finder().add("numpy", self._on_numpy)
+        if self.layer == "python":
+            self._install_python()
+        else:
+            self._claim_native()
         if self._trace_all:
             self.trace_start()
         self.inject("install")
+
+    def _install_python(self) -> None:
+        """Count in Python: patch the interpreter's file calls."""
+        import builtins  # lazy: the Python layer only
+        import io  # lazy: the Python layer only
+        import mmap  # lazy: the Python layer only
+
+        patches = _patches()
+        patches.activate(self)
+        self._claim_native()
+        patches.set_policy(self.policy)
+        opener = patches.make_open(builtins.open)
+        self._set(builtins, "open", opener)
+        self._set(io, "open", opener)
+        for name, fn in patches.os_patches().items():
+            self._set(os, name, fn)
+        self._set(mmap, "mmap", patches.make_mmap(mmap.mmap))
+        post_import_finder().add("numpy", self._on_numpy)
+
+    def _bind(self) -> None:
+        """The preloaded library's bindings, loaded once it is needed (the first flush, exit, a
+        trace): it reads this process's counters from then on. Where it turns out not to be loaded
+        after all, the Python layer counts from now on."""
+        if not self._unbound:
+            return
+        self._unbound = False
+        nat = _native()
+        try:
+            if nat is not None and nat.available():
+                self.native = nat
+        except Exception:
+            self.native = None
+        if self.native is not None:
+            self._claim_native()
+            return
+        self.layer = self.agent.info["io_layer"] = "python"
+        self._install_python()
 
     def _on_numpy(self, numpy: ModuleType) -> None:
         if not self.enabled or self.native is not None:
@@ -112,29 +199,36 @@ class IoCollector(Collector):
         try:
             orig = getattr(numpy, "fromfile", None)
             if orig is not None and not hasattr(orig, "__wrapped__"):
-                self._set(numpy, "fromfile", io_patches.wrap_fromfile(orig))
+                self._set(numpy, "fromfile", _patches().wrap_fromfile(orig))
         except Exception as exc:
             self.agent.fail(self, exc)
 
     def turn_off(self) -> None:
         super().turn_off()
-        io_patches.set_policy(None)
-        io_counters.trace_end()
+        if "holoprof.collect.io_patches" in sys.modules:
+            _patches().set_policy(None)
+        if "holoprof.collect.io_counters" in sys.modules:
+            _counters().trace_end()
 
     def after_fork_child(self) -> None:
         """The child starts with zero counters; files opened before the fork stay tracked."""
-        for f in io_patches.tracked_files():
-            f.reset()
-        ring = io_counters.trace_ring()
-        if ring is not None:
-            ring.clear()
+        if "holoprof.collect.io_patches" in sys.modules:
+            for f in _patches().tracked_files():
+                f.reset()
+        if "holoprof.collect.io_counters" in sys.modules:
+            ring = _counters().trace_ring()
+            if ring is not None:
+                ring.clear()
         self._trace_jobs = []
         self._since = 0
         self._claim_native()
 
     def _claim_native(self) -> None:
         """This process is read in process: the native library (when loaded) writes no dump at exit,
-        also when the Python layer was chosen (its counters would be counted twice)."""
+        also when the Python layer was chosen (its counters would be counted twice). A library not
+        bound yet is claimed when it is (:meth:`_bind`)."""
+        if self._unbound:
+            return
         nat = self.native or (_native() if self.layer == "python" else None)
         if nat is None:
             return
@@ -146,13 +240,15 @@ class IoCollector(Collector):
 
     # -- per-op trace --------------------------------------------------------------------------------
     def trace_start(self, seconds: float | None = None) -> None:
+        self._bind()
         with self._lock:
             if seconds is not None:
                 until = _perf() + int(seconds * 1e9)
                 if self._trace_until_ns is None or until > self._trace_until_ns:
                     self._trace_until_ns = until
-            io_counters.trace_begin()
+            _counters().trace_begin()
             if self.native is not None:
+                self._native_traced = True  # its ring is drained at every flush from now on
                 self.native.trace_start(1_000_000)
 
     def trace_stop(self) -> None:
@@ -163,13 +259,14 @@ class IoCollector(Collector):
             if self.native is not None:
                 self.native.trace_stop()
             # keep the ring until the next flush drains it
-            ring = io_counters.trace_end()
+            ring = _counters().trace_end()
             if ring is not None:
                 self._tail = ring
 
     @property
     def tracing(self) -> bool:
-        return io_counters.trace_ring() is not None or self._trace_all
+        counters = sys.modules.get("holoprof.collect.io_counters")
+        return (counters is not None and counters.trace_ring() is not None) or self._trace_all
 
     def _drain_ops(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -179,9 +276,12 @@ class IoCollector(Collector):
         if tail is not None:
             rings.append(tail)
             self._tail = None
-        ring = io_counters.trace_ring()
+        counters = sys.modules.get("holoprof.collect.io_counters")  # loaded by the first trace
+        ring = counters.trace_ring() if counters is not None else None
         if ring is not None:
             rings.append(ring)
+        if not rings and not self._native_traced:
+            return rows
         pol = self.policy
         for ring in rings:
             while ring:
@@ -208,8 +308,9 @@ class IoCollector(Collector):
     # -- the poller (writer thread) ----------------------------------------------------------------
     def poll(self) -> list[tuple[str, dict[str, list[Any]]]]:
         out: list[tuple[str, dict[str, list[Any]]]] = []
-        if not self.enabled:
-            return out
+        if not self.enabled or (self._final_dumped and self.native is None):
+            return out  # the library wrote this process's final counters itself (finish)
+        self._bind()
         rows = self.native_rows() if self.native is not None else self.python_rows()
         if rows:
             out.append(("io_files", _columns(rows, ("ts_ns", "module", "layer", "path", "counters"))))
@@ -231,7 +332,7 @@ class IoCollector(Collector):
         jobs, self._trace_jobs = self._trace_jobs, []
         for _, job in jobs:
             try:
-                job.done(layer=self.layer, dropped=io_counters.trace_dropped())
+                job.done(layer=self.layer, dropped=_counters().trace_dropped())
             except Exception:
                 pass
 
@@ -239,7 +340,7 @@ class IoCollector(Collector):
         ts = time.time_ns()
         off = self.agent.clock_offset_ns
         rows = []
-        for f in io_patches.tracked_files():
+        for f in _patches().tracked_files():
             if not f.dirty:
                 continue
             f.dirty = False
@@ -249,7 +350,7 @@ class IoCollector(Collector):
                     "module": "POSIX",
                     "layer": "python",
                     "path": f.path,
-                    "counters": json.dumps(f.counters(off)),
+                    "counters": json_text(f.counters(off)),
                 }
             )
         return rows
@@ -260,9 +361,14 @@ class IoCollector(Collector):
             return []  # the library wrote the final counters itself (see finish)
         got, self._since = self.native.changes(self._since)
         pol = self.policy
-        return [{**r, "counters": json.dumps(r["counters"])} for r in got if pol.keep(str(r.get("path", "")))]
+        return [{**r, "counters": json_text(r["counters"])} for r in got if pol.keep(str(r.get("path", "")))]
 
     def finish(self) -> None:
+        if self._unbound and self.enabled and _claim_and_dump():
+            self._unbound = False  # a process that ended before its first flush: read by the library
+            self._final_dumped = True
+            return
+        self._bind()
         if self._trace_jobs:
             self.trace_stop()
             self._finish_jobs()
@@ -317,18 +423,20 @@ def io_trace_action(agent: Agent, request: dict[str, Any]) -> dict[str, Any]:
     return {"layer": col.layer, "seconds": seconds, "until_ns": time.time_ns() + seconds * 1_000_000_000}
 
 
-class TraceJob(Protocol):
-    """The request being answered (a :class:`holoprof.collect.control.Job`)."""
+if TYPE_CHECKING:
 
-    @property
-    def agent(self) -> Agent: ...
+    class TraceJob(Protocol):
+        """The request being answered (a :class:`holoprof.collect.control.Job`)."""
 
-    @property
-    def params(self) -> dict[str, int]: ...
+        @property
+        def agent(self) -> Agent: ...
 
-    def running(self, **info: Any) -> None: ...
+        @property
+        def params(self) -> dict[str, int]: ...
 
-    def done(self, artifacts: list[str] | None = None, **info: Any) -> None: ...
+        def running(self, **info: Any) -> None: ...
+
+        def done(self, artifacts: list[str] | None = None, **info: Any) -> None: ...
 
 
 def io_trace_job(job: TraceJob) -> None:

@@ -2,26 +2,38 @@
 
 ``holoprof run`` starts it from the environment it set up (its ``sitecustomize`` calls
 :func:`start_from_env` at interpreter start-up); ``holoprof.start()`` calls :func:`start_agent`.
+
+Start-up is paid by every Python process of a job, a pipeline's ``python -c`` and a spawned DataLoader
+worker included, so it does only what cannot wait: the process's agent (its row, exit status and
+writer thread), the I/O collector (the files the process reads from its first line on) and the knobs
+that must be set before a framework loads. A framework's collectors are imported and installed when
+the job imports the framework (a post-import hook), the control mailbox's reader at the first flush
+(:data:`COLLECTORS`). ``benchmarks/bench_startup.py`` measures what is left.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import sys
-from typing import Any
 
 from holoprof import model
 from holoprof.agent import core
 from holoprof.agent.core import Agent, Collector
 from holoprof.agent.setup import OPTION_GC_RESET, post_import_finder, reset_gc_clock
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (loaded in every traced process)
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
 
 def options_from_env() -> dict[str, Any]:
     raw = os.environ.get(model.ENV_OPTIONS)
-    if not raw:
+    if not raw or raw == "{}":
         return {}
+    # lazy: json loads re and enum (milliseconds); parsed only when the launcher passed options
+    import json
+
     try:
         opts = json.loads(raw)
     except ValueError:
@@ -46,47 +58,116 @@ def start_agent(run_dir: str, role: str | None = None, options: dict[str, Any] |
     core.set_agent(agent)
     agent.start()
     try:
+        defer_collectors(agent)
         after_collectors(agent)
     except Exception as exc:
         agent.fail("setup", exc)
     return agent
 
 
-#: The always-on collectors, "module:Class", in installation order. A collector that cannot be
-#: imported or built is reported once (fail open) and the others run.
-COLLECTORS: list[str] = [
-    "holoprof.collect.knobs:KnobCollector",
-    "holoprof.collect.torch:TorchCollector",
-    "holoprof.collect.checkpoints:CheckpointCollector",
-    "holoprof.collect.tensorflow:TensorFlowCollector",
-    "holoprof.collect.control:ControlCollector",
-    "holoprof.collect.memory:MemoryCollector",
-    "holoprof.collect.flops:FlopCollector",
-    "holoprof.collect.compile:CompileCollector",
-    "holoprof.collect.comm:CommCollector",
-    "holoprof.collect.io_collector:IoCollector",
+#: When a collector is installed: with the agent (:data:`AT_START`), at the first flush, about a
+#: second in, on the writer thread (:data:`AT_FIRST_FLUSH`), or when the job imports one of the
+#: modules named (a post-import hook: at once when it is imported already).
+AT_START: tuple[str, ...] = ()
+AT_FIRST_FLUSH: tuple[str, ...] = ("",)
+_TORCH: tuple[str, ...] = ("torch",)
+
+#: The always-on collectors, "module:Class", in installation order, each with when it is installed
+#: and the agent option without which it has nothing to do (None: always). A collector that cannot
+#: be imported or built is reported once (fail open) and the others run. The torch hooks of the
+#: collectors installed at ``import torch`` run in this order, after those of the collectors
+#: installed at start-up.
+COLLECTORS: list[tuple[str, tuple[str, ...], str | None]] = [
+    ("holoprof.collect.knobs:KnobCollector", AT_START, "knobs"),  # before the framework loads
+    ("holoprof.collect.torch:TorchCollector", _TORCH, None),
+    ("holoprof.collect.checkpoints:CheckpointCollector", _TORCH, None),
+    ("holoprof.collect.tensorflow:TensorFlowCollector", ("tensorflow", "keras"), None),
+    ("holoprof.collect.control:ControlCollector", AT_FIRST_FLUSH, None),
+    ("holoprof.collect.memory:MemoryCollector", _TORCH, None),
+    ("holoprof.collect.flops:FlopCollector", _TORCH, None),
+    ("holoprof.collect.compile:CompileCollector", _TORCH, None),
+    ("holoprof.collect.comm:CommCollector", _TORCH, None),
+    ("holoprof.collect.io_collector:IoCollector", AT_START, None),  # the process's first read on
 ]
 
 
+def _build(agent: Agent, target: str) -> Collector | None:
+    """The collector ``target`` ("module:Class") for ``agent``; None when disabled or failing."""
+    module_name, cls_name = target.split(":")
+    try:
+        __import__(module_name)
+        cls = getattr(sys.modules[module_name], cls_name)
+        if getattr(cls, "name", None) in set(agent.options.get("disable", [])):
+            return None
+        collector: Collector = cls(agent)
+        return collector
+    except Exception as exc:
+        agent.fail(module_name.rsplit(".", 1)[-1], exc)
+        return None
+
+
+def _wanted(agent: Agent, option: str | None) -> bool:
+    return option is None or bool(agent.options.get(option))
+
+
 def default_collectors(agent: Agent) -> list[Collector]:
-    """The always-on collectors for this process; ``options["disable"]`` lists names to skip."""
-    disabled = set(agent.options.get("disable", []))
-    collectors: list[Collector] = []
-    for target in COLLECTORS:
-        module_name, cls_name = target.split(":")
+    """The collectors installed with the agent; ``options["disable"]`` lists names to skip."""
+    built = [
+        _build(agent, target)
+        for target, when, option in COLLECTORS
+        if when == AT_START and _wanted(agent, option)
+    ]
+    return [c for c in built if c is not None]
+
+
+def install_now(agent: Agent, targets: list[str]) -> None:
+    """Build and install the collectors ``targets`` in a running agent (the deferred ones)."""
+    if agent._stopped:
+        return  # holoprof.stop() came first
+    for target in targets:
+        c = _build(agent, target)
+        if c is None:
+            continue
+        agent.collectors.append(c)
         try:
-            cls = getattr(importlib.import_module(module_name), cls_name)
-            if getattr(cls, "name", None) in disabled:
-                continue
-            collectors.append(cls(agent))
+            c.install()
         except Exception as exc:
-            agent.fail(module_name.rsplit(".", 1)[-1], exc)
-    return collectors
+            agent.fail(c, exc)
+
+
+def defer_collectors(agent: Agent) -> None:
+    """Hook the collectors that wait: on the modules that install them, and on the first flush."""
+    by_module: dict[str, list[str]] = {}
+    at_flush: list[str] = []
+    for target, when, option in COLLECTORS:
+        if when == AT_START or not _wanted(agent, option):
+            continue
+        if when == AT_FIRST_FLUSH:
+            at_flush.append(target)
+            continue
+        for name in when:
+            by_module.setdefault(name, []).append(target)
+    done: set[str] = set()  # a collector hooked on two modules (tensorflow, keras) is installed once
+
+    def installer(targets: list[str]) -> Any:
+        def install(_module: ModuleType | None = None) -> None:
+            todo = [t for t in targets if t not in done]
+            done.update(todo)
+            install_now(agent, todo)
+
+        return install
+
+    finder = post_import_finder()
+    for name, targets in by_module.items():
+        finder.add(name, installer(targets))
+    if at_flush:
+        agent.deferred.append(installer(at_flush))
 
 
 def after_collectors(agent: Agent) -> None:
-    """Process-wide set-up once every collector is installed. (The writer's raw chunk module is
-    imported with the agent, so that a worker forked before the first flush, a DataLoader's, does not
-    import it at its final flush, which the training loop waits for.)"""
+    """Process-wide set-up once every collector is installed or hooked: the garbage collector's reset
+    runs after every collector's own torch hook. (The writer's raw chunk module is imported with the
+    agent, so that a worker forked before the first flush, a DataLoader's, does not import it at its
+    final flush, which the training loop waits for.)"""
     if agent.options.get(OPTION_GC_RESET, True) and "torch" not in sys.modules:
         post_import_finder().add("torch", reset_gc_clock)

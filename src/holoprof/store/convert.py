@@ -8,6 +8,7 @@ so that the number of files of each process and table stays bounded however long
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import Any
 
@@ -23,13 +24,15 @@ from holoprof.store.layout import (
     process_folders,
     scan_dir,
 )
-from holoprof.store.raw import _RAW, read_raw
+from holoprof.store.raw import RAW_SUFFIX, read_raw
 
 _convert_lock = threading.Lock()
 
 
 #: rows of raw chunks converted into one Parquet file (and held in memory at once)
 CONVERT_MAX_ROWS = 200_000
+#: a raw chunk's name: <table>-<seq>.hpr
+_RAW = re.compile(r"^(?P<table>[a-z_]+)-(?P<seq>\d{8,})" + re.escape(RAW_SUFFIX) + "$")
 
 
 def convert_folder(folder: str) -> tuple[int, list[str]]:

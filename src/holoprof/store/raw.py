@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import marshal
 import os
-import re
 import zlib
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 from holoprof import model
-from holoprof.store import safeio
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (loaded in every traced process)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
 RAW_SUFFIX = ".hpr"
 _MAGIC = b"HPR1"
-_RAW = re.compile(r"^(?P<table>[a-z_]+)-(?P<seq>\d{8,})\.hpr$")
 
 
 def write_raw(folder: str, table: str, columns: Mapping[str, Sequence[Any]], seq: int) -> str | None:
@@ -62,6 +62,9 @@ RAW_MAX_BYTES = 2**30
 def read_raw(path: str) -> tuple[str, dict[str, list[Any]]]:
     """Read a raw chunk; raises ValueError when it is not a complete raw chunk, OSError when it
     cannot be read or is not a regular file of at most :data:`RAW_MAX_BYTES`."""
+    # lazy: the readers' module; the agent, which imports this one at start-up, only writes
+    from holoprof.store import safeio
+
     data = safeio.read_bytes(path, RAW_MAX_BYTES)
     if not data.startswith(_MAGIC):
         raise ValueError(f"{path}: not a raw chunk")

@@ -27,10 +27,11 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any, Final
 
-from holoprof.store.native_dumps import LAYER, path_text
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (this module loads at a process's exit)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, Final
 
 __all__ = [
     "ENV_DISABLE",
@@ -73,6 +74,14 @@ OPS: Final[tuple[str, ...]] = ("", "open", "close", "read", "write", "seek", "st
 _TRACE_REC: Final = struct.Struct("<IBBHqqqq")
 _HDR: Final = struct.Struct("<IIHHI")
 _NS_PER_S: Final = 1e9
+
+
+def path_text(raw: bytes) -> str:
+    """A path as the rows show it: :func:`holoprof.store.native_dumps.path_text`."""
+    # lazy: the dump files' module (it reads JSON) loads with the first path read, not at every exit
+    from holoprof.store.native_dumps import path_text as text
+
+    return text(raw)
 
 
 def library_path() -> str | None:
@@ -227,6 +236,9 @@ def dropped() -> int:
 
 
 def _decode(lib: _Lib, data: bytes, ts_ns: int) -> list[dict[str, Any]]:
+    # lazy: the dump files' module (it reads JSON) loads with the first rows, not at every exit
+    from holoprof.store.native_dumps import LAYER, path_text
+
     rows: list[dict[str, Any]] = []
     off = 0
     end = len(data)
