@@ -24,7 +24,7 @@ from holoprof.analyze.steps import (
     PhaseStat,
     ProcKey,
     StepStats,
-    counted,
+    counted_all,
     counted_loop,
     loader_config,
     outside_steps,
@@ -312,14 +312,21 @@ def _core(run: Run, eng: Engine) -> dict[str, Any]:
         procs = [lost] if lost is not None else []
     main: ProcKey | None = procs[0] if procs else None
     # a process that dropped spans: its exact counts replace the kept spans' (see with_counts)
-    st = with_counts(step_stats(run, main, engine=eng), counted(run, main)) if main is not None else None
+    exact = counted_all(run)  # read once: a run of many ranks has as many step processes
+    st = (
+        with_counts(step_stats(run, main, engine=eng), exact.get((main.host, main.pid)))
+        if main is not None
+        else None
+    )
     rank_stats: dict[ProcKey, StepStats] = {}
     if len(procs) > 1:
         for p in procs:
             s = (
                 st
                 if p == main
-                else with_counts(step_stats(run, p, timeline_points=1, engine=eng), counted(run, p))
+                else with_counts(
+                    step_stats(run, p, timeline_points=1, engine=eng), exact.get((p.host, p.pid))
+                )
             )
             assert s is not None
             rank_stats[p] = s

@@ -748,10 +748,14 @@ def workflow(run: Run, loop: Any = None, ctx: dict[str, Any] | None = None) -> W
         _window_metrics(run, st)
     stages = proc_stages + span_stages
     gpu = _gpu_by_process(run, ctx)
+    # every step process's statistics (the report has them: one scan per rank already)
+    loops = {(s.proc.host, s.proc.pid): s for s in ((ctx or {}).get("rank_stats") or {}).values()}
+    if loop is not None:
+        loops[(loop.proc.host, loop.proc.pid)] = loop
     for st in stages:
         st.gpu_s = _gpu_seconds(run, st, gpu)
         if st.steps > 0:
-            known = _loop_phases(st, loop)
+            known = _loop_phases(st, loops.get((st.host, st.pid)))
             if known is not None:
                 st.phases = known
                 continue

@@ -25,9 +25,10 @@ from typing import Any
 from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present import palette
+from holoprof.present.hosts import hosts_html
 from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
 from holoprof.present.summary import at_most, more_files, more_label, top_rows, total, tree_parent
-from holoprof.present.terminal import fmt_phase_per_step, host_clock_text
+from holoprof.present.terminal import fmt_phase_per_step, host_clock_lines
 from holoprof.present.text import printable
 
 CSS = """
@@ -163,7 +164,7 @@ def _header(doc: dict[str, Any]) -> str:
     ]
     clocks = run.get("host_clocks") or []
     if len(clocks) > 1:  # each host's clock alignment, under the hosts
-        kv[-1] = ("hosts", "<br>".join(esc(host_clock_text(h)) for h in clocks))
+        kv[-1] = ("hosts", "<br>".join(esc(line) for line in host_clock_lines(clocks)))
     kpis = _io_kpis(doc) if _io_first(doc) else _step_kpis(doc)
     return (
         f"<h1>{esc(run.get('name') or 'holoprof report')} <span class='badge {esc(status)}'>"
@@ -791,6 +792,7 @@ def render_html(doc: dict[str, Any]) -> str:
             _header(doc),
             _first_screen(doc),
             _charts(doc),
+            hosts_html(doc),
             _compute(doc),
             _goodput(doc),
             _gantt(doc),
