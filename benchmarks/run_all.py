@@ -18,6 +18,7 @@ BENCHES = [
     "bench_overhead.py",  # always-on overhead on a CPU training loop (issue: foundation)
     "bench_hotpath.py",  # cost per span, per module call, agent memory bound
     "bench_report_scale.py",  # report on 10M generated spans
+    "bench_multihost_scale.py",  # 64 hosts x 8 ranks generated: load, report, exports
     "bench_io_native.py",  # ns added per intercepted read()
     "bench_io_py.py",  # ns added per read in the Python layer
     "bench_io_dataloader.py",  # DataLoader reading 10,000 small files, traced/untraced

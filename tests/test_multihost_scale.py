@@ -129,3 +129,24 @@ def test_the_chrome_trace_has_every_rank_and_host(
     steps = [e for e in events if e.get("ph") == "X" and e.get("cat") == "step"]
     assert len(steps) == HOSTS * RANKS_PER_HOST * STEPS
     assert min(e["ts"] for e in steps) == pytest.approx(0, abs=1)  # the skewed hosts aligned too
+
+
+def test_a_process_is_read_from_its_own_partition_only_when_that_holds_all_its_rows(tmp_path: Path) -> None:
+    """A query of one process reads only its partition's files, and gives the same rows as the whole
+    table; once a file holds rows of another process, every query reads the whole table again."""
+    from holoprof.bench.synth import generate_run
+    from holoprof.store.chunks import write_chunk
+
+    out = str(tmp_path / "run")
+    generate_run(out, 50, ranks=2)
+    run = holoprof.load(out)
+    src = run.process_source("spans", "synth", 10_001)
+    assert src.startswith("(") and "proc=10001" in src and "proc=10000" not in src
+    q = "SELECT count(*), sum(end_ns - start_ns) FROM {} WHERE host = 'synth' AND pid = 10001"
+    assert run.rows(q.format(src)) == run.rows(q.format("spans")) and run.rows(q.format(src))[0][0] > 0
+    assert run.process_source("spans", "synth", 99) == "spans"  # no such process: the table
+    row = {"host": ["synth"], "pid": [10_001], "rank": [1], "tid": [10_001], "span_id": [1], "parent_id": [0],
+           "kind": ["user"], "name": ["x"], "start_ns": [T0_NS], "end_ns": [T0_NS + 1], "step": [0]}  # fmt: skip
+    write_chunk(out, "spans", row, seq=99, writer=("synth", 10_000))  # rank 1's row in rank 0's partition
+    run = holoprof.load(out)
+    assert run.process_source("spans", "synth", 10_001) == "spans"
