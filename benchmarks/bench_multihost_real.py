@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--ranks-per-host", type=int, default=8)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--keep", help="write the run here and keep it (default: a temporary folder)")
     args = ap.parse_args()
     lib = next((p for p in FAKETIME_LIBS if os.path.exists(p)), None)
     if os.geteuid() != 0 or shutil.which("unshare") is None or lib is None:
@@ -62,7 +63,8 @@ def main() -> None:
     hp = [sys.executable, "-m", "holoprof.cli"]
     world = args.hosts * args.ranks_per_host
     with tempfile.TemporaryDirectory() as tmp:
-        rank_py, spawn_py, run = (os.path.join(tmp, n) for n in ("rank.py", "spawn.py", "run"))
+        rank_py, spawn_py = (os.path.join(tmp, n) for n in ("rank.py", "spawn.py"))
+        run = os.path.join(args.keep or tmp, "run")
         with open(rank_py, "w") as f:
             f.write(RANK)
         with open(spawn_py, "w") as f:
@@ -104,7 +106,8 @@ def main() -> None:
     for h, name in enumerate(names):
         want = list(range(h * args.ranks_per_host, (h + 1) * args.ranks_per_host))
         assert hosts[name]["ranks"] == want and hosts[name]["cpu_percent"]["samples"] >= 2, hosts[name]
-    assert all(r["count"] == args.steps for r in doc["steps"]["per_rank"]), doc["steps"]["per_rank"]
+    counts = {r["rank"]: r["count"] for r in doc["steps"]["per_rank"]}
+    assert counts == {r: args.steps for r in range(world)}, counts
     skewed = clocks[names[-1]]
     assert skewed["clock_source"] == "file_server", skewed
     assert abs(skewed["clock_offset_s"] - SKEW_S) <= skewed["clock_uncertainty_s"] + 0.005, skewed
