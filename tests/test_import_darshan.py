@@ -373,3 +373,19 @@ def test_a_log_that_inflates_past_the_parser_memory_limit_is_refused(tmp_path: P
     proc = run_holoprof("import", "darshan", str(bomb), "--out", str(out), cwd=tmp_path, env=limit)
     _assert_refused(proc, out)
     assert "HOLOPROF_LIMIT_PARSER_BYTES" in proc.stderr
+
+
+def test_a_2048_rank_log_reads_as_its_command_and_its_io(imported: dict[str, Any], tmp_path: Path) -> None:
+    """example.darshan, 2,048 ranks of one write-only job: a few files in the run (one part per table,
+    not one per rank), and a terminal report that opens with the I/O it did, shows the ranks as one
+    stage and no read columns of zeros."""
+    run_dir, _, _ = imported["example.darshan"]
+    parts = [p for p in Path(run_dir).rglob("*.parquet")]
+    assert 0 < len(parts) <= 4, parts  # processes, io_files (and io_ops with DXT)
+    out = run_holoprof("report", str(run_dir), cwd=tmp_path, env={"COLUMNS": "110"}).stdout
+    assert "holoprof.step()" not in out  # an import has no loop to mark
+    assert out.index("2.0 TiB written") < out.index("Findings")
+    assert "vpicio_uni [ranks 0-2047]" in out and "[rank 7]" not in out
+    assert "read bandwidth" not in out and "write bandwidth" in out
+    doc = report_json(str(run_dir))
+    assert doc["run"]["ranks"] == 2048 and len(doc["stages"]) == 2048  # the JSON keeps every rank

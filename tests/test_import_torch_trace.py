@@ -54,6 +54,21 @@ def test_a_profiler_trace_imports_with_steps_and_phases(traces: str, tmp_path: o
     for p in ("data_wait", "forward", "backward", "optimizer"):
         assert phases[p]["total_s"] > 0, p
     assert abs(sum(v["fraction"] for v in phases.values()) - 1) < 1e-9
+    # the phases nest as they did in the trace: one thread's never overlap, each lies in its step
+    overlaps = _spans(
+        out,
+        """SELECT a.name, b.name, a.step FROM spans a JOIN spans b
+             ON a.kind = 'phase' AND b.kind = 'phase' AND a.tid = b.tid AND a.step = b.step
+            AND a.start_ns < b.start_ns AND b.start_ns < a.end_ns""",
+    )
+    assert overlaps == []
+    outside = _spans(
+        out,
+        """SELECT p.name, p.step FROM spans p JOIN spans s
+             ON p.kind = 'phase' AND s.kind = 'step' AND p.tid = s.tid AND p.step = s.step
+            WHERE p.start_ns < s.start_ns OR p.end_ns > s.end_ns""",
+    )
+    assert outside == []
 
 
 def test_gzipped_and_plain_traces_import_the_same(traces: str, tmp_path: os.PathLike[str]) -> None:

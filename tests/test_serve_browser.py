@@ -315,6 +315,18 @@ def test_dashboard_summarizes_many_ranks(served_runs: tuple[Server, str], browse
         "[...document.querySelectorAll('#processes-table tbody tr')].map(tr => tr.innerText)"
     )
     assert len(procs) == 30 and procs[-1].startswith("… and "), procs[-1]
+    # the rank × step heatmap: every rank a row, one column per step; the map chosen is drawn
+    heat = browser.wait_for(
+        "(() => { const el = document.getElementById('rank-heatmap'); return el && el.dataset.ranks"
+        " ? [el.dataset.ranks, el.dataset.columns, el.dataset.map] : null; })()",
+        30, "the rank × step heatmap",
+    )  # fmt: skip
+    assert heat == [str(RANKS), str(len(report["stragglers"]["heatmap"]["steps"])), "step_s"], heat
+    browser.eval(
+        "(() => { const s = document.querySelector('#rank-heatmap select'); s.value = 'compute_s';"
+        " s.dispatchEvent(new Event('change')); })()"
+    )
+    assert browser.eval("document.getElementById('rank-heatmap').dataset.map") == "compute_s"
     assert browser.errors() == [], "console errors on the dashboard"
 
 

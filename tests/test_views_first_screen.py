@@ -184,6 +184,13 @@ def test_html_report_first_screen(
     browser.wait_for("document.readyState === 'complete'", 60, "the report")
     page = browser.eval(PROBE)
     _check_first_screen(page, doc, name)
+    heat = (doc.get("stragglers") or {}).get("heatmap") or {}
+    if heat:  # the rank × step heatmap, drawn for a job of several ranks
+        drawn = browser.eval(
+            "(() => { const el = document.querySelector('[data-chart=rank-heatmap]');"
+            " return el ? [el.dataset.ranks, el.dataset.columns, el.querySelectorAll('canvas').length] : null; })()"
+        )
+        assert drawn == [str(len(heat["ranks"])), str(len(heat["steps"])), 1], (name, drawn)
     assert browser.errors() == [], "console errors in the HTML report"
 
 

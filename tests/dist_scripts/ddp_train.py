@@ -1,7 +1,9 @@
 """A DDP job on gloo for the communication tests, launched by torchrun or ``spawn PORT WORLD``.
 
 Options (environment): ``DDP_STEPS`` (default 6), ``DDP_SLOW_RANK`` / ``DDP_SLOW_S`` (that rank sleeps
-before each step: a straggler), ``DDP_DIE_RANK`` / ``DDP_DIE_STEP`` (that rank leaves with
+before each step: a straggler; with ``DDP_SLOW_IN=forward``, inside its forward pass instead),
+``DDP_TRUTH_DIR`` (each rank writes ``rank<N>.json`` there: its own timer of each step, from the top
+of the loop to the end of the step, and of each delay it slept), ``DDP_DIE_RANK`` / ``DDP_DIE_STEP`` (that rank leaves with
 ``os._exit(3)``, or SIGKILL with ``DDP_DIE_SIGNAL=KILL``, after that many steps, ``DDP_DIE_DELAY_S``
 seconds into the next; the process group has a short timeout so the others fail too),
 ``DDP_USER_HOOK=1`` (register a comm hook of the job's own), ``DDP_SYNC_ALLREDUCE=1`` (an extra
@@ -14,6 +16,7 @@ after its work is done; untraced reference runs use it so that only the training
 """
 
 import datetime
+import json
 import os
 import signal
 import sys
@@ -50,18 +53,30 @@ def train(rank: int, world: int) -> None:
             return fut.then(lambda f: f.value()[0])
 
         model.register_comm_hook(None, my_hook)
+    slept: list[float] = []  # each delay as long as it really was (a busy machine oversleeps)
+
+    def delay() -> None:
+        t = time.perf_counter()
+        time.sleep(slow_s)
+        slept.append(time.perf_counter() - t)
+
+    slow_in_forward = rank == slow and os.environ.get("DDP_SLOW_IN") == "forward"
+    if slow_in_forward:  # inside DDP's forward: the first layer sleeps before it runs
+        model.module[0].register_forward_pre_hook(lambda mod, args: delay())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     loss = torch.zeros(())
+    step_times = []
     for i in range(steps):
+        t0 = time.perf_counter()
         if rank == die and i == die_step:
             time.sleep(float(os.environ.get("DDP_DIE_DELAY_S", "0")))
             print(f"rank {rank} dies at step {i}", flush=True)
             if os.environ.get("DDP_DIE_SIGNAL") == "KILL":
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(3)
-        if rank == slow:
-            time.sleep(slow_s)
+        if rank == slow and not slow_in_forward:
+            delay()
         x = torch.randn(16, 32, generator=g)
         opt.zero_grad()
         loss = model(x).pow(2).mean()
@@ -69,6 +84,11 @@ def train(rank: int, world: int) -> None:
         opt.step()
         if os.environ.get("DDP_SYNC_ALLREDUCE") == "1":
             dist.all_reduce(loss.detach().clone())
+        step_times.append(time.perf_counter() - t0)
+    if os.environ.get("DDP_TRUTH_DIR"):
+        truth = {"rank": rank, "step_s": step_times, "delay_s": slept}
+        with open(os.path.join(os.environ["DDP_TRUTH_DIR"], f"rank{rank}.json"), "w") as f:
+            json.dump(truth, f)
     if os.environ.get("DDP_COLLECTIVES") == "1":
         collectives(rank, world)
     if calls:

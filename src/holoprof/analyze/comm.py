@@ -30,13 +30,11 @@ from typing import Any
 from holoprof.analyze.engine import Aggregation, aggregate
 from holoprof.analyze.findings import Finding
 from holoprof.analyze.steps import NS, ProcKey, StepStats, step_stats
+from holoprof.analyze.stragglers import find_straggler, rank_steps, wait_for_slower
 from holoprof.store.reader import Run
 
 COMM_BOUND_MEDIUM = 0.10
 COMM_BOUND_HIGH = 0.25
-STRAGGLER_STEP_EXCESS = 0.10  # a rank's step median above the others' median by more than this
-STRAGGLER_WAIT = 0.10  # the others wait for one rank at least this fraction of a step
-STRAGGLER_CONSISTENCY = 0.75  # ... and it arrives last in at least this share of the steps
 #: communication_bound speaks of bandwidth (compressing gradients, a faster network) only when moving
 #: the step's bytes over a slow link (this many bits per second: 1 Gbit/s Ethernet) would take at least
 #: BANDWIDTH_SHARE of the exposed time; below that the wait is per-call latency and ranks arriving at
@@ -345,95 +343,18 @@ def _how(f: dict[str, Any], short: bool = False) -> str:
     return "no exit record" if short else "no exit record: killed by SIGKILL or the OOM killer, or aborted"
 
 
-def _straggler(procs: list[ProcComm]) -> tuple[Finding | None, dict[int, float]]:
-    """Per-rank median wait, and the straggler finding if one rank holds the others back."""
+def _waits(procs: list[ProcComm]) -> dict[int, float]:
+    """Per rank, its median wait at collectives for slower ranks (see the module's docstring)."""
     ranked = [p for p in procs if p.key.rank >= 0 and p.stats.count > 0]
-    waits: dict[int, list[float]] = {p.key.rank: [] for p in ranked}
     if len(ranked) < 2:
-        return None, {}
-    common = set.intersection(*(set(p.total) for p in ranked))
-    last_count = {p.key.rank: 0 for p in ranked}
-    others_wait: dict[int, list[float]] = {p.key.rank: [] for p in ranked}
-    for step in sorted(common):
+        return {}
+    waits: dict[int, list[float]] = {p.key.rank: [] for p in ranked}
+    for step in sorted(set.intersection(*(set(p.total) for p in ranked))):
         totals = {p.key.rank: p.total[step] for p in ranked}
         low = min(totals.values())
         for r, t in totals.items():
             waits[r].append((t - low) / NS)
-        last = min(totals, key=lambda r: (totals[r], r))
-        last_count[last] += 1
-        for r in totals:
-            others = [(totals[o] - totals[r]) / NS for o in totals if o != r]
-            others_wait[r].append(statistics.mean(others))
-    med_wait = {r: _median(w) for r, w in waits.items()}
-    medians = {p.key.rank: p.stats.median_s for p in ranked}
-    nsteps = max(1, len(common))
-    best: Finding | None = None
-    for p in ranked:
-        r = p.key.rank
-        rest = [medians[o] for o in medians if o != r]
-        rest_med = _median(rest)
-        excess = (medians[r] - rest_med) / rest_med if rest_med > 0 else 0.0
-        cost = max(0.0, _median(others_wait[r]))
-        consistent = last_count[r] / nsteps
-        step_s = medians[r] or 1e-12
-        by_wait = consistent >= STRAGGLER_CONSISTENCY and cost / step_s >= STRAGGLER_WAIT and len(common) >= 3
-        by_step = excess > STRAGGLER_STEP_EXCESS
-        if not (by_wait or by_step):
-            continue
-        cost_s = cost if by_wait else medians[r] - rest_med
-        frac = cost_s / step_s if step_s > 0 else 0.0
-        slower = _slower_phase(p, [q for q in ranked if q is not p])
-        evidence: dict[str, Any] = {
-            "rank": r,
-            "host": p.key.host,
-            "step_median_s": round(medians[r], 6),
-            "others_step_median_s": round(rest_med, 6),
-            "others_wait_per_step_s": round(cost, 6),
-            "cost_per_step_s": round(cost_s, 6),
-            "last_to_arrive_fraction": round(consistent, 3),
-            "steps": len(common),
-        }
-        if slower:
-            evidence["slower_phase"] = slower[0]
-            evidence["slower_phase_excess_s"] = round(slower[1], 6)
-        where = f" (its {slower[0]} phase is {1000 * slower[1]:.1f} ms longer)" if slower else ""
-        f = Finding(
-            id="straggler",
-            severity="high" if frac >= 0.25 else "medium",
-            title=(
-                f"straggler: rank {r} holds the job back by {1000 * cost_s:.1f} ms per step "
-                f"({100 * frac:.0f}% of a step){where}"
-            ),
-            evidence=evidence,
-            recommendation=(
-                f"find out why rank {r} is slower: compare its phases with the other ranks' "
-                "(`holoprof report` per_rank), look for CPU or I/O contention on its host, a slower or "
-                "throttled device, or more work on that rank (uneven shards, variable sequence lengths); "
-                "balance the work per rank or move it off the busy node"
-            ),
-            estimated_gain=round(min(1.0, frac), 4),
-            threshold={
-                "step_excess": STRAGGLER_STEP_EXCESS,
-                "wait_fraction": STRAGGLER_WAIT,
-                "consistency": STRAGGLER_CONSISTENCY,
-                "measure": "others' wait at collectives for this rank / step time, or step median excess",
-            },
-        )
-        if best is None or f.estimated_gain > best.estimated_gain:
-            best = f
-    return best, med_wait
-
-
-def _slower_phase(p: ProcComm, others: list[ProcComm]) -> tuple[str, float] | None:
-    best: tuple[str, float] | None = None
-    for name, ph in p.stats.phases.items():
-        if name == "communication":
-            continue
-        rest = _median([o.stats.phases[name].median_s for o in others])
-        d = ph.median_s - rest
-        if d > 0 and (best is None or d > best[1]):
-            best = (name, d)
-    return best
+    return {r: _median(w) for r, w in waits.items()}
 
 
 def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
@@ -465,12 +386,15 @@ def communication(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[F
     findings: list[Finding] = []
     if main_proc is not None and nsteps:
         _main_figures(run, ctx, section, main_proc, nsteps)
-        f = _comm_bound(section, main_proc, len({p.key.host for p in procs} or {main_proc.key.host}))
+        f = _comm_bound(
+            section,
+            main_proc,
+            len({p.key.host for p in procs} or {main_proc.key.host}),
+            _straggler_wait(run, ctx, main_proc.key),
+        )
         if f is not None:
             findings.append(f)
-    straggler, waits = _straggler(procs)
-    if straggler is not None:
-        findings.append(straggler)
+    waits = _waits(procs)
     section["per_rank"].extend(
         _rank_doc(p, waits) for p in sorted(procs, key=lambda q: (q.key.rank, q.key.pid))
     )
@@ -556,46 +480,72 @@ def _sharded(section: dict[str, Any]) -> bool:
     return sharded * 2 > sum(int(c["bytes_per_step"]) for c in rows) > 0
 
 
-def _comm_bound(section: dict[str, Any], main: ProcComm, hosts: int = 1) -> Finding | None:
+def _straggler_wait(run: Run, ctx: dict[str, Any], main: ProcKey) -> tuple[int | None, float]:
+    """The straggler's rank and the share of the main loop's step time spent waiting for slower
+    ranks, when a straggler explains that wait (:mod:`holoprof.analyze.stragglers`); else (None, 0)."""
+    rs = rank_steps(run, ctx)
+    s = find_straggler(rs)
+    if rs is None or s is None:
+        return None, 0.0
+    return rs.keys[s.index].rank, wait_for_slower(rs, main)
+
+
+def _comm_bound(
+    section: dict[str, Any], main: ProcComm, hosts: int = 1, straggler: tuple[int | None, float] = (None, 0.0)
+) -> Finding | None:
     """``communication_bound``; its advice fits the traffic (bandwidth only when the bytes can explain
-    the wait) and the machines (no network on one host)."""
-    frac = float(section["exposed_fraction"])
+    the wait) and the machines (no network on one host). When a straggler makes the loop wait
+    (``straggler``: its rank and the share of the step the loop waits for slower ranks), that wait is
+    the straggler's (its own finding): only the rest of the exposed communication counts here."""
+    exposed_frac = float(section["exposed_fraction"])
+    rank, wait = straggler
+    wait = min(wait, exposed_frac) if rank is not None else 0.0
+    frac = exposed_frac - wait
     if frac < COMM_BOUND_MEDIUM:
         return None
     nb = len(section["buckets"])
     sharded = _sharded(section)
+    exposed_s = float(section["exposed_s_per_step"]) * (frac / exposed_frac if exposed_frac > 0 else 1.0)
+    title = f"communication-bound: {100 * frac:.0f}% of each step waits for communication"
+    evidence: dict[str, Any] = {
+        "exposed_fraction": exposed_frac,
+        "exposed_s_per_step": section["exposed_s_per_step"],
+        "overlapped_s_per_step": section["overlapped_s_per_step"],
+        "total_s_per_step": section["total_s_per_step"],
+        "bytes_per_step": section["bytes_per_step"],
+        "step_mean_s": section["step_mean_s"],
+        "step_median_s": round(main.stats.median_s, 6),
+        "world_size": section["world_size"],
+        "hosts": hosts,
+        "ddp_buckets": nb,
+        "sharded": sharded,
+    }
+    if rank is not None:
+        title += f", besides {100 * wait:.0f}% waiting for the straggler, rank {rank}"
+        evidence["straggler_rank"] = rank
+        evidence["straggler_wait_fraction"] = round(wait, 6)
     return Finding(
         id="communication_bound",
         severity="high" if frac >= COMM_BOUND_HIGH else "medium",
-        title=f"communication-bound: {100 * frac:.0f}% of each step waits for communication",
-        evidence={
-            "exposed_fraction": frac,
-            "exposed_s_per_step": section["exposed_s_per_step"],
-            "overlapped_s_per_step": section["overlapped_s_per_step"],
-            "total_s_per_step": section["total_s_per_step"],
-            "bytes_per_step": section["bytes_per_step"],
-            "step_mean_s": section["step_mean_s"],
-            "step_median_s": round(main.stats.median_s, 6),
-            "world_size": section["world_size"],
-            "hosts": hosts,
-            "ddp_buckets": nb,
-            "sharded": sharded,
-        },
-        recommendation=_comm_fix(section, hosts, sharded),
+        title=title,
+        evidence=evidence,
+        recommendation=_comm_fix(section, hosts, sharded, exposed_s),
         estimated_gain=round(frac, 4),
         threshold={
             "medium": COMM_BOUND_MEDIUM,
             "high": COMM_BOUND_HIGH,
-            "measure": "exposed communication / step time",
+            "measure": "exposed communication / step time, less the wait for a straggler",
             "bandwidth_advice": f"bytes per step at {SLOW_LINK_BITS_PER_S / 1e9:g} Gbit/s >= "
             f"{BANDWIDTH_SHARE:g} x exposed time",
         },
     )
 
 
-def _comm_fix(section: dict[str, Any], hosts: int, sharded: bool = False) -> str:
+def _comm_fix(
+    section: dict[str, Any], hosts: int, sharded: bool = False, exposed: float | None = None
+) -> str:
     nbytes = float(section["bytes_per_step"])
-    exposed = float(section["exposed_s_per_step"])
+    exposed = float(section["exposed_s_per_step"]) if exposed is None else exposed
     at_slow_link = nbytes * 8 / SLOW_LINK_BITS_PER_S
     overlap = (
         "let DDP overlap more (bucket_cap_mb smaller so the first buckets start earlier, or larger to cut "

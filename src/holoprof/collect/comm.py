@@ -13,9 +13,11 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   ``Work.get_future().then(...)`` — no wait is added — or, where the backend has no future for that
   work (gloo point-to-point), when the job's own ``Work.wait()`` returns.
   ``group`` names the process group as every rank names it (its ``group_name``) and ``seq`` numbers
-  the calls on that group in this process, from 0: every rank calls a group's collectives in the same
-  order, so the same ``(group, seq)`` on two ranks is the same collective (how hosts' clocks are
-  aligned, :mod:`holoprof.store.clocks`).
+  the calls on that group in this process, from 1 — the hang watchdog's ring
+  (:mod:`holoprof.collect.hangs`) keeps the one count, DTensor's functional collectives included:
+  every rank calls a group's collectives in the same order, so the same ``(group, seq)`` on two ranks
+  is the same collective (how hosts' clocks are aligned, :mod:`holoprof.store.clocks`, and how a hang
+  names the collective the ranks wait in).
 * DTensor's functional collectives (:mod:`holoprof.collect.comm_functional`): the same spans, with
   ``api: "functional"``, from their issue to the wait that observed their completion.
 * Exposed communication — what the job waited for: a synchronous collective, ``Work.wait()`` or a
@@ -98,7 +100,6 @@ class CommCollector(Collector):
         self.ring = CollectiveRing()  # the last collectives, for the hang watchdog
         self.watch = HangWatch(agent, self.ring)
         #: the name of each process group -> the number of the next call on it
-        self._seqs: dict[str, int] = {}
         self._pending: dict[int, tuple[str, int, int, dict[str, Any], list[Any] | None]] = {}
         self._async_names: dict[int, str] = {}  # id of an asynchronous collective's work -> its call
         self._functional = FunctionalCollectives(self, self)
@@ -131,7 +132,6 @@ class CommCollector(Collector):
 
     def after_fork_child(self) -> None:
         self._nest = _Nesting()
-        self._seqs = {}
         self._pending = {}
         self._async_names = {}
         self._functional.reset()
@@ -187,16 +187,6 @@ class CommCollector(Collector):
             if len(self._group_names) < 1000:
                 self._group_names[key] = name
         return name
-
-    def _sequence(self, dist: Any, group: Any) -> tuple[str, int]:
-        """The name of ``group`` (None: the default group) as every rank knows it, and the number of
-        this call on it. Counted by name, not by the group object: ``group=None`` and
-        ``dist.group.WORLD`` are one group, and no group is kept alive past its destruction."""
-        name = self.group_name(dist, group)
-        seq = self._seqs.get(name, 0)
-        if seq or len(self._seqs) < 1000:
-            self._seqs[name] = seq + 1
-        return name, seq
 
     def _done(
         self, name: str, t0: int, step: int, attrs: dict[str, Any], entry: list[Any] | None = None
@@ -281,23 +271,23 @@ class CommCollector(Collector):
                 if group is None and 0 <= group_pos < len(args):
                     group = args[group_pos]
                 size, backend = col._group_info(dist, group)
-                gname, seq = col._sequence(dist, group)
+                gname = col.group_name(dist, group)
                 is_async = always_async or bool(kwargs.get("async_op", False))
-                attrs: dict[str, Any] = {
-                    "bytes": nbytes,
-                    "group_size": size,
-                    "backend": backend,
-                    "async": is_async,
-                    "group": gname,
-                    "seq": seq,
-                }
                 tls = agent.tls
                 active = tls.active
                 exposed = not is_async and active is None
                 carved = not is_async and active in CARVED
                 step = steps.index
                 t0 = now_ns()
-                entry = col.ring.issued(col.group_name(dist, group), name, nbytes, t0)
+                entry = col.ring.issued(gname, name, nbytes, t0)
+                attrs: dict[str, Any] = {
+                    "bytes": nbytes,
+                    "group_size": size,
+                    "backend": backend,
+                    "async": is_async,
+                    "group": gname,
+                    "seq": entry[1],  # the hang ring's number of it on its group: one count
+                }
             except Exception as exc:
                 agent.fail(col, exc)
                 return orig(*args, **kwargs)

@@ -266,7 +266,8 @@ class FlopCollector(Collector):
         graph_task_id = getattr(torch._C, "_current_graph_task_id", None) or _no_task
         count = FlopCount(self.state, graph_task_id)
         mode = mode_class(torch)(count)
-        self.step, self.t0 = index, now_ns()
+        # the counted window opens with the forward that starts it (its phase includes this set-up)
+        self.step, self.t0 = index, self.state.forward_t0 or now_ns()
         mode.__enter__()
         self.count, self.mode, self.owner = count, mode, threading.get_ident()
 

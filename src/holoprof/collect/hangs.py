@@ -49,6 +49,9 @@ MAX_STACK_CHARS = 64_000
 HANG_PREFIX = "hang-"
 SCHEMA = "holoprof.hang/1"
 
+#: Groups whose sequence numbers are kept (more, and a new group's collectives all say 1).
+MAX_GROUPS = 1000
+
 #: One collective: [group, seq, op, bytes, issued_ns, started_ns, completed_ns]
 Entry = list[Any]
 
@@ -61,8 +64,11 @@ class CollectiveRing:
         self.seqs: dict[str, int] = {}
 
     def issued(self, group: str, op: str, nbytes: int, t_ns: int) -> Entry:
+        """Note a collective issued on ``group`` (its name, the same on every rank); its entry's
+        ``seq`` (from 1) is the number every rank gives it: the comm spans carry it too."""
         seq = self.seqs.get(group, 0) + 1
-        self.seqs[group] = seq
+        if seq > 1 or len(self.seqs) < MAX_GROUPS:  # a job that makes groups without end: bounded
+            self.seqs[group] = seq
         entry: Entry = [group, seq, op, nbytes, t_ns, t_ns, 0]
         self.ring.append(entry)
         return entry

@@ -27,7 +27,16 @@ from holoprof.errors import HoloprofError
 from holoprof.present import palette
 from holoprof.present.hosts import hosts_html
 from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
-from holoprof.present.summary import at_most, more_files, more_label, top_rows, total, tree_parent
+from holoprof.present.stragglers import stragglers_html
+from holoprof.present.summary import (
+    at_most,
+    collapse_ranks,
+    more_files,
+    more_label,
+    top_rows,
+    total,
+    tree_parent,
+)
 from holoprof.present.terminal import fmt_phase_per_step, host_clock_lines
 from holoprof.present.text import printable
 
@@ -321,6 +330,7 @@ def _chart_data(doc: dict[str, Any]) -> dict[str, Any]:
         "phases": doc.get("phases", {}),
         "steps": {"count": st.get("count", 0), "timeline": st.get("timeline") or [], "per_rank": st.get("per_rank") or []},
         "resources": {"series": (doc.get("resources") or {}).get("series") or {}},
+        "stragglers": {"heatmap": (doc.get("stragglers") or {}).get("heatmap") or {}},
     }  # fmt: skip
 
 
@@ -339,6 +349,7 @@ DRAW_JS = """
       });
       return;
     }
+    if (kind === "rank-heatmap") { H.heatmap(el, R.stragglers.heatmap); return; }
     var phases = H.phasesOf(R);
     var spec = kind === "step" ? H.stepSpec(R.steps.timeline)
       : kind === "phases" ? H.phaseSpec(R.steps.timeline, phases)
@@ -350,7 +361,8 @@ DRAW_JS = """
 
 
 def _gantt(doc: dict[str, Any]) -> str:
-    all_stages = doc.get("stages") or []
+    every = doc.get("stages") or []
+    all_stages = collapse_ranks(every)  # 2,048 ranks of one command: one row
     stages, rest = top_rows(
         all_stages,
         lambda st: float(st.get("wall_s") or 0),
@@ -359,16 +371,17 @@ def _gantt(doc: dict[str, Any]) -> str:
     run = doc.get("run", {})
     duration = float(run.get("duration_s", 0) or 0)
     spans, hidden = top_rows(  # the longest processes
-        _process_spans(doc, all_stages, run.get("start_ns") or 0, duration), lambda x: x[2] - x[1]
+        _process_spans(doc, every, run.get("start_ns") or 0, duration), lambda x: x[2] - x[1]
     )
     rows = [_stage_bar(st) for st in stages] + [_process_bar(p, s, e) for p, s, e in spans]
     if not rows:
         return ""
     chart = gantt(rows, duration, title="stages and processes over time")
     if rest or hidden:
+        cut = [f"{len(rest)} more stages" if rest else "", f"{len(hidden)} more processes" if hidden else ""]
         chart += (
             f"<p class='muted'>The chart shows the {len(stages)} longest stages and {len(spans)} longest "
-            f"processes; {len(rest)} more stages and {len(hidden)} more processes are in the JSON report.</p>"
+            f"processes; {' and '.join(c for c in cut if c)} are in the JSON report.</p>"
         )
     return (
         "<section><h2>Workflow: stages and processes</h2>"
@@ -479,7 +492,8 @@ def _io_summary(io: dict[str, Any], limit: int, compact: bool = False) -> str:
     out = (
         "<table class='io-totals'><thead><tr><th></th><th class='num'>bytes</th><th class='num'>calls</th>"
         "<th class='num' title='summed over the processes'>time in calls</th><th class='num'>over the run</th>"
-        f"<th class='num'>inside the calls</th></tr></thead><tbody>{trs}</tbody></table>"
+        f"<th class='num' title='bytes over the time in calls summed over the processes'>per process in calls</th>"
+        f"</tr></thead><tbody>{trs}</tbody></table>"
     )
     files = io.get("files_detail") or []
     shown = files[:limit]
@@ -793,6 +807,7 @@ def render_html(doc: dict[str, Any]) -> str:
             _first_screen(doc),
             _charts(doc),
             hosts_html(doc),
+            stragglers_html(doc),
             _compute(doc),
             _goodput(doc),
             _gantt(doc),

@@ -49,7 +49,7 @@ def io_group(doc: dict[str, Any]) -> Group | None:
     parts += _top_files(io)
     parts += _staging(io)
     roles = io.get("by_role") or {}
-    if len(roles) > 1:
+    if len(roles) > 1 and io["bytes_read"]:
         line = ", ".join(f"{r} {fmt_bytes(v['bytes_read'])}" for r, v in roles.items())
         parts += [Text(""), Text(f"read by role: {line}", style="grey62")]
     parts += _training_data(io)
@@ -81,14 +81,25 @@ def _totals(io: dict[str, Any]) -> list[Text]:
             f"{fmt_bytes(io['bytes_read'])} read in {io['reads']} reads, {fmt_bytes(io['bytes_written'])} written "
             f"in {io['writes']} writes, {io['files']} files ({layers} layer)"
         ),
-        Text(
-            f"read bandwidth {_rate(io['bandwidth_read_bytes_per_s'])} while in read calls, "
-            f"{_rate(io.get('bandwidth_read_window_bytes_per_s', 0))} while reading, "
-            f"{_rate(io.get('bandwidth_read_wall_bytes_per_s', 0))} over the run; "
-            f"metadata {100 * io.get('meta_time_fraction', 0):.0f}% of I/O time, "
-            f"sequential reads {100 * io.get('seq_read_fraction', 0):.0f}%"
-        ),
     ]
+    meta = f"metadata {100 * io.get('meta_time_fraction', 0):.0f}% of I/O time"
+    if io["bytes_read"]:
+        parts.append(
+            Text(
+                f"read bandwidth {_rate(io['bandwidth_read_bytes_per_s'])} per process in read calls, "
+                f"{_rate(io.get('bandwidth_read_window_bytes_per_s', 0))} while reading, "
+                f"{_rate(io.get('bandwidth_read_wall_bytes_per_s', 0))} over the run; "
+                f"{meta}, sequential reads {100 * io.get('seq_read_fraction', 0):.0f}%"
+            )
+        )
+    if io["bytes_written"]:  # a write-only job (a checkpoint writer, IOR): its writes, not empty reads
+        parts.append(
+            Text(
+                f"write bandwidth {_rate(io.get('bandwidth_write_bytes_per_s', 0))} per process in write calls, "
+                f"{_rate(io.get('bandwidth_write_wall_bytes_per_s', 0))} over the run"
+                + ("" if io["bytes_read"] else f"; {meta}")
+            )
+        )
     mods = {m: d for m, d in (io.get("by_module") or {}).items() if d["opens"] or d["reads"] or d["writes"]}
     if len(mods) > 1:  # layers of one another (MPI-IO over POSIX): shown side by side, never added
         parts.append(
@@ -136,20 +147,32 @@ def _top_files(io: dict[str, Any]) -> list[Any]:
     if not files:
         return []
     any_mapped = any(f.get("mmaps") for f in files[:TOP_FILES])
+    # the read columns only where something was read (a write-only job's would be rows of 0)
+    with_reads = any(f["bytes_read"] or f["reads"] for f in files[:TOP_FILES])
     t = NamedRows(
         "file",
-        ["read", "written", *(["mapped"] if any_mapped else []), "reads", "opens", "seq", "read time"],
+        [
+            *(["read"] if with_reads else []),
+            "written",
+            *(["mapped"] if any_mapped else []),
+            *(["reads"] if with_reads else []),
+            "opens",
+            *(["seq", "read time"] if with_reads else []),
+        ],
         [
             (
                 Text(str(f["path"])),
                 [
-                    fmt_bytes(f["bytes_read"]),
+                    *([fmt_bytes(f["bytes_read"])] if with_reads else []),
                     fmt_bytes(f["bytes_written"]),
                     *([_mapped_cell(f)] if any_mapped else []),
-                    str(f["reads"]),
+                    *([str(f["reads"])] if with_reads else []),
                     str(f["opens"]),
-                    f"{100 * f['seq_read_fraction']:.0f}%",
-                    fmt_s(f["read_time_s"]),
+                    *(
+                        [f"{100 * f['seq_read_fraction']:.0f}%", fmt_s(f["read_time_s"])]
+                        if with_reads
+                        else []
+                    ),
                 ],
             )
             for f in files[:TOP_FILES]

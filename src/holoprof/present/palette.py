@@ -77,6 +77,16 @@ GPU_SERIES: dict[str, tuple[str, str, str, str]] = {
     "power_w": ("power", "watts", "gpu-power", "GPU power"),
 }
 
+#: The rank × step heatmap's maps (the report's ``stragglers.heatmap`` keys): (key, label, colour of
+#: the largest value; cells go from the palest tint of it to it).
+HEATMAP_MAPS: tuple[tuple[str, str, str], ...] = (
+    ("step_s", "step time", SERIES_COLORS[0]),
+    ("compute_s", "compute", PHASE_COLORS["compute"]),
+    ("data_wait_s", "data wait", PHASE_COLORS["data_wait"]),
+    ("communication_s", "communication (exposed: waiting included)", PHASE_COLORS["communication"]),
+    ("other_s", "other", PHASE_COLORS["other"]),
+)
+
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 
 
@@ -116,6 +126,7 @@ def palette_doc() -> dict[str, Any]:
         "gpu_series": {
             k: {"label": v[0], "unit": v[1], "key": v[2], "title": v[3]} for k, v in GPU_SERIES.items()
         },
+        "heatmap_maps": [{"key": k, "label": label, "color": c} for k, label, c in HEATMAP_MAPS],
     }
 
 

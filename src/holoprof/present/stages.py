@@ -12,7 +12,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from holoprof.present.summary import at_most, more_label, top_rows, total, tree_parent
+from holoprof.present.summary import at_most, collapse_ranks, more_label, top_rows, total, tree_parent
 from holoprof.present.terminal import fmt_bytes, fmt_s, keep_whole
 
 KIND_COLORS = {
@@ -78,7 +78,7 @@ def _prefixes(stages: list[dict[str, Any]]) -> list[str]:
 
 
 def stages_table(doc: dict[str, Any]) -> Table | None:
-    stages = doc.get("stages") or []
+    stages = collapse_ranks(doc.get("stages") or [])
     if not stages:
         return None
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)

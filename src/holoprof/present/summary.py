@@ -90,3 +90,56 @@ def more_files(io: dict[str, Any], shown: Sequence[dict[str, Any]]) -> tuple[int
     reads = max(0.0, float(io.get("reads") or 0) - total(shown, "reads"))
     written = max(0.0, float(io.get("bytes_written") or 0) - total(shown, "bytes_written"))
     return count, read, reads, written
+
+
+_RANK_NAME = re.compile(r"^(?:(?P<base>.*) )?\[?rank (?P<rank>\d+)\]?$")
+#: Sibling stages that are ranks of one command are shown as one row from this many on.
+RANK_GROUP_MIN = 5
+_SUMMED = ("processes", "steps", "cpu_s", "read_bytes", "write_bytes", "traced_write_bytes")
+
+
+def collapse_ranks(stages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stage tree with each run of :data:`RANK_GROUP_MIN` or more sibling leaf stages that are
+    ranks of one command ("ior [rank 0]", "ior [rank 1]", ...) shown as one row, "ior [ranks
+    0-2047]": its start the earliest, wall and share the longest, its counts and bytes summed. A
+    2,048-rank import reads as its command, not as 2,048 rows that say the same."""
+    out: list[dict[str, Any]] = []
+    i, n = 0, len(stages)
+    while i < n:
+        j, key = i, _rank_key(stages, i)
+        while key is not None and j + 1 < n and _rank_key(stages, j + 1) == key:
+            j += 1
+        if key is None or j - i + 1 < RANK_GROUP_MIN:
+            out.append(dict(stages[i]))
+            i += 1
+            continue
+        group = stages[i : j + 1]
+        ranks = sorted(int(m.group("rank")) for st in group if (m := _RANK_NAME.match(str(st["name"]))))
+        row = dict(group[0])
+        base = key[1]
+        span = (
+            f"ranks {ranks[0]}-{ranks[-1]}"
+            if ranks == list(range(ranks[0], ranks[-1] + 1))
+            else f"{len(ranks)} ranks"
+        )
+        row["name"] = f"{base} [{span}]" if base else span
+        row["ranks"] = len(group)
+        row["start_s"] = min(float(st.get("start_s") or 0) for st in group)
+        for k in ("wall_s", "share", "max_rss_bytes"):
+            row[k] = max(float(st.get(k) or 0) for st in group)
+        for k in _SUMMED:
+            row[k] = sum(float(st.get(k) or 0) for st in group)
+        row["critical"] = any(st.get("critical") for st in group)
+        out.append(row)
+        i = j + 1
+    return out
+
+
+def _rank_key(stages: Sequence[dict[str, Any]], i: int) -> tuple[int, str, str, str] | None:
+    """(depth, command, kind, parent) of stage ``i`` when it is a rank's stage with no child stage."""
+    st = stages[i]
+    m = _RANK_NAME.match(str(st.get("name", "")))
+    depth = int(st.get("depth", 0))
+    if m is None or (i + 1 < len(stages) and int(stages[i + 1].get("depth", 0)) > depth):
+        return None
+    return (depth, m.group("base") or "", str(st.get("kind", "")), str(st.get("parent")))

@@ -418,6 +418,7 @@ _SECTION_RENDERERS: list[tuple[str, str]] = [
     ("Workflow stages", "holoprof.present.stages:stages_group"),
     ("Memory", "holoprof.present.memory:memory_group"),
     ("Communication", "holoprof.present.comm:comm_group"),
+    ("Ranks: who is slow, and where", "holoprof.present.stragglers:stragglers_group"),
     ("I/O", "holoprof.present.io:io_group"),
     ("Device time (imported trace)", "holoprof.present.terminal:device_group"),
 ]
@@ -455,7 +456,13 @@ def render(
     console = make_console(file, width)
     inner = max(20, console.width - 4)  # inside the panel's borders and padding
     parts: list[Any] = [_header(doc), Text("")]
-    parts += [Text("Steps", style="bold underline"), _steps(doc)]
+    # a run without steps whose I/O was recorded (an imported Darshan log, a data preparation job)
+    # opens with its reads and writes, not with advice to mark training steps
+    io_first = not doc["steps"]["count"] and bool(doc.get("io"))
+    if io_first:
+        parts += [Text("I/O", style="bold underline"), _section_group("holoprof.present.io:io_group", doc)]
+    else:
+        parts += [Text("Steps", style="bold underline"), _steps(doc)]
     if doc["steps"]["count"]:
         parts += [
             Text(""),
@@ -475,6 +482,8 @@ def render(
         parts += [Text("Resources", style="bold underline"), res]
     if not short:
         for title, section in _SECTION_RENDERERS:
+            if io_first and title == "I/O":
+                continue
             try:
                 group = _section_group(section, doc)
             except Exception as exc:  # a renderer bug must not hide the rest of the report

@@ -44,6 +44,8 @@ from holoprof.store import limits, rundir, safeio
 from holoprof.store.chunks import write_chunk
 
 HOST = "darshan"
+#: the partition the import writes every rank's rows into (the ranks are pids 0 to N-1)
+IMPORTER_PID = -1
 #: DXT modules -> the module their segments are operations of (``io_ops.module``)
 DXT_MODULES = {"DXT_POSIX": "POSIX", "DXT_MPIIO": "MPI-IO"}
 #: module -> the prefix of its counter names, where the two differ
@@ -435,7 +437,9 @@ def import_darshan_log(log: str, out: str | None = None) -> tuple[str, list[str]
     run_dir = rundir.create_run_dir(target)
     try:
         for seq, (table, cols) in enumerate(doc["tables"].items()):
-            write_chunk(run_dir, table, cols, seq=seq)  # one part per rank of the log
+            # one part per table, all ranks' rows in it (the import is their one writer): a log of
+            # 2,048 ranks reads as a few files, not a file per rank and table
+            write_chunk(run_dir, table, cols, seq=seq, writer=(HOST, IMPORTER_PID))
         manifest = rundir.new_manifest(doc["command"], name, {})
         manifest.update(
             {

@@ -10,9 +10,11 @@ What becomes what:
 * ``ProfilerStep#N`` → a ``step`` span (step N) of that process and thread;
 * ``enumerate(DataLoader)#...`` → ``data_wait``; ``Optimizer.step#...`` and ``Optimizer.zero_grad#...``
   → ``optimizer``; the CPU work of autograd (``autograd::engine::evaluate_function: ...`` and the
-  backward ops under it) → ``backward``; the remaining top-level CPU ops of the step's thread before
-  backward starts → ``forward``; the split is as good as the trace's annotations (no annotations for
-  forward exist in Kineto traces, so forward is what is left between data loading and backward);
+  backward ops under it) → ``backward``; the remaining top-level CPU ops of the step's thread after
+  its data loading (and ``zero_grad``) and before backward starts → ``forward``; the phases of a
+  thread nest as in the trace, never overlapping; the split is as good as the trace's annotations (no
+  annotations for forward exist in Kineto traces, so forward is what is left between data loading and
+  backward);
 * collectives (``c10d::``/``record_param_comms`` CPU ops, ``gloo:`` transfers, ``nccl`` kernels) →
   ``comm`` spans;
 * every CPU op and GPU kernel → an ``op`` span (attrs: category, device, stream, input shapes);
@@ -837,7 +839,8 @@ def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
     backward spans the autograd work (``autograd::engine::evaluate_function``; in the first Kineto
     format, which has no such wrapper, the grad_fn ops ``*Backward*`` and ``AccumulateGrad``) that starts or ends in
     the step, on the step's thread or on a thread with no steps (CUDA backward runs on autograd's
-    device thread); forward spans the other CPU ops of the step that end before backward starts."""
+    device thread); forward spans the other CPU ops of the step that start after its data loading (and
+    zero_grad) and end before backward starts: the phases of one thread never overlap."""
     import duckdb  # lazy: DuckDB loads only where a run is queried
 
     lst = _span_parts(folder)
@@ -846,7 +849,7 @@ def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
     con = duckdb.connect()
     rows = con.sql(
         f"""WITH s AS (SELECT tid, kind, name, step, start_ns, end_ns, attrs FROM read_parquet({lst})
-                       WHERE kind IN ('step', 'op', 'comm')),
+                       WHERE kind IN ('step', 'op', 'comm', 'phase')),
             st AS (SELECT tid, step AS n, start_ns AS a, end_ns AS b FROM s WHERE kind = 'step'),
             ag AS (SELECT tid, start_ns, end_ns FROM s
                    WHERE kind = 'op' AND (name LIKE 'autograd::engine::evaluate_function%'
@@ -862,9 +865,17 @@ def _derived_phases(folder: str) -> list[tuple[int, str, int, int, int, str]]:
                    FROM st JOIN ag ON (ag.tid = st.tid OR ag.tid NOT IN (SELECT tid FROM st))
                                   AND ag.start_ns <= st.b AND ag.end_ns >= st.a
                    GROUP BY ALL HAVING b0 IS NOT NULL AND b1 IS NOT NULL),
+            -- forward starts after the step's last data_wait or optimizer phase (zero_grad) that ends
+            -- before backward: the ops under those annotations (a collate's aten::stack) are theirs
+            pre AS (SELECT bw.tid, bw.n, max(p.end_ns) AS p1
+                    FROM bw JOIN s p ON p.tid = bw.tid AND p.kind = 'phase'
+                                    AND p.end_ns > bw.a AND p.end_ns <= bw.b0
+                    GROUP BY ALL),
             -- attrs are written with "cat" first: '{{"cat": "cpu_op"...' marks CPU ops
             fw AS (SELECT bw.tid, bw.n, min(o.start_ns) AS f0, max(o.end_ns) AS f1
-                   FROM bw JOIN s o ON o.tid = bw.tid AND o.start_ns >= bw.a AND o.end_ns <= bw.b0
+                   FROM bw LEFT JOIN pre ON pre.tid = bw.tid AND pre.n = bw.n
+                   JOIN s o ON o.tid = bw.tid AND o.start_ns >= greatest(bw.a, coalesce(pre.p1, bw.a))
+                           AND o.end_ns <= bw.b0
                    WHERE o.kind IN ('op', 'comm') AND o.attrs LIKE '{{"cat": "cpu_op"%'
                      AND o.name NOT LIKE 'autograd::engine::evaluate_function%'
                      AND o.name NOT LIKE 'Optimizer%'

@@ -75,6 +75,29 @@ def _old_layout(path: str) -> bool:
     return layout.partition_of(path) is None
 
 
+#: A small table spread over more files than this is read once, when the run loads, into DuckDB's
+#: memory, not at every query: an import of 2,048 ranks has a file of one row per process, and each
+#: query over a view opens every file again.
+READ_ONCE_FILES = 16
+#: ... if its files hold no more than this many bytes (and only tables small by nature: processes and
+#: the I/O counters, never the spans, samples or I/O operations)
+READ_ONCE_BYTES = 256 * 2**20
+
+
+def _read_once(table: str, files: list[str]) -> bool:
+    if table not in ("processes", "io_files") or len(files) <= READ_ONCE_FILES:
+        return False
+    total = 0
+    for f in files:
+        try:
+            total += os.stat(f).st_size
+        except OSError:
+            return False
+        if total > READ_ONCE_BYTES:
+            return False
+    return True
+
+
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
@@ -170,7 +193,8 @@ class Run:
             for f in files:
                 groups.setdefault(self.shift_ns(layout.host_of(f)), []).append(f)
             selects = [self._select(table, fs, shift) for shift, fs in sorted(groups.items())]
-            self.con.execute(f"CREATE VIEW {raw} AS " + " UNION ALL ".join(selects))
+            what = "TABLE" if _read_once(table, files) else "VIEW"
+            self.con.execute(f"CREATE {what} {raw} AS " + " UNION ALL ".join(selects))
         else:
             cols_ = ", ".join(f'"{n}" {model.duckdb_type(t)}' for n, t in model.COLUMNS[table])
             self.con.execute(f"CREATE TABLE {raw} ({cols_})")
@@ -217,13 +241,14 @@ class Run:
         present = {r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
         times = TIME_COLUMNS.get(table, ()) if shift else ()
         cols = []
+        # runs of the earlier layout have the I/O counters as JSON only
+        old = table == "io_files" and "counters" in present and any(_old_layout(f) for f in files)
         for name, t in model.COLUMNS[table]:
             ty = model.duckdb_type(t)
             col = f'"{name}"' if name in present else f"NULL::{ty}"
-            if table == "io_files" and (name, t) in model.IO_COUNTERS and "counters" in present:
-                # runs of the earlier layout have the counters as JSON only
+            if old and (name, t) in model.IO_COUNTERS:
                 js = f"TRY_CAST(json_extract_string(counters, {_sql_str('$.' + name)}) AS {ty})"
-                col = f"coalesce({col}, {js})" if any(_old_layout(f) for f in files) else col
+                col = f"coalesce({col}, {js})"
             if name in times:  # 0 stands for "not yet" (a process's end while it runs): kept
                 col = f"CASE WHEN {col} = 0 THEN {col} ELSE {col} - {int(shift)} END"
             cols.append(f'{col} AS "{name}"')

@@ -58,6 +58,8 @@ class TorchState:
         self.agent = agent
         #: observers of the outermost training forward (empty on the steps no collector measures)
         self.observers: list[ForwardObserver] = []
+        #: when the last outermost forward (or eval) call began: the start of its phase
+        self.forward_t0 = 0
         #: the observer of nested module calls, while one measures them
         self.nested: NestedObserver | None = None
         #: observers of the optimizer steps that torch's optimizer hooks do not see
@@ -126,6 +128,7 @@ class TorchState:
         return pend
 
     def begin_forward(self, training: bool, t0: int) -> None:
+        self.forward_t0 = t0
         steps = self.agent.steps
         steps.just_updated = False
         pend = self.claim()

@@ -262,9 +262,69 @@
     return new root.uPlot(Object.assign({ width: Math.max(280, el.clientWidth || 500), height: height || 220 }, spec.opts), spec.data, el);
   }
 
+  // --- the rank × step heatmap (report.stragglers.heatmap): one row per rank, one column per step (or
+  // bin of consecutive steps), the colour the value of the chosen map, from a pale tint to its colour
+  function hexRgb(c) { const n = parseInt(String(c).slice(1), 16); return [(n >> 16) & 255, (n >> 8) & 255, n & 255]; }
+  function heatColor(rgb, f) {
+    const lo = [244, 246, 250], t = Math.max(0, Math.min(1, f));
+    return "rgb(" + lo.map((l, i) => Math.round(l + (rgb[i] - l) * t)).join(",") + ")";
+  }
+  function heatmapMaps(heat) { return (P.heatmap_maps || []).filter((m) => Array.isArray(heat[m.key])); }
+  function heatmapMax(rows) {
+    let mx = 0;
+    rows.forEach((r) => r.forEach((v) => { if (v != null && v > mx) mx = v; }));
+    return mx;
+  }
+  function heatmapCell(heat, i, j) {
+    const a = heat.steps[j], b = j + 1 < heat.steps.length ? heat.steps[j + 1] - 1 : heat.last_step;
+    return "rank " + heat.ranks[i] + (heat.hosts ? " (" + heat.hosts[i] + ")" : "") + ", " + (b > a ? "steps " + a + "–" + b : "step " + a);
+  }
+  // draws into el: a choice of map, the canvas and a scale; el.dataset says what is drawn
+  function heatmap(el, heat, key) {
+    const maps = heatmapMaps(heat || {});
+    if (!maps.length || !heat.ranks.length) { el.innerHTML = '<div class="empty">No steps per rank.</div>'; return; }
+    const map = maps.find((m) => m.key === key) || maps[0];
+    const rows = heat[map.key], nr = rows.length, nc = heat.steps.length;
+    const mx = heatmapMax(rows) || 1, rgb = hexRgb(map.color);
+    el.innerHTML = `<div class="hm-bar"><label>colour: <select class="hm-map">${maps.map((m) => `<option value="${esc(m.key)}"${m.key === map.key ? " selected" : ""}>${esc(m.label)}</option>`).join("")}</select></label>
+      <span class="hm-scale"><span>0</span><span class="hm-grad" style="background:linear-gradient(90deg,${heatColor(rgb, 0)},${heatColor(rgb, 1)})"></span><span>${esc(fmtS(mx))}</span></span>
+      <span class="hm-tip muted"></span></div><canvas class="hm-canvas"></canvas>`;
+    const left = 64, top = 4, bottom = 22;
+    const width = Math.max(280, el.clientWidth || 600), rowH = Math.max(3, Math.min(28, Math.floor(420 / nr)));
+    const cellW = (width - left - 8) / nc, height = top + nr * rowH + bottom;
+    const cv = el.querySelector("canvas"), dpr = root.devicePixelRatio || 1;
+    cv.width = Math.round(width * dpr); cv.height = Math.round(height * dpr);
+    cv.style.width = width + "px"; cv.style.height = height + "px";
+    const g = cv.getContext("2d");
+    g.scale(dpr, dpr);
+    g.font = "11px system-ui, sans-serif"; g.textBaseline = "middle";
+    const every = Math.max(1, Math.ceil(12 / rowH));
+    for (let i = 0; i < nr; i++) {
+      g.fillStyle = "#6b7385";
+      if (i % every === 0) g.fillText("rank " + heat.ranks[i], 4, top + (i + 0.5) * rowH);
+      for (let j = 0; j < nc; j++) {
+        const v = rows[i][j];
+        g.fillStyle = v == null ? "#ffffff" : heatColor(rgb, v / mx);
+        g.fillRect(left + j * cellW, top + i * rowH, Math.ceil(cellW), rowH - (rowH > 6 ? 1 : 0));
+      }
+    }
+    g.fillStyle = "#6b7385"; g.textBaseline = "top";
+    const tickEvery = Math.max(1, Math.ceil(60 / cellW));
+    for (let j = 0; j < nc; j += tickEvery) g.fillText(String(heat.steps[j]), left + j * cellW, top + nr * rowH + 5);
+    const tip = el.querySelector(".hm-tip");
+    cv.addEventListener("mousemove", (ev) => {
+      const r = cv.getBoundingClientRect(), j = Math.floor((ev.clientX - r.left - left) / cellW), i = Math.floor((ev.clientY - r.top - top) / rowH);
+      tip.textContent = i >= 0 && i < nr && j >= 0 && j < nc ? heatmapCell(heat, i, j) + ": " + map.label + " " + fmtS(rows[i][j]) : "";
+    });
+    el.querySelector("select").addEventListener("change", (ev) => heatmap(el, heat, ev.target.value));
+    el.dataset.ranks = String(nr);
+    el.dataset.columns = String(nc);
+    el.dataset.map = map.key;
+  }
+
   root.HoloViews = {
     P, esc, fmtS, fmtBytes, fmtRate, fmtPct, fmtNum, unitFmt, phaseColor, phaseLabel, phasesOf, phasesPresent,
     phasePerStep, phaseBarHtml, gainLabel, evidenceLabel, evidenceValue, evidenceHtml, findingsHtml,
-    axis, stepSpec, phaseSpec, rankSpec, resourceSpecs, seriesLabel, draw,
+    axis, stepSpec, phaseSpec, rankSpec, resourceSpecs, seriesLabel, draw, heatmap,
   };
 })(window);

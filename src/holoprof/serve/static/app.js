@@ -108,6 +108,7 @@
         <div class="card span-6"><h2>Phases over steps</h2><div class="chart" id="phase-chart"></div></div>
       </div>
       <div class="grid" id="rank-grid"></div>
+      <div class="grid" id="straggler-grid"></div>
       <div class="grid" id="timeline-grid">
         <div class="card span-12 timeline"><h2 id="timeline-title">Recent steps</h2><div id="timeline"></div></div>
       </div>
@@ -174,6 +175,7 @@
     }
     renderHeadline(r, hasSteps, ioFirst);
     renderRanks(r);
+    renderStragglers(r);
     renderResources(r.resources || {});
     renderHosts(r.resources || {});
     renderExtra(r, ioFirst);
@@ -280,6 +282,22 @@
     upsert("ranks", el, spec, 260);
     el.dataset.ranks = String(per.length);
     el.dataset.phases = spec.shown.join(" ");
+  }
+
+  // the rank × step heatmap (report.stragglers.heatmap), drawn by the shared views; the map chosen
+  // (step time, compute, ...) stays chosen across updates
+  function renderStragglers(r) {
+    const host = document.getElementById("straggler-grid");
+    const heat = (r.stragglers || {}).heatmap || {};
+    if (!(heat.ranks || []).length) { host.innerHTML = ""; return; }
+    if (!document.getElementById("rank-heatmap")) {
+      host.innerHTML = `<div class="card span-12" id="heatmap-card"><h2>Ranks × steps</h2><div class="sub" id="heatmap-sub"></div><div class="heatmap" id="rank-heatmap"></div></div>`;
+    }
+    document.getElementById("heatmap-sub").textContent = "one row per rank, one column per step"
+      + (heat.binned ? ` (each the mean of ${heat.bin_steps} consecutive steps)` : "")
+      + "; a fast rank's exposed communication is mostly waiting for the slowest";
+    const el = document.getElementById("rank-heatmap");
+    H.heatmap(el, heat, el.dataset.map);
   }
 
   // The timeline holds at most ~120 points: on a long run each is the mean of several steps, and the
@@ -401,7 +419,7 @@
     const moreFiles = Math.max(0, (io.files || all.length) - files.length);
     const moreRead = Math.max(0, (io.bytes_read || 0) - shownRead), moreWritten = Math.max(0, (io.bytes_written || 0) - shownWritten);
     const more = [moreRead ? fmtBytes(moreRead) + " read" : "", moreWritten ? fmtBytes(moreWritten) + " written" : ""].filter(Boolean).join(", ");
-    return `<table class="io-totals"><thead><tr><th></th><th class="num">bytes</th><th class="num">calls</th><th class="num" title="summed over the processes">time in calls</th><th class="num">over the run</th><th class="num">inside the calls</th></tr></thead><tbody>
+    return `<table class="io-totals"><thead><tr><th></th><th class="num">bytes</th><th class="num">calls</th><th class="num" title="summed over the processes">time in calls</th><th class="num">over the run</th><th class="num" title="bytes over the time in calls summed over the processes">per process in calls</th></tr></thead><tbody>
         <tr><td>read</td><td class="num">${fmtBytes(io.bytes_read)}</td><td class="num">${fmtNum(io.reads || 0)}</td><td class="num">${fmtS(io.read_time_s)}</td><td class="num">${fmtRate(io.bandwidth_read_wall_bytes_per_s)}</td><td class="num">${fmtRate(io.bandwidth_read_bytes_per_s)}</td></tr>
         <tr><td>written</td><td class="num">${fmtBytes(io.bytes_written)}</td><td class="num">${fmtNum(io.writes || 0)}</td><td class="num">${fmtS(io.write_time_s)}</td><td class="num">${fmtRate(io.bandwidth_write_wall_bytes_per_s)}</td><td class="num">${fmtRate(io.bandwidth_write_bytes_per_s)}</td></tr>
       </tbody></table>
