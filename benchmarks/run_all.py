@@ -19,6 +19,7 @@ BENCHES = [
     "bench_hotpath.py",  # cost per span, per module call, agent memory bound
     "bench_startup.py",  # ms added per short Python process and per spawned DataLoader worker
     "bench_report_scale.py",  # report on 10M generated spans
+    "bench_multihost_scale.py",  # 64 hosts x 8 ranks generated: load, report, exports
     "bench_io_native.py",  # ns added per intercepted read()
     "bench_io_py.py",  # ns added per read in the Python layer
     "bench_io_dataloader.py",  # DataLoader reading 10,000 small files, traced/untraced

@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -267,6 +268,28 @@ def test_the_report_says_each_hosts_clock(two_hosts: TwoHosts) -> None:
     assert len(lines) == 2, proc.stdout
     assert any("reference clock" in line for line in lines), lines
     assert any("collectives)" in line and "±" in line for line in lines), lines
+
+
+def test_each_hosts_resources_are_reported(two_hosts: TwoHosts) -> None:
+    """Each host's launcher sampled its own machine: both hosts are in resources.hosts with their
+    ranks, CPU and memory, and network traffic (gloo's, over the veth pair between the namespaces:
+    each namespace counts only its own interfaces) on both; the terminal shows a row per host."""
+    doc = report_json(two_hosts.run)
+    hosts = {h["host"]: h for h in doc["resources"]["hosts"]}
+    assert sorted(hosts) == ["nodeA", "nodeB"], doc["resources"]["hosts"]
+    assert hosts["nodeA"]["ranks"] == [0, 1] and hosts["nodeB"]["ranks"] == [2, 3]
+    for h in hosts.values():
+        assert (
+            h["cpu_percent"]["samples"] >= 2
+            and 0 <= h["cpu_percent"]["mean"] <= h["cpu_percent"]["max"] <= 100
+        )
+        assert h["memory_used_bytes"]["max"] > 0 and h["job_rss_bytes"]["max"] > 0
+        assert h["net_recv_bytes_per_s"]["max"] > 0 and h["net_sent_bytes_per_s"]["max"] > 0, h
+    assert set(doc["resources"]["host_spread"]["cpu_percent"]) >= {"min_host", "max_host"}
+    proc = run_holoprof("report", str(two_hosts.run), cwd=two_hosts.run.parent, env={"COLUMNS": "160"})
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout[proc.stdout.index("Resources per host") :]
+    assert re.search(r"nodeA\s+0-1\s", table) and re.search(r"nodeB\s+2-3\s", table), table
 
 
 def test_a_second_launcher_without_join_is_refused_with_the_fix(two_hosts: TwoHosts) -> None:

@@ -255,9 +255,11 @@ RANKS = 80
 @pytest.fixture(scope="module")
 def served_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
     """A runs folder served: ``markup`` (a traced job with markup and HTML in its file path and
-    arguments) and ``ranks`` (a generated run of RANKS ranks). Yields the server and the data folder."""
+    arguments), ``ranks`` (a generated run of RANKS ranks) and ``hosts`` (HOSTS hosts × 2 ranks).
+    Yields the server and the data folder."""
     from conftest import run_holoprof, script
     from holoprof.bench.synth import generate_run
+    from holoprof.bench.synth_hosts import generate_hosts_run
 
     root = tmp_path_factory.mktemp("served")
     data = str(root.parent / (root.name + "-data"))
@@ -267,6 +269,7 @@ def served_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serv
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     generate_run(str(root / "ranks"), 2, ranks=RANKS, comm=True)
+    generate_hosts_run(str(root / "hosts"), HOSTS, 2, 3, samples_per_host=10)
     server = make_server(str(root), port=0)
     t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     t.start()
@@ -324,4 +327,27 @@ def test_dashboard_summarizes_many_ranks(served_runs: tuple[Server, str], browse
         " s.dispatchEvent(new Event('change')); })()"
     )
     assert browser.eval("document.getElementById('rank-heatmap').dataset.map") == "compute_s"
+    assert browser.errors() == [], "console errors on the dashboard"
+
+
+HOSTS = 12
+
+
+def test_dashboard_summarizes_many_hosts(served_runs: tuple[Server, str], browser: DevTools) -> None:
+    server = served_runs[0]
+    browser.events.clear()
+    browser.send("Page.navigate", url=f"http://127.0.0.1:{server.port}/?token={server.token}#/run/hosts")
+    browser.wait_for("document.querySelector('#hosts-card') !== null", 60, "the hosts table")
+    report = browser.eval("fetch('/api/runs/hosts/report').then(r => r.json())")
+    hosts = report["resources"]["hosts"]
+    assert len(hosts) == HOSTS, "the API keeps every host"
+    rows = browser.eval("[...document.querySelectorAll('#hosts-table tbody tr')].map(tr => tr.innerText)")
+    assert len(rows) == 9 and rows[4].startswith(f"… {HOSTS - 8} more hosts"), rows
+    shown = browser.eval(
+        "[...document.querySelectorAll('#hosts-table tr[data-host]')].map(tr => tr.dataset.host)"
+    )
+    by_cpu = sorted(hosts, key=lambda h: -h["cpu_percent"]["mean"])
+    assert shown == [h["host"] for h in by_cpu[:4] + by_cpu[-4:]], shown
+    spread = browser.eval("[...document.querySelectorAll('#hosts-card .spread')].map(d => d.innerText)")
+    assert any(line.startswith("CPU:") and f"over {HOSTS} hosts" in line for line in spread), spread
     assert browser.errors() == [], "console errors on the dashboard"

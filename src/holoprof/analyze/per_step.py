@@ -458,7 +458,7 @@ def _stream_groups(run: Run, proc: ProcKey, acc: _Groups) -> None:
     sql = f"""
         SELECT step, (CASE kind WHEN 'step' THEN 0 WHEN 'epoch' THEN 1
                       ELSE CASE name {codes} ELSE -1 END END)::TINYINT AS c, start_ns, end_ns
-        FROM spans
+        FROM {run.process_source("spans", proc.host, proc.pid)}
         WHERE host = $host AND pid = $pid AND (kind IN ('step', 'epoch') OR (kind = 'phase' AND {_loop_threads(proc)}))"""
     carry: dict[str, Any] | None = None  # the slice's last group: it may go on in the next slice
     cur = run.con.cursor()

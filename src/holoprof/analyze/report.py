@@ -18,13 +18,13 @@ from holoprof.analyze.compute import with_headroom
 from holoprof.analyze.engine import Aggregation, DuckDBEngine, Engine, aggregate
 from holoprof.analyze.engine_dask import DaskEngine, client
 from holoprof.analyze.input_model import measure, pipeline_model
-from holoprof.analyze.resources import Resources, resources
+from holoprof.analyze.resources import Resources, host_spread, hosts_doc, resources
 from holoprof.analyze.steps import (
     NS,
     PhaseStat,
     ProcKey,
     StepStats,
-    counted,
+    counted_all,
     counted_loop,
     loader_config,
     outside_steps,
@@ -192,13 +192,21 @@ def _launcher_losses(run: Run) -> tuple[int, list[str]]:
     return dropped, errors
 
 
-def _resources_doc(res: Resources) -> dict[str, Any]:
+def _resources_doc(res: Resources, processes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job-wide samples (all hosts pooled), then each host's (``hosts``, with its ranks) and how
+    the hosts differ (``host_spread``)."""
     doc: dict[str, Any] = {}
     for name, s in res.stats.items():
         doc[name] = {"mean": round(s.mean, 3), "max": round(s.max, 3), "last": round(s.last, 3)}
+    ranks: dict[str, set[int]] = {}
+    for p in processes:
+        if p["rank"] >= 0:
+            ranks.setdefault(str(p["host"]), set()).add(int(p["rank"]))
     return {
         "summary": doc,
         "series": {k: [[round(t, 3), round(v, 3)] for t, v in pts] for k, pts in res.series.items()},
+        "hosts": hosts_doc(res.hosts, {h: sorted(r) for h, r in ranks.items()}),
+        "host_spread": host_spread(res.hosts),
     }
 
 
@@ -306,14 +314,21 @@ def _core(run: Run, eng: Engine) -> dict[str, Any]:
         procs = [lost] if lost is not None else []
     main: ProcKey | None = procs[0] if procs else None
     # a process that dropped spans: its exact counts replace the kept spans' (see with_counts)
-    st = with_counts(step_stats(run, main, engine=eng), counted(run, main)) if main is not None else None
+    exact = counted_all(run)  # read once: a run of many ranks has as many step processes
+    st = (
+        with_counts(step_stats(run, main, engine=eng), exact.get((main.host, main.pid)))
+        if main is not None
+        else None
+    )
     rank_stats: dict[ProcKey, StepStats] = {}
     if len(procs) > 1:
         for p in procs:
             s = (
                 st
                 if p == main
-                else with_counts(step_stats(run, p, timeline_points=1, engine=eng), counted(run, p))
+                else with_counts(
+                    step_stats(run, p, timeline_points=1, engine=eng), exact.get((p.host, p.pid))
+                )
             )
             assert s is not None
             rank_stats[p] = s
@@ -488,7 +503,7 @@ def _build(run: Run, eng: Engine) -> dict[str, Any]:
             "total_s": round(sum(outside.values()), 6),
             "phases": {k: round(v, 6) for k, v in outside.items()},
         },
-        "resources": _resources_doc(res),
+        "resources": _resources_doc(res, processes),
         "findings": [f.to_dict() for f in found],
         **sections,
         "processes": processes,

@@ -580,6 +580,11 @@ def _gpu_seconds(run: Run, st: Stage, by_process: dict[tuple[str, int], float]) 
 
 def _stage_phases(run: Run, st: Stage) -> dict[str, float]:
     """Seconds per phase inside the stage's training steps (``other``: the rest of the steps)."""
+    with run.lean_memory():  # a join over every step of the stage: its hash table spills
+        return _stage_phases_query(run, st)
+
+
+def _stage_phases_query(run: Run, st: Stage) -> dict[str, float]:
     rows = _q(
         run,
         """WITH st AS (SELECT step, start_ns AS s, end_ns AS e FROM spans
@@ -609,6 +614,15 @@ def _stage_phases(run: Run, st: Stage) -> dict[str, float]:
     out = {p: round(measured.get(p, 0.0) / NS, 6) for p in model.MEASURED_PHASES}
     out["other"] = round(max(0.0, total_ns - s) / NS, 6)
     return out
+
+
+def _step_loops(loop: Any, ctx: dict[str, Any] | None) -> dict[tuple[str, int], Any]:
+    """Every step process's statistics that the report has already (one scan per rank), by (host, pid):
+    the main loop's and, in a job of several ranks, each rank's."""
+    loops = {(s.proc.host, s.proc.pid): s for s in ((ctx or {}).get("rank_stats") or {}).values()}
+    if loop is not None:
+        loops[(loop.proc.host, loop.proc.pid)] = loop
+    return loops
 
 
 def _loop_phases(st: Stage, loop: Any) -> dict[str, float] | None:
@@ -748,15 +762,11 @@ def workflow(run: Run, loop: Any = None, ctx: dict[str, Any] | None = None) -> W
         _window_metrics(run, st)
     stages = proc_stages + span_stages
     gpu = _gpu_by_process(run, ctx)
+    loops = _step_loops(loop, ctx)  # each step process's phases, when the report has them
     for st in stages:
         st.gpu_s = _gpu_seconds(run, st, gpu)
         if st.steps > 0:
-            known = _loop_phases(st, loop)
-            if known is not None:
-                st.phases = known
-                continue
-            with run.lean_memory():  # a join over every step of the stage: its hash table spills
-                st.phases = _stage_phases(run, st)
+            st.phases = _loop_phases(st, loops.get((st.host, st.pid))) or _stage_phases(run, st)
     train_starts = [s.start_ns for s in stages if s.steps > 0]
     first_train = min(train_starts) if train_starts else None
     for st in stages:

@@ -361,6 +361,20 @@ def counted(run: Run, proc: ProcKey) -> Counted | None:
     return parse_counts(rows[0][1])
 
 
+def counted_all(run: Run) -> dict[tuple[str, int], Counted]:
+    """:func:`counted` of every process that has exact counts, by (host, pid), in one query (a run of
+    many ranks reads its processes once, not once per rank)."""
+    rows = run.rows(
+        "SELECT host, pid, counters FROM processes WHERE dropped_events > 0 AND counters IS NOT NULL"
+    )
+    out = {}
+    for host, pid, text in rows:
+        c = parse_counts(str(text)) if isinstance(text, str) else None
+        if c is not None:
+            out[(str(host), int(pid))] = c
+    return out
+
+
 def counted_loop(run: Run) -> ProcKey | None:
     """The process whose agent counted the most steps among those that dropped events, as a loop to
     report when no step span at all was kept (every one was dropped), else None."""

@@ -92,6 +92,8 @@ def generate_run(
     checkpoint_every: int = 0,
     io_ops: bool = False,
     memory_every: int = 0,
+    t0_ns: int | None = None,
+    samples: bool = True,
 ) -> SynthTotals:
     """Write a run with ``steps`` steps per rank (5 spans per step) into ``out``.
 
@@ -101,17 +103,21 @@ def generate_run(
     generator, so a rank's data do not depend on how the run was cut into pieces. ``comm`` and
     ``io_files`` add communication and I/O records, ``io_ops`` a per-operation read per step and
     ``memory_every`` memory snapshots (see the module's docstring): 6 more spans and two more
-    phases per step with ``comm``.
+    phases per step with ``comm``. ``t0_ns``: when the ranks start (:data:`T0_NS` by default), on the
+    clock of ``host``; ``samples=False`` leaves out each rank's job-wide CPU samples (for a caller that
+    writes its hosts' samples itself, as :mod:`holoprof.bench.synth_hosts` does).
     """
     if only_ranks is None:
         run_dir = rundir.create_run_dir(out)
     else:
         run_dir = out if os.path.isfile(os.path.join(out, model.MANIFEST)) else create_run(out)
     totals = SynthTotals(steps_per_rank=steps, ranks=ranks)
+    t0 = T0_NS if t0_ns is None else int(t0_ns)
     opts = _Options(
-        steps, ranks, chunk_steps, seed, host, comm, io_files, checkpoint_every, io_ops, memory_every
-    )
-    end = T0_NS
+        steps, ranks, chunk_steps, seed, host, comm, io_files, checkpoint_every, io_ops, memory_every, t0,
+        samples,
+    )  # fmt: skip
+    end = t0
     for rank in only_ranks if only_ranks is not None else range(ranks):
         end = max(end, _RankWriter(run_dir, rank, opts, totals).write())
     if 0 in totals.per_rank:
@@ -136,6 +142,8 @@ class _Options:
     checkpoint_every: int
     io_ops: bool
     memory_every: int
+    t0_ns: int = 0  # generate_run passes it (T0_NS by default)
+    samples: bool = True
 
 
 class _RankWriter:
@@ -156,7 +164,7 @@ class _RankWriter:
         self.spans_dir = layout.partition_dir(run_dir, "spans", opts.host, self.pid)
         os.makedirs(self.spans_dir, mode=0o700)
         self.seq = 0
-        self.clock = T0_NS
+        self.clock = opts.t0_ns
         self.offset = 0  # with io_ops: where the rank's next read starts in its training file
         self.io_rng = np.random.default_rng(
             (opts.seed + rank, 1)
@@ -168,9 +176,10 @@ class _RankWriter:
         opts = self.opts
         for c0 in range(0, opts.steps, opts.chunk_steps):
             self._chunk(c0, min(opts.chunk_steps, opts.steps - c0))
-        t0, t1, host, folder = T0_NS, self.clock, opts.host, self.folder
+        t0, t1, host, folder = opts.t0_ns, self.clock, opts.host, self.folder
         _write_process(folder, host, self.pid, self.rank_col, opts.ranks, t0, t1, self.seq)
-        _write_samples(folder, host, self.pid, self.rank_col, t0, t1, self.seq + 1)
+        if opts.samples:
+            _write_samples(folder, host, self.pid, self.rank_col, t0, t1, self.seq + 1)
         if opts.io_files:
             _write_io(
                 folder,

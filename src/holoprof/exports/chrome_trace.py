@@ -338,8 +338,8 @@ def span_event(t0: int) -> str:
 
 def sample_event(t0: int, launcher_pid: int | None) -> str:
     """SQL: a resource sample's counter event, on the process it measures (``proc.*`` samples) or
-    else on the launcher's track (the sampling process's when there is no launcher). A value that is
-    not finite is null."""
+    else on the launcher's track (the sampling process's when there is no launcher, or one launcher
+    per host). A value that is not finite is null."""
     job = _pid("pid") if launcher_pid is None else str(int(launcher_pid))
     return (
         "',\n{\"name\":' || " + _text("name") + " || ',\"ph\":\"C\",\"ts\":' || "
@@ -378,6 +378,7 @@ class _Trace:
         self.first = True
         self.known: set[int] = set()  # trace pids named already
         self.launcher_pid: int | None = None
+        self.launchers = 0
 
     def emit(self, ev: dict[str, Any]) -> None:
         self.out.write(("" if self.first else ",\n") + json.dumps(ev, separators=(",", ":"), default=str))
@@ -409,7 +410,10 @@ class _Trace:
                 argl = []
             cmd = " ".join(os.path.basename(str(a)) if i == 0 else str(a) for i, a in enumerate(argl))[:200]
             if role == "launcher":
-                self.launcher_pid = p
+                # one launcher per host in a run of several (--join): each host's job-wide samples
+                # stay on the track of the launcher that took them (the row's own process)
+                self.launcher_pid = p if self.launchers == 0 else None
+                self.launchers += 1
             self.meta("process_name", p, 0, {"name": f"{cmd or 'pid ' + str(pid)} (pid {pid})"})
             labels = [f"role={role}"]
             if rank is not None and int(rank) >= 0:

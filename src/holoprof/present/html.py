@@ -25,6 +25,7 @@ from typing import Any
 from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present import palette
+from holoprof.present.hosts import hosts_html
 from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
 from holoprof.present.stragglers import stragglers_html
 from holoprof.present.summary import (
@@ -36,7 +37,7 @@ from holoprof.present.summary import (
     total,
     tree_parent,
 )
-from holoprof.present.terminal import fmt_phase_per_step, host_clock_text
+from holoprof.present.terminal import fmt_phase_per_step, host_clock_lines
 from holoprof.present.text import printable
 
 CSS = """
@@ -172,7 +173,7 @@ def _header(doc: dict[str, Any]) -> str:
     ]
     clocks = run.get("host_clocks") or []
     if len(clocks) > 1:  # each host's clock alignment, under the hosts
-        kv[-1] = ("hosts", "<br>".join(esc(host_clock_text(h)) for h in clocks))
+        kv[-1] = ("hosts", "<br>".join(esc(line) for line in host_clock_lines(clocks)))
     kpis = _io_kpis(doc) if _io_first(doc) else _step_kpis(doc)
     return (
         f"<h1>{esc(run.get('name') or 'holoprof report')} <span class='badge {esc(status)}'>"
@@ -805,6 +806,7 @@ def render_html(doc: dict[str, Any]) -> str:
             _header(doc),
             _first_screen(doc),
             _charts(doc),
+            hosts_html(doc),
             stragglers_html(doc),
             _compute(doc),
             _goodput(doc),

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from holoprof.analyze.findings import gain_label
+from holoprof.present.summary import top_rows
 from holoprof.present.text import printable
 
 PHASE_COLORS = {
@@ -215,8 +216,35 @@ def _header(doc: dict[str, Any]) -> Table:
     )
     clocks = run.get("host_clocks") or []
     if len(clocks) > 1:
-        t.add_row("hosts", Text("\n".join(host_clock_text(h) for h in clocks), overflow="fold"))
+        t.add_row("hosts", Text("\n".join(host_clock_lines(clocks)), overflow="fold"))
     return t
+
+
+#: The most lines the hosts' clocks take in a report's header.
+MAX_CLOCK_LINES = 8
+
+
+def host_clock_lines(clocks: list[dict[str, Any]], limit: int = MAX_CLOCK_LINES) -> list[str]:
+    """A line per host of ``run.host_clocks``; with more hosts than ``limit``, the reference host and
+    the hosts whose clocks are furthest off (or unknown), in their order, then "… and N more"."""
+    if len(clocks) <= limit:
+        return [host_clock_text(h) for h in clocks]
+
+    def cost(h: dict[str, Any]) -> float:
+        if h.get("clock_source") == "reference":
+            return float("inf")
+        if h.get("clock_uncertainty_s") is None:
+            return 1e9  # not aligned: worth a line
+        return abs(float(h.get("clock_offset_s") or 0))
+
+    shown, rest = top_rows(clocks, cost, limit)
+    within = ""
+    if all(h.get("clock_uncertainty_s") is not None for h in rest):
+        off = max(abs(float(h.get("clock_offset_s") or 0)) for h in rest)
+        within = f", clocks within {fmt_offset(off)} of the reference"
+    return [host_clock_text(h) for h in shown] + [
+        f"… and {len(rest)} more hosts{within} (every host in --json)"
+    ]
 
 
 def fmt_offset(s: float) -> str:
@@ -385,6 +413,7 @@ def _notes(doc: dict[str, Any]) -> list[Text]:
 #: Sections rendered by their own modules: (title, "module:function"); the function takes the report
 #: document and returns a rich renderable, or None when the section has nothing to show.
 _SECTION_RENDERERS: list[tuple[str, str]] = [
+    ("Resources per host", "holoprof.present.hosts:hosts_group"),
     ("Goodput: the job's wall time", "holoprof.present.compute:goodput_group"),
     ("Workflow stages", "holoprof.present.stages:stages_group"),
     ("Memory", "holoprof.present.memory:memory_group"),

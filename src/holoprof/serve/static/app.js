@@ -113,6 +113,7 @@
         <div class="card span-12 timeline"><h2 id="timeline-title">Recent steps</h2><div id="timeline"></div></div>
       </div>
       <div class="grid" id="resources"></div>
+      <div class="grid" id="hosts-grid"></div>
       <div class="grid" id="actions-grid" hidden>
         <div class="card span-12" id="actions-card"><h2>On demand</h2><div id="actions"></div></div>
       </div>
@@ -176,6 +177,7 @@
     renderRanks(r);
     renderStragglers(r);
     renderResources(r.resources || {});
+    renderHosts(r.resources || {});
     renderExtra(r, ioFirst);
     renderFindings(r.findings || []);
     renderProcesses(r.processes || []);
@@ -353,6 +355,58 @@
       }
       upsert("res-" + g.key, card.querySelector(".chart"), g.spec);
     });
+  }
+
+  // Each host's resources (a run of two hosts or more): every host up to HOST_ROWS, else the busiest
+  // and the idlest by CPU, one row with the range of the others, and how the hosts spread (as the
+  // terminal and the HTML report show them: holoprof.present.hosts).
+  const HOST_ROWS = 8;
+  const pctText = (v) => (+v).toFixed(0) + "%";
+  const HOST_COLS = [
+    ["CPU mean", "cpu_percent", "mean", pctText], ["CPU p90", "cpu_percent", "p90", pctText],
+    ["memory mean", "memory_used_bytes", "mean", fmtBytes], ["memory peak", "memory_used_bytes", "max", fmtBytes],
+    ["net in mean", "net_recv_bytes_per_s", "mean", fmtRate], ["net in peak", "net_recv_bytes_per_s", "max", fmtRate],
+    ["net out mean", "net_sent_bytes_per_s", "mean", fmtRate], ["net out peak", "net_sent_bytes_per_s", "max", fmtRate],
+    ["job CPU", "job_cpu_percent", "mean", pctText], ["job RSS peak", "job_rss_bytes", "max", fmtBytes],
+    ["GPU util", "gpu_util_percent", "mean", pctText],
+  ];
+  const HOST_SPREAD = [["cpu_percent", "CPU", pctText], ["memory_used_bytes", "memory used", fmtBytes],
+    ["net_recv_bytes_per_s", "network in", fmtRate], ["net_sent_bytes_per_s", "network out", fmtRate],
+    ["job_cpu_percent", "job CPU", pctText], ["job_rss_bytes", "job RSS", fmtBytes], ["gpu_util_percent", "GPU utilization", pctText]];
+  function hostValue(h, key, stat) { const f = h[key]; return f && f[stat] != null ? +f[stat] : null; }
+  function hostRanks(rs) {
+    if (!rs || !rs.length) return "–";
+    if (rs.length > 1 && rs[rs.length - 1] - rs[0] === rs.length - 1) return rs[0] + "-" + rs[rs.length - 1];
+    return rs.slice(0, 4).join(", ") + (rs.length > 4 ? ` (+${rs.length - 4})` : "");
+  }
+  function renderHosts(res) {
+    const el = document.getElementById("hosts-grid");
+    const hosts = (res.hosts || []).slice().sort((a, b) => String(a.host).localeCompare(String(b.host), undefined, { numeric: true }));
+    if (hosts.length < 2) { el.innerHTML = ""; return; }
+    const cols = HOST_COLS.filter(([, k, s]) => hosts.some((h) => hostValue(h, k, s) != null));
+    const busy = (h) => { const v = hostValue(h, "cpu_percent", "mean"); return v != null ? v : hostValue(h, "job_cpu_percent", "mean") || 0; };
+    let top = hosts, rest = [], bottom = [];
+    if (hosts.length > HOST_ROWS) {
+      const order = hosts.slice().sort((a, b) => busy(b) - busy(a));
+      const half = HOST_ROWS / 2;
+      top = order.slice(0, half); rest = order.slice(half, -half); bottom = order.slice(-half);
+    }
+    const row = (h) => `<tr data-host="${esc(h.host)}"><td class="mono">${esc(h.host)}</td><td>${esc(hostRanks(h.ranks))}</td>${cols.map(([, k, s, f]) => { const v = hostValue(h, k, s); return `<td class="num">${v == null ? "–" : esc(f(v))}</td>`; }).join("")}</tr>`;
+    const range = ([, k, s, f]) => {
+      const vs = rest.map((h) => hostValue(h, k, s)).filter((v) => v != null);
+      if (!vs.length) return "–";
+      const lo = f(Math.min(...vs)), hi = f(Math.max(...vs));
+      return lo === hi ? lo : lo + "–" + hi;
+    };
+    const spread = res.host_spread || {};
+    const lines = rest.length ? HOST_SPREAD.filter(([k]) => spread[k]).map(([k, label, f]) => { const s = spread[k]; return `<div class="muted spread">${esc(label)}: ${esc(f(s.min))} (${esc(s.min_host)}) · median ${esc(f(s.median))} · ${esc(f(s.max))} (${esc(s.max_host)}) over ${s.hosts} hosts</div>`; }).join("") : "";
+    el.innerHTML = `<div class="card span-12 scroll" id="hosts-card"><h2>Resources per host (${hosts.length} hosts)</h2>
+      <div class="sub">each host's launcher samples its machine (CPU: 100% = every core) and the job's processes on it (job CPU: 100% = one core)</div>
+      <table id="hosts-table"><thead><tr><th>host</th><th>ranks</th>${cols.map(([n]) => `<th class="num">${esc(n)}</th>`).join("")}</tr></thead><tbody>
+      ${top.map(row).join("")}
+      ${rest.length ? `<tr class="more"><td>… ${rest.length} more hosts</td><td></td>${cols.map((c) => `<td class="num">${esc(range(c))}</td>`).join("")}</tr>` : ""}
+      ${bottom.map(row).join("")}
+      </tbody></table>${rest.length ? '<div class="muted">the busiest and the idlest hosts by CPU; every host is in the API\'s report</div>' : ""}${lines}</div>`;
   }
 
   // reads and writes of the run: totals, bandwidth over the run (and inside the calls), top files
