@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from holoprof.analyze.engine import Aggregation, aggregate
+from holoprof.analyze.engine import Aggregation, aggregate, rows_in
 from holoprof.analyze.findings import Finding
 from holoprof.analyze.steps import NS, ProcKey, StepStats, step_stats
 from holoprof.analyze.stragglers import find_straggler, rank_steps, wait_for_slower
@@ -74,10 +74,6 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
 
 
-def _sql_str(x: str) -> str:
-    return "'" + x.replace("'", "''") + "'"
-
-
 _STEP_KEYS = "host, pid, step"
 
 
@@ -90,11 +86,10 @@ def _per_step(keys: list[ProcKey]) -> Aggregation:
     aside). A union adds, for each interval in order, what extends past the ends before it. The
     spans of a step meet in one partition (shuffled on host, pid, step) on Dask."""
     procs = (
-        " OR ".join(
-            f"(host = {_sql_str(k.host)} AND pid = {int(k.pid)} AND (kind <> 'phase' OR tid = {int(k.tid)}))"
-            for k in keys
-        )
-        or "false"
+        rows_in(("host", "pid"), [(k.host, k.pid) for k in keys])
+        + " AND (kind <> 'phase' OR "
+        + rows_in(("host", "pid", "tid"), [(k.host, k.pid, k.tid) for k in keys])
+        + ")"
     )
     union_add = (
         "greatest(0, b - greatest(a, coalesce(max(b) OVER (PARTITION BY {part} ORDER BY a, b "

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from holoprof import model
-from holoprof.analyze.engine import Aggregation, Engine, engine_for
+from holoprof.analyze.engine import Aggregation, Engine, engine_for, rows_in, sql_value, values_table
 from holoprof.analyze.findings import Finding, severity_of_gain
 from holoprof.analyze.stats import WARMUP_STEPS
 from holoprof.analyze.steps import NS, ProcKey
@@ -70,12 +70,8 @@ MAX_CELLS = 12_000
 MIN_COLUMNS = 20
 
 
-def _sql_str(x: str) -> str:
-    return "'" + x.replace("'", "''") + "'"
-
-
 def _names(names: tuple[str, ...]) -> str:
-    return ", ".join(_sql_str(n) for n in names)
+    return ", ".join(sql_value(n) for n in names)
 
 
 _KEYS = "host, pid, step"
@@ -87,16 +83,12 @@ def rank_steps_agg(keys: list[ProcKey]) -> Aggregation:
     threads' phases: compute, data_wait, communication and all measured phases (``measured``; the
     rest of the step is ``other``). The spans of a step meet in one partition on Dask."""
     procs = (
-        " OR ".join(
-            f"(host = {_sql_str(k.host)} AND pid = {int(k.pid)} AND (kind = 'step' OR tid IN "
-            f"({', '.join(str(int(t)) for t in k.threads)})))"
-            for k in keys
-        )
-        or "false"
+        rows_in(("host", "pid"), [(k.host, k.pid) for k in keys])
+        + " AND (kind = 'step' OR "
+        + rows_in(("host", "pid", "tid"), [(k.host, k.pid, t) for k in keys for t in k.threads])
+        + ")"
     )
-    index = " ".join(
-        f"WHEN host = {_sql_str(k.host)} AND pid = {int(k.pid)} THEN {i}" for i, k in enumerate(keys)
-    )
+    index = values_table("k", ("host", "pid", "proc"), [(k.host, k.pid, i) for i, k in enumerate(keys)])
     measured = _names(model.MEASURED_PHASES)
     return Aggregation(
         name="rank-steps",
@@ -116,12 +108,13 @@ def rank_steps_agg(keys: list[ProcKey]) -> Aggregation:
                      least({{t}}.end_ns, w.e) - greatest({{t}}.start_ns, w.s) AS d
               FROM {{t}} JOIN w USING ({_KEYS})
               WHERE {{t}}.kind = 'phase' AND {{t}}.end_ns > w.s AND {{t}}.start_ns < w.e)
-            SELECT CAST(CASE {index} END AS BIGINT) AS proc, step, CAST(w.e - w.s AS BIGINT) AS dur,
+            SELECT CAST(k.proc AS BIGINT) AS proc, step, CAST(w.e - w.s AS BIGINT) AS dur,
               CAST(coalesce(sum(d) FILTER (WHERE name IN ({_names(COMPUTE_PHASES)})), 0) AS BIGINT) AS compute,
               CAST(coalesce(sum(d) FILTER (WHERE name = 'data_wait'), 0) AS BIGINT) AS data_wait,
               CAST(coalesce(sum(d) FILTER (WHERE name = 'communication'), 0) AS BIGINT) AS communication,
               CAST(coalesce(sum(d), 0) AS BIGINT) AS measured
-            FROM w LEFT JOIN x USING ({_KEYS}) GROUP BY host, pid, step, w.s, w.e""",
+            FROM w JOIN {index} USING (host, pid) LEFT JOIN x USING ({_KEYS})
+            GROUP BY host, pid, step, w.s, w.e, k.proc""",
         order="proc, step",
         pids=tuple(sorted({int(k.pid) for k in keys})),
     )
