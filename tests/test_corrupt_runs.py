@@ -48,10 +48,13 @@ def test_a_chunk_with_a_broken_footer_or_wrong_types_is_skipped_with_a_warning(
     run_dir = Path(copy_run(small_run.run_dir, tmp_path / "run"))
     part = _spans_part(run_dir, main_process(small_run.report))
     damage(part)  # type: ignore[operator]
-    for cmd in (("report", "--json"), ("export", "--format", "chrome", "-o", str(tmp_path / "t.json"))):
-        proc = run_holoprof(cmd[0], str(run_dir), *cmd[1:], cwd=tmp_path)
+    report = run_holoprof("report", str(run_dir), "--json", cwd=tmp_path)
+    export = run_holoprof(
+        "export", str(run_dir), "--format", "chrome", "-o", str(tmp_path / "t.json"), cwd=tmp_path
+    )
+    for proc in (report, export):
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    doc = json.loads(run_holoprof("report", str(run_dir), "--json", cwd=tmp_path).stdout)
+    doc = json.loads(report.stdout)
     assert any(part.name in w and "corrupt" in w for w in doc["run"]["warnings"]), doc["run"]["warnings"]
     assert doc["steps"]["count"] == 0, "the only spans chunk was skipped"
     q = run_holoprof("query", str(run_dir), "SELECT count(*) AS n FROM spans", "--json", cwd=tmp_path)

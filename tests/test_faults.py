@@ -3,6 +3,7 @@ and a collector that fails."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -12,11 +13,12 @@ import signal
 import subprocess
 import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -48,13 +50,23 @@ def printed_int(output: str, key: str) -> int:
     return int(values[-1])
 
 
-def wait_for_flushed_steps(run_dir: Path, timeout: float = 60) -> None:
-    """Wait until the job's writer has flushed spans, then a few flush intervals (0.2 s) more."""
+def flushed_steps(run_dir: Path) -> int:
+    """The step spans in the chunks the job's writer has flushed so far."""
+    n = 0
+    for part in run_dir.glob("spans/*/*/part-*.parquet"):
+        try:
+            n += pq.read_table(part, columns=["kind"])["kind"].to_pylist().count("step")
+        except (OSError, pa.ArrowException):  # a chunk replaced meanwhile: its rows are in another
+            return 0
+    return n
+
+
+def wait_for_flushed_steps(run_dir: Path, steps: int = 5, timeout: float = 60) -> None:
+    """Wait until the job's writer has flushed ``steps`` steps, however slowly the machine runs."""
     deadline = time.monotonic() + timeout
-    while not list(run_dir.glob("spans/*/*/part-*")):
-        assert time.monotonic() < deadline, "no spans were flushed"
+    while flushed_steps(run_dir) < steps:
+        assert time.monotonic() < deadline, f"{steps} steps were not flushed"
         time.sleep(0.05)
-    time.sleep(0.6)
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str, str]:
@@ -271,15 +283,6 @@ def assert_failed_open(
     assert f"{collector}:{point}" in errors[0], errors
 
 
-def test_failing_collector_leaves_the_job_unchanged(tmp_path: Path, standard_untraced) -> None:
-    run = traced(tmp_path, script("train.py"), env={"HOLOPROF_FAULT_INJECT": "torch"})
-    assert_failed_open(run, standard_untraced, "torch", "forward")
-    assert main_process(run.report)["errors"], "the failing process records it"
-    terminal = run_holoprof("report", run.run_dir, cwd=tmp_path)
-    assert terminal.returncode == 0, terminal.stderr
-    assert "collector turned off" in terminal.stdout and "torch: FaultInjected" in terminal.stdout
-
-
 #: Every entry point a collector patches in a PyTorch job, as HOLOPROF_FAULT_INJECT=<collector>:<point>.
 ENTRY_POINTS = [
     ("torch", "forward"),
@@ -297,6 +300,8 @@ ENTRY_POINTS = [
     ("io", "install"),
     ("io", "open"),  # the Python layer's open(), with --io-layer python
 ]
+#: The collectors whose entry point the collector's name alone selects (HOLOPROF_FAULT_INJECT=torch).
+DEFAULT_POINTS = {"torch": "forward"}
 SHORT_TRAIN = ("--epochs", "1", "--batches", "4", "--reload")
 
 
@@ -309,19 +314,50 @@ def short_untraced(tmp_path_factory: pytest.TempPathFactory) -> subprocess.Compl
     return proc
 
 
+@pytest.fixture(scope="module")
+def short_faulty(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], TracedRun]:
+    """The short training job traced with a collector failing at one entry point; each entry point's
+    job runs once. The entry point a collector's name alone selects is asked for by the name alone,
+    so that spelling is tested by the same job."""
+    runs: dict[tuple[str, str], TracedRun] = {}
+
+    def run(collector: str, point: str) -> TracedRun:
+        if (collector, point) not in runs:
+            inject = collector if DEFAULT_POINTS.get(collector) == point else f"{collector}:{point}"
+            runs[collector, point] = traced(
+                tmp_path_factory.mktemp("fault"),
+                script("train.py"),
+                *SHORT_TRAIN,
+                options=("--io-layer", "python") if collector == "io" else (),
+                env={"HOLOPROF_FAULT_INJECT": inject},
+            )
+        return runs[collector, point]
+
+    return run
+
+
+def test_failing_collector_leaves_the_job_unchanged(
+    tmp_path: Path,
+    short_untraced: subprocess.CompletedProcess[str],
+    short_faulty: Callable[[str, str], TracedRun],
+) -> None:
+    run = short_faulty("torch", "forward")  # HOLOPROF_FAULT_INJECT=torch: its default entry point
+    assert_failed_open(run, short_untraced, "torch", "forward")
+    assert main_process(run.report)["errors"], "the failing process records it"
+    terminal = run_holoprof("report", run.run_dir, cwd=tmp_path)
+    assert terminal.returncode == 0, terminal.stderr
+    assert "collector turned off" in terminal.stdout and "torch: FaultInjected" in terminal.stdout
+
+
 @pytest.mark.parametrize(("collector", "point"), ENTRY_POINTS, ids=[f"{c}:{p}" for c, p in ENTRY_POINTS])
 def test_a_collector_failing_at_any_entry_point_leaves_the_job_unchanged(
-    tmp_path: Path, short_untraced: subprocess.CompletedProcess[str], collector: str, point: str
+    short_untraced: subprocess.CompletedProcess[str],
+    short_faulty: Callable[[str, str], TracedRun],
+    collector: str,
+    point: str,
 ) -> None:
     # torch:optimizer_* fail inside torch's own loop over its optimizer hooks
-    run = traced(
-        tmp_path,
-        script("train.py"),
-        *SHORT_TRAIN,
-        options=("--io-layer", "python") if collector == "io" else (),
-        env={"HOLOPROF_FAULT_INJECT": f"{collector}:{point}"},
-    )
-    assert_failed_open(run, short_untraced, collector, point)
+    assert_failed_open(short_faulty(collector, point), short_untraced, collector, point)
 
 
 def test_a_collector_failing_in_a_job_that_fails_keeps_its_exit_status(tmp_path: Path) -> None:
@@ -370,10 +406,10 @@ def test_flushes_while_the_job_imports_torch_do_not_break_it(tmp_path: Path) -> 
 # --- a run directory that fills up or turns read-only ------------------------------------------------------
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MiB tmpfs of its own (needs root), so the test can fill it or remount it read-only."""
-    mnt = tmp_path / "fs"
+@contextlib.contextmanager
+def mounted_small_fs(mnt: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own at ``mnt`` (needs root), so a test can fill it or remount it
+    read-only."""
     mnt.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small file system needs root")
@@ -391,6 +427,23 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    with mounted_small_fs(tmp_path / "fs") as mnt:
+        yield mnt
+
+
+@pytest.fixture(scope="module")
+def filled_untraced(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """The job that fills its file system (exit status 3), untraced, on a small file system of its own:
+    the reference for every variant of a run directory that fills up."""
+    tmp = tmp_path_factory.mktemp("filled-untraced")
+    with mounted_small_fs(tmp / "fs") as mnt:
+        proc = run_python(script("fill_disk.py"), str(mnt / "filler"), "--free", "--exit", "3", cwd=tmp)
+    assert proc.returncode == 3, proc.stderr
+    return proc
+
+
 def leftovers(run_dir: Path) -> list[str]:
     """Temporary files and empty files a failed write may leave."""
     return [str(p) for p in run_dir.rglob("*") if p.is_file() and (".tmp" in p.name or p.stat().st_size == 0)]
@@ -403,13 +456,10 @@ def storage_lines(stderr: str) -> list[str]:
 
 @pytest.mark.parametrize("free", [False, True], ids=["stays-full", "freed-before-exit"])
 def test_a_run_directory_that_fills_up_keeps_the_exit_status_and_counts_the_loss(
-    tmp_path: Path, small_fs: Path, free: bool
+    tmp_path: Path, small_fs: Path, filled_untraced: subprocess.CompletedProcess[str], free: bool
 ) -> None:
     extra = ["--free"] if free else []
-    untraced = run_python(
-        script("fill_disk.py"), str(small_fs / "filler-untraced"), "--free", "--exit", "3", cwd=tmp_path
-    )
-    assert untraced.returncode == 3, untraced.stderr
+    untraced = filled_untraced
     run_dir = small_fs / "run"
     proc = run_holoprof(
         "run", "--out", str(run_dir), "--",
@@ -444,7 +494,7 @@ def test_a_run_directory_that_turns_read_only_keeps_the_exit_status(tmp_path: Pa
     try:
         assert proc.stdout is not None
         head = read_until(proc.stdout.fileno(), "started")
-        wait_for_flushed_steps(run_dir)
+        wait_for_flushed_steps(run_dir, 1)
         subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
         go.touch()
         rc, out, err = finish(proc)

@@ -122,7 +122,10 @@ def sampled_run(tmp_path_factory: pytest.TempPathFactory, mlp_script: Path) -> T
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory: pytest.TempPathFactory, mlp_script: Path) -> TracedRun:
-    run = traced(tmp_path_factory.mktemp("full"), str(mlp_script), "6", options=("--memory", "full"))
+    """``--memory full``; from step 3 on, a parameter's storage is replaced by a larger one."""
+    run = traced(
+        tmp_path_factory.mktemp("full"), str(mlp_script), "6", "--replace", options=("--memory", "full")
+    )
     assert run.proc.returncode == 0, run.proc.stderr
     return run
 
@@ -199,17 +202,15 @@ def test_default_samples_the_first_steps_and_full_samples_every_step(
     assert snapshot(full_run.report, 5, "optimizer")["optimizer_state"] == 8 * P + 4 * PARAM_TENSORS
 
 
-def test_full_picks_up_a_replaced_parameter_storage(tmp_path: Path, mlp_script: Path) -> None:
+def test_full_picks_up_a_replaced_parameter_storage(full_run: TracedRun) -> None:
     # sizes are cached between steps under --memory full; a replaced storage must still be seen
-    run = traced(tmp_path, str(mlp_script), "5", "--replace", options=("--memory", "full"))
-    assert run.proc.returncode == 0, run.proc.stderr
     for step in (0, 1, 2):
-        assert snapshot(run.report, step, "forward")["weights"] == 4 * P
-    for step in (3, 4):
+        assert snapshot(full_run.report, step, "forward")["weights"] == 4 * P
+    for step in (3, 4, 5):
         for phase in ("forward", "backward", "optimizer"):
-            assert snapshot(run.report, step, phase)["weights"] == 4 * P + 4 * OUT
-    assert snapshot(run.report, 4, "optimizer")["optimizer_state"] == 8 * P + 4 * PARAM_TENSORS
-    assert snapshot(run.report, 4, "backward")["gradients"] == 4 * P
+            assert snapshot(full_run.report, step, phase)["weights"] == 4 * P + 4 * OUT
+    assert snapshot(full_run.report, 5, "optimizer")["optimizer_state"] == 8 * P + 4 * PARAM_TENSORS
+    assert snapshot(full_run.report, 5, "backward")["gradients"] == 4 * P
 
 
 def test_a_tensor_whose_storage_cannot_be_read_is_left_out_and_said(tmp_path: Path, mlp_script: Path) -> None:
