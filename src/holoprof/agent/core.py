@@ -91,15 +91,15 @@ def fault_point(collector: str, default: str) -> str | None:
     """The entry point of ``collector`` at which ``HOLOPROF_FAULT_INJECT`` asks it to raise, or None.
 
     ``HOLOPROF_FAULT_INJECT=<collector>:<entry point>`` (e.g. ``torch:optimizer_post``) names one;
-    ``<collector>`` alone means the collector's ``default_fault``.
+    ``<collector>`` alone means the collector's ``default_fault``. Several, separated by commas,
+    make several collectors fail in one job (``memory:forward,io:open``); the first naming
+    ``collector`` counts.
     """
-    value = os.environ.get(model.ENV_FAULT)
-    if not value:
-        return None
-    name, _, point = value.partition(":")
-    if name != collector:
-        return None
-    return point or default
+    for item in os.environ.get(model.ENV_FAULT, "").split(","):
+        name, _, point = item.strip().partition(":")
+        if name == collector:
+            return point or default
+    return None
 
 
 def check_fault(fault_at: str | None, name: str, point: str) -> None:
