@@ -215,9 +215,13 @@ def test_full_picks_up_a_replaced_parameter_storage(full_run: TracedRun) -> None
 
 def test_a_tensor_whose_storage_cannot_be_read_is_left_out_and_said(tmp_path: Path, mlp_script: Path) -> None:
     """The collector keeps measuring the rest, and the report says what it left out."""
-    run = traced(tmp_path, str(mlp_script), "4", "--opaque")
+    run = traced(tmp_path, str(mlp_script), "4", "--opaque", "--snapshot")
     assert run.proc.returncode == 0, run.proc.stderr
     assert not run.report["run"]["errors"], run.report["run"]["errors"]
+    # the on-demand snapshot's census too: the tensor is left out, the rest counted
+    (line,) = [x for x in run.proc.stdout.splitlines() if x.startswith("SNAPSHOT ")]
+    census = json.loads(line.split(" ", 1)[1])
+    assert "error" not in json.dumps(census).lower(), census
     mem = run.report["memory"]
     assert mem["tensors_unmeasured"]["types"] == {"Opaque": 1}
     assert mem["tensors_unmeasured"]["steps"] == [1, 2]  # from the step that added it on

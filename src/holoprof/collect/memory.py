@@ -279,15 +279,22 @@ def _snapshot_now(job: Any) -> None:
 def tensor_census(torch: ModuleType, col: MemoryCollector | None) -> dict[str, Any]:
     """Every live tensor the garbage collector knows, by category, each storage counted once."""
     known: dict[tuple[int, int], str] = {}
+
+    def note(t: Any, cat: str) -> None:
+        try:
+            known.setdefault(_key(t), cat)
+        except Exception:  # a storage that cannot be read (an invalid python storage): left out
+            pass
+
     if col is not None:
         for p in col.accounts.params():
-            known.setdefault(_key(p), "weights")
+            note(p, "weights")
             if p.grad is not None:
-                known.setdefault(_key(p.grad), "gradients")
+                note(p.grad, "gradients")
         for opt in col.accounts.live_optimizers():
             for state in list(opt.state.values()):
                 for v in tensors_in(state.values() if isinstance(state, dict) else ()):
-                    known.setdefault(_key(v), "optimizer_state")
+                    note(v, "optimizer_state")
         for r, key, _gpu, _layer in col.tracker.saved:
             if r() is not None:
                 known.setdefault(key, "activations")
