@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from holoprof.analyze.engine import Aggregation, aggregate, rows_in
+from holoprof.analyze.engine import Aggregation, aggregate, rows_in, step_windows
 from holoprof.analyze.findings import Finding
 from holoprof.analyze.steps import NS, ProcKey, StepStats, step_stats
 from holoprof.analyze.stragglers import find_straggler, rank_steps, wait_for_slower
@@ -106,10 +106,7 @@ def _per_step(keys: list[ProcKey]) -> Aggregation:
             WHERE (kind = 'step' OR (step >= 0 AND (kind = 'comm' OR (kind = 'phase' AND name = 'communication'))))
               AND ({procs})""",
         shuffle=("host", "pid", "step"),
-        group=f"""WITH w AS (
-              SELECT {_STEP_KEYS}, start_ns AS s, end_ns AS e FROM (
-                SELECT *, row_number() OVER (PARTITION BY {_STEP_KEYS} ORDER BY start_ns DESC, end_ns DESC) AS rn
-                FROM {{t}} WHERE kind = 'step') WHERE rn = 1),
+        group=f"""WITH w AS ({step_windows(_STEP_KEYS)}),
             x AS (
               SELECT {{t}}.*, greatest({{t}}.start_ns, w.s) AS a, least({{t}}.end_ns, w.e) AS b
               FROM {{t}} JOIN w USING ({_STEP_KEYS}) WHERE {{t}}.kind <> 'step'),

@@ -83,6 +83,14 @@ def sub(sql: str, rel: str) -> str:
     return sql.replace("{t}", rel)
 
 
+def step_windows(keys: str) -> str:
+    """The window of each step of ``keys`` (e.g. ``host, pid, step``) in the relation ``{t}``: of
+    several step spans with one index, the last to start. Columns: ``keys``, ``s``, ``e``."""
+    return f"""SELECT {keys}, start_ns AS s, end_ns AS e FROM (
+                SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY start_ns DESC, end_ns DESC) AS rn
+                FROM {{t}} WHERE kind = 'step') WHERE rn = 1"""
+
+
 def sql_value(v: str | int) -> str:
     """A literal of SQL: a quoted string, or an integer."""
     if isinstance(v, str):

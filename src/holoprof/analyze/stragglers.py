@@ -43,7 +43,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from holoprof import model
-from holoprof.analyze.engine import Aggregation, Engine, engine_for, rows_in, sql_value, values_table
+from holoprof.analyze.engine import (
+    Aggregation,
+    Engine,
+    engine_for,
+    rows_in,
+    sql_value,
+    step_windows,
+    values_table,
+)
 from holoprof.analyze.findings import Finding, severity_of_gain
 from holoprof.analyze.stats import WARMUP_STEPS
 from holoprof.analyze.steps import NS, ProcKey
@@ -99,10 +107,7 @@ def rank_steps_agg(keys: list[ProcKey]) -> Aggregation:
                                  OR (kind = 'phase' AND name IN ({measured})))
               AND ({procs})""",
         shuffle=("host", "pid", "step"),
-        group=f"""WITH w AS (
-              SELECT {_KEYS}, start_ns AS s, end_ns AS e FROM (
-                SELECT *, row_number() OVER (PARTITION BY {_KEYS} ORDER BY start_ns DESC, end_ns DESC) AS rn
-                FROM {{t}} WHERE kind = 'step') WHERE rn = 1),
+        group=f"""WITH w AS ({step_windows(_KEYS)}),
             x AS (
               SELECT {{t}}.host, {{t}}.pid, {{t}}.step, {{t}}.name,
                      least({{t}}.end_ns, w.e) - greatest({{t}}.start_ns, w.s) AS d

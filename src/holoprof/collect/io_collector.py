@@ -102,6 +102,15 @@ def _counters() -> ModuleType:
     return io_counters
 
 
+def _available_native() -> ModuleType | None:
+    """The native layer's bindings when its library is loaded in this process, else None."""
+    nat = _native()
+    try:
+        return nat if nat is not None and nat.available() else None
+    except Exception:
+        return None
+
+
 class IoCollector(Collector):
     """Per-file I/O counters of this process, from the native layer when loaded, else from Python."""
 
@@ -116,12 +125,7 @@ class IoCollector(Collector):
         #: the library is preloaded: its bindings load at the first flush, or at exit (:meth:`_bind`)
         self._unbound = want != "python" and _preloaded()
         if want != "python" and not self._unbound:
-            nat = _native()
-            try:
-                if nat is not None and nat.available():
-                    self.native = nat
-            except Exception:
-                self.native = None
+            self.native = _available_native()
         self.layer = "native" if self.native is not None or self._unbound else "python"
         self._since = 0
         self._trace_until_ns: int | None = None  # monotonic deadline of an on-demand trace
@@ -181,12 +185,7 @@ class IoCollector(Collector):
         if not self._unbound:
             return
         self._unbound = False
-        nat = _native()
-        try:
-            if nat is not None and nat.available():
-                self.native = nat
-        except Exception:
-            self.native = None
+        self.native = _available_native()
         if self.native is not None:
             self._claim_native()
             return
