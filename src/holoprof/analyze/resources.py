@@ -72,7 +72,8 @@ def _resources_agg(points: int, window: tuple[int, int] | None) -> Aggregation:
     """The job-wide samples (``target_pid = -1``; within ``window``, ns): per series (``part`` 0) its
     mean, maximum, last value and count, then (``part`` 1) its mean in each of ``points`` buckets of
     ``width`` ns from the first sample, ``t0``. The samples are few next to the spans: the last stage
-    holds all of them (on one worker under Dask), so every mean is taken over all of a series at once."""
+    holds all of them (on one worker under Dask), so every mean is taken over all of a series at once.
+    Of several hosts' samples at the last instant, ``last`` is the largest: the same on every read."""
     where = " AND ts_ns BETWEEN $lo AND $hi" if window is not None else ""
     return Aggregation(
         name="resources",
@@ -83,7 +84,7 @@ def _resources_agg(points: int, window: tuple[int, int] | None) -> Aggregation:
                 SELECT min(ts_ns) AS t0, greatest(1, (max(ts_ns) - min(ts_ns)) // greatest(1, $points - 1) + 1) AS width
                 FROM {t})
             SELECT 0 AS part, name, NULL::BIGINT AS b, favg(value) AS mean, max(value) AS mx,
-                   arg_max(value, ts_ns) AS last, count(*) AS n, any_value(w.t0) AS t0, any_value(w.width) AS width
+                   arg_max(value, struct_pack(t := ts_ns, v := value)) AS last, count(*) AS n, any_value(w.t0) AS t0, any_value(w.width) AS width
             FROM {t}, w GROUP BY name
             UNION ALL
             SELECT 1, name, (ts_ns - w.t0) // w.width AS b, favg(value), NULL, NULL, NULL, any_value(w.t0),
