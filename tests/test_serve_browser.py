@@ -17,6 +17,8 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -154,13 +156,14 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Live
             server.server_close()
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
-    profile = tmp_path_factory.mktemp("chromium-profile")
+@contextmanager
+def chromium(profile: Path, width: int, height: int) -> Iterator[DevTools]:
+    """A headless Chromium on a blank page with the profile folder ``profile``, driven over DevTools
+    (Runtime, Log and Page enabled); closed, and its profile removed, on exit."""
     proc = subprocess.Popen(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-         f"--user-data-dir={profile}", "--remote-debugging-port=0", "--window-size=1400,1800", "about:blank"],
+         f"--user-data-dir={profile}", "--remote-debugging-port=0", f"--window-size={width},{height}", "about:blank"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     tools: DevTools | None = None
@@ -188,6 +191,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
             proc.kill()
             proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
+    with chromium(tmp_path_factory.mktemp("chromium-profile"), 1400, 1800) as tools:
+        yield tools
 
 
 def _poll(fn: Callable[[], Any], timeout_s: float) -> Any:

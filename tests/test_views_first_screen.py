@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +20,7 @@ import pytest
 
 from conftest import run_holoprof
 from holoprof.serve.app import Server, make_server
-from test_serve_browser import CHROMIUM, DevTools
+from test_serve_browser import CHROMIUM, DevTools, chromium
 from workflows.kinds import kinds
 
 pytestmark = pytest.mark.skipif(
@@ -74,41 +70,11 @@ def server(runs: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
-    profile = tmp_path_factory.mktemp("chromium-first-screen")
-    proc = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-         f"--user-data-dir={profile}", "--remote-debugging-port=0", f"--window-size={WIDTH},1000", "about:blank"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    tools: DevTools | None = None
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
-            assert proc.poll() is None, "chromium exited at start"
-            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
-            time.sleep(0.1)
-        port = int(port_file.read_text().splitlines()[0])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as r:
-            pages = [t for t in json.load(r) if t.get("type") == "page"]
-        tools = DevTools(pages[0]["webSocketDebuggerUrl"])
-        for domain in ("Runtime", "Log", "Page"):
-            tools.send(f"{domain}.enable")
+    with chromium(tmp_path_factory.mktemp("chromium-profile"), WIDTH, 1000) as tools:
         tools.send(
             "Emulation.setDeviceMetricsOverride", width=WIDTH, height=1000, deviceScaleFactor=1, mobile=False
         )
         yield tools
-    finally:
-        if tools is not None:
-            tools.close()
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _report(server: Server, name: str) -> dict[str, Any]:
