@@ -4,10 +4,11 @@ renders a ``holoprof.report/1`` document; computes nothing.
 It speaks the dashboard's visual language: the same palette and phase list
 (:mod:`holoprof.present.palette`), the same shared view code (``assets/charts.js``) and chart library
 (uPlot, inlined), the same first screen: the headline numbers, then where a step goes (or, for a run
-without steps, its reads and writes) beside the findings. Charts drawn with uPlot: step time over
-steps, the phases over steps (stacked), each rank's step and its phases, resources over time. Drawn
-here as SVG: the Gantt chart of stages and processes and the read-size histogram. Tables, findings
-and notes are HTML, readable without script. Every string from the run (paths, commands, names,
+without steps, its reads and writes) beside the findings. Every chart is drawn with uPlot by the
+shared code: step time over steps, the phases over steps (stacked), each rank's step and its phases,
+resources over time, the Gantt chart of stages and processes, the read-size histogram and the memory
+categories. Tables, findings and notes are HTML, readable without script (the charts without script
+have their numbers in tables). Every string from the run (paths, commands, names,
 evidence) is escaped. The document is already downsampled (the step timeline holds at most ~120
 points, resource series ~60), so the file stays small for long runs; charts say so when they show
 downsampled data.
@@ -19,12 +20,13 @@ import html
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from holoprof import model
 from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
-from holoprof.present import palette
+from holoprof.present import charts, palette
 from holoprof.present.hosts import hosts_html
 from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
 from holoprof.present.stragglers import stragglers_html
@@ -57,7 +59,6 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:now
 code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px;word-break:break-all}
 .muted{color:#6b7489;font-size:12px}
 .note{color:#8a5a00;background:#fff8e6;border:1px solid #f1dca8;border-radius:6px;padding:6px 10px;margin:6px 0}
-svg{display:block;max-width:100%;height:auto}svg text{font-family:inherit;font-size:11px;fill:#56607a}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:16px}
 .charts>div{min-width:0}
 .crit{color:#c62828;font-weight:700}
@@ -82,74 +83,7 @@ def fmt_rate(b: float) -> str:
     return fmt_bytes(b) + "/s"
 
 
-# --- SVG primitives ----------------------------------------------------------------------------------
-W = 680
-PAD_R = 14
-
-
-def hbars(
-    items: Sequence[tuple[str, float]], vfmt: Callable[[float], str], color: str, w: int = W, title: str = ""
-) -> str:
-    if not items:
-        return ""
-    row_h = 22
-    label_w = 150
-    h = row_h * len(items) + 8
-    vmax = max((v for _, v in items), default=0) or 1.0
-    bar_w = w - label_w - 90
-    parts = [f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{esc(title)}">']
-    if title:
-        parts.append(f"<title>{esc(title)}</title>")
-    for i, (label, v) in enumerate(items):
-        y = 4 + i * row_h
-        bw = bar_w * max(0.0, v) / vmax
-        parts.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">{esc(label)}</text>')
-        parts.append(
-            f'<rect x="{label_w}" y="{y + 3}" width="{bw:.1f}" height="{row_h - 8}" fill="{color}" rx="2"/>'
-        )
-        parts.append(f'<text x="{label_w + bw + 6:.1f}" y="{y + 15}">{esc(vfmt(v))}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def gantt(
-    rows: Sequence[tuple[str, float, float, str, str, bool]], t_end: float, w: int = W + 240, title: str = ""
-) -> str:
-    """rows: (label, start_s, end_s, color, tooltip, emphasized)."""
-    if not rows:
-        return ""
-    row_h = 20
-    label_w = 230
-    h = row_h * len(rows) + 34
-    t_end = max(t_end, max((r[2] for r in rows), default=0.0), 1e-9)
-    pw = w - label_w - PAD_R
-
-    def px(t: float) -> float:
-        return label_w + pw * max(0.0, t) / t_end
-
-    parts = [f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{esc(title)}">']
-    if title:
-        parts.append(f"<title>{esc(title)}</title>")
-    for i in range(5):
-        x = label_w + pw * i / 4
-        parts.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{h - 26}" stroke="#eef0f3"/>')
-        parts.append(
-            f'<text x="{x:.1f}" y="{h - 10}" text-anchor="middle">{esc(fmt_s(t_end * i / 4))}</text>'
-        )
-    for i, (label, s, e, color, tip, strong) in enumerate(rows):
-        y = 4 + i * row_h
-        x0, x1 = px(s), px(e)
-        weight = ' font-weight="700"' if strong else ""
-        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end"{weight}>{esc(label)}</text>')
-        stroke = ' stroke="#c62828" stroke-width="2"' if strong else ""
-        parts.append(
-            f'<rect x="{x0:.1f}" y="{y + 3}" width="{max(1.0, x1 - x0):.1f}" height="{row_h - 6}" '
-            f'fill="{color}" rx="2"{stroke}><title>{esc(tip)}</title></rect>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
+# --- chart helpers ---------------------------------------------------------------------------------
 def legend(items: Sequence[tuple[str, str]]) -> str:
     return (
         '<div class="legend">'
@@ -331,6 +265,9 @@ def _chart_data(doc: dict[str, Any]) -> dict[str, Any]:
         "steps": {"count": st.get("count", 0), "timeline": st.get("timeline") or [], "per_rank": st.get("per_rank") or []},
         "resources": {"series": (doc.get("resources") or {}).get("series") or {}},
         "stragglers": {"heatmap": (doc.get("stragglers") or {}).get("heatmap") or {}},
+        "gantt": _gantt_data(doc),
+        "read_sizes": _read_sizes(doc.get("io") or {}),
+        "memory": _memory_categories(doc.get("memory") or {}),
     }  # fmt: skip
 
 
@@ -350,6 +287,23 @@ DRAW_JS = """
       return;
     }
     if (kind === "rank-heatmap") { H.heatmap(el, R.stragglers.heatmap); return; }
+    var w = el.clientWidth || 600;
+    if (kind === "gantt") { H.draw(el, H.ganttSpec(R.gantt.rows, R.gantt.t_end, w)); return; }
+    if (kind === "read-sizes") {
+      H.draw(el, H.barSpec({ labels: R.read_sizes.map(function (x) { return x[0]; }), horizontal: true, unit: "count",
+        width: w, xLabel: "read size", yLabel: "reads", series: [{ label: "reads", color: H.P.series_colors[2],
+        values: R.read_sizes.map(function (x) { return x[1]; }) }] }));
+      return;
+    }
+    if (kind === "memory") {
+      var cats = R.memory;
+      H.draw(el, H.barSpec({ labels: cats.map(function (c) { return c.label; }), horizontal: true, unit: "bytes",
+        width: w, xLabel: "category", yLabel: "bytes",
+        series: cats.map(function (c, i) {
+          return { label: c.label, color: c.color, values: cats.map(function (d, j) { return i === j ? c.bytes : null; }) };
+        }) }));
+      return;
+    }
     var phases = H.phasesOf(R);
     var spec = kind === "step" ? H.stepSpec(R.steps.timeline)
       : kind === "phases" ? H.phaseSpec(R.steps.timeline, phases)
@@ -360,7 +314,11 @@ DRAW_JS = """
 """
 
 
-def _gantt(doc: dict[str, Any]) -> str:
+def _gantt_rows(
+    doc: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[dict[str, Any], float, float]], int]:
+    """The stages and processes of the Gantt chart: (stages shown, stages left out, processes shown
+    with their start and end, how many processes were left out)."""
     every = doc.get("stages") or []
     all_stages = collapse_ranks(every)  # 2,048 ranks of one command: one row
     stages, rest = top_rows(
@@ -373,12 +331,28 @@ def _gantt(doc: dict[str, Any]) -> str:
     spans, hidden = top_rows(  # the longest processes
         _process_spans(doc, every, run.get("start_ns") or 0, duration), lambda x: x[2] - x[1]
     )
+    return stages, rest, spans, len(hidden)
+
+
+def _gantt_data(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the Gantt chart draws: its rows (label, start, end, colour, tip, critical) and its end."""
+    stages, _rest, spans, _hidden = _gantt_rows(doc)
     rows = [_stage_bar(st) for st in stages] + [_process_bar(p, s, e) for p, s, e in spans]
-    if not rows:
+    keys = ("label", "start", "end", "color", "tip", "strong")
+    duration = float((doc.get("run") or {}).get("duration_s", 0) or 0)
+    return {"rows": [dict(zip(keys, r, strict=True)) for r in rows], "t_end": duration}
+
+
+def _gantt(doc: dict[str, Any]) -> str:
+    stages, rest, spans, hidden = _gantt_rows(doc)
+    if not stages and not spans:
         return ""
-    chart = gantt(rows, duration, title="stages and processes over time")
+    chart = (
+        "<div class='chart fit' data-chart='gantt' role='img' aria-label='stages and processes over time'>"
+        "</div>"
+    )
     if rest or hidden:
-        cut = [f"{len(rest)} more stages" if rest else "", f"{len(hidden)} more processes" if hidden else ""]
+        cut = [f"{len(rest)} more stages" if rest else "", f"{hidden} more processes" if hidden else ""]
         chart += (
             f"<p class='muted'>The chart shows the {len(stages)} longest stages and {len(spans)} longest "
             f"processes; {' and '.join(c for c in cut if c)} are in the JSON report.</p>"
@@ -388,7 +362,23 @@ def _gantt(doc: dict[str, Any]) -> str:
         + legend([*((k, c) for k, c in KIND_COLORS.items()), ("process (traced)", "#c5cbe0")])
         + chart
         + _stage_table(stages, rest)
+        + _process_table(spans)
         + "</section>"
+    )
+
+
+def _process_table(spans: list[tuple[dict[str, Any], float, float]]) -> str:
+    """The processes of the Gantt chart as a table, for a reader without script ("" without any)."""
+    if not spans:
+        return ""
+    trs = "".join(
+        f"<tr><td class='num'>{esc(p.get('pid'))}</td><td class='mono'>{esc(_process_bar(p, s, e)[0])}</td>"
+        f"<td class='num'>{esc(fmt_s(max(0.0, s)))}</td><td class='num'>{esc(fmt_s(max(0.0, e)))}</td></tr>"
+        for p, s, e in spans
+    )
+    return (
+        "<noscript><h3>Processes</h3><table><tr><th class='num'>pid</th><th>process</th>"
+        f"<th class='num'>start</th><th class='num'>end</th></tr>{trs}</table></noscript>"
     )
 
 
@@ -542,19 +532,59 @@ def _io(doc: dict[str, Any]) -> str:
     io = doc.get("io") or {}
     if not io:
         return ""
-    hist = io.get("read_size_histogram") or {}
-    items = [(str(k), float(v or 0)) for k, v in hist.items()]
-    while items and not items[-1][1]:  # no empty rows at either end (as the terminal)
-        items.pop()
-    while items and not items[0][1]:
-        items.pop(0)
-    hchart = hbars(items, fmt_num, palette.SERIES_COLORS[2], title="read sizes")
+    items = _read_sizes(io)
+    hchart = (
+        "<div class='chart fit' data-chart='read-sizes' role='img' aria-label='read sizes'></div>"
+        + _noscript_table(("read size", "reads"), [(k, fmt_num(v)) for k, v in items])
+        if items
+        else ""
+    )
     return (
         "<section><h2>I/O</h2>"
         + _io_summary(io, 20)
         + (f"<h3>Read sizes (Darshan buckets)</h3>{hchart}" if hchart else "")
         + "</section>"
     )
+
+
+def _bucket_label(name: str) -> str:
+    """A Darshan size bucket for people: ``100_1K`` -> "100 B–1 KiB", ``1G_PLUS`` -> "≥ 1 GiB"."""
+    for key, lo, hi in model.DARSHAN_SIZE_BUCKETS:
+        if key == name:
+            return f"≥ {fmt_bytes(lo)}" if hi >= 2**62 else f"{fmt_bytes(lo)}–{fmt_bytes(hi)}"
+    return name
+
+
+def _read_sizes(io: dict[str, Any]) -> list[tuple[str, float]]:
+    """The read-size histogram's buckets (named for people), without empty ones at either end (as
+    the terminal)."""
+    hist = io.get("read_size_histogram") or {}
+    items = [(_bucket_label(str(k)), float(v or 0)) for k, v in hist.items()]
+    while items and not items[-1][1]:
+        items.pop()
+    while items and not items[0][1]:
+        items.pop(0)
+    return items
+
+
+def _noscript_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A chart's numbers as a table for a reader without script."""
+    th = "".join(f"<th>{esc(h)}</th>" for h in head[:1]) + "".join(
+        f"<th class='num'>{esc(h)}</th>" for h in head[1:]
+    )
+    trs = "".join(
+        "<tr>" + f"<td>{esc(r[0])}</td>" + "".join(f"<td class='num'>{esc(c)}</td>" for c in r[1:]) + "</tr>"
+        for r in rows
+    )
+    return f"<noscript><table><tr>{th}</tr>{trs}</table></noscript>"
+
+
+def _memory_categories(mem: dict[str, Any]) -> list[dict[str, Any]]:
+    """The memory categories at the step with the peak: label, bytes, colour."""
+    return [
+        {"key": str(k), "label": str(k).replace("_", " "), "bytes": float(v or 0), "color": MEMORY_COLORS.get(str(k), "#999")}
+        for k, v in (mem.get("categories") or {}).items()
+    ]  # fmt: skip
 
 
 def _memory(doc: dict[str, Any]) -> str:
@@ -569,21 +599,14 @@ def _memory(doc: dict[str, Any]) -> str:
         parts.append(f"<div class='tile'><b>{esc(mem['device'])}</b><span>device</span></div>")
     parts.append("</div>")
     if cats:
-        items = [(str(k), float(v or 0)) for k, v in cats.items()]
-        total = sum(v for _, v in items) or 1.0
-        bar = ['<svg viewBox="0 0 680 28" width="680" height="28" role="img" aria-label="memory categories">']
-        x = 0.0
-        for k, v in items:
-            wv = 680 * v / total
-            bar.append(
-                f'<rect x="{x:.1f}" y="2" width="{wv:.1f}" height="24" fill="{MEMORY_COLORS.get(k, "#999")}">'
-                f"<title>{esc(k)}: {esc(fmt_bytes(v))}</title></rect>"
-            )
-            x += wv
-        bar.append("</svg>")
+        items = _memory_categories(mem)
         parts.append("<h3>Categories at the step with the peak</h3>")
-        parts.append(legend([(f"{k} {fmt_bytes(v)}", MEMORY_COLORS.get(k, "#999")) for k, v in items]))
-        parts.append("".join(bar))
+        parts.append(
+            "<div class='chart fit' data-chart='memory' role='img' aria-label='memory categories'></div>"
+        )
+        parts.append(
+            _noscript_table(("category", "bytes"), [(c["label"], fmt_bytes(c["bytes"])) for c in items])
+        )
     un = mem.get("activations_unmeasured")
     if un:
         steps = ", ".join(str(s) for s in un["steps"][:8]) + (" ..." if len(un["steps"]) > 8 else "")
@@ -681,22 +704,9 @@ def _notes(doc: dict[str, Any]) -> str:
     )
 
 
-#: The page's policy: nothing from the network, only the inline styles and scripts of the page.
-CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
-
-
 def _scripts(doc: dict[str, Any]) -> str:
     """uPlot, the palette, the shared view code and the chart data, inline."""
-    return "".join(
-        f"<script>{text}</script>"
-        for text in (
-            palette.asset("vendor/uPlot.iife.min.js"),
-            palette.palette_js(),
-            palette.asset("charts.js"),
-            f"window.HOLOPROF_REPORT = {palette.script_json(_chart_data(doc))};",
-            DRAW_JS,
-        )
-    )
+    return charts.scripts(_chart_data(doc), DRAW_JS)
 
 
 def fmt_flops(x: Any, unit: str = "FLOP") -> str:
@@ -817,12 +827,12 @@ def render_html(doc: dict[str, Any]) -> str:
         )
         if part
     )
-    styles = palette.asset("vendor/uPlot.min.css") + palette.asset("views.css") + CSS
+    styles = charts.styles() + CSS
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-        f"<title>{esc(title)}</title><style>{styles}</style></head><body><main>{body}"
+        + charts.csp_meta()
+        + f"<title>{esc(title)}</title><style>{styles}</style></head><body><main>{body}"
         "<noscript><p class='muted'>The charts need JavaScript; the tables above do not.</p></noscript>"
         f"<p class='muted'>{esc(doc.get('schema', ''))} · generated by holoprof · charts by uPlot (MIT)</p>"
         f"</main>{_scripts(doc)}</body></html>\n"

@@ -259,7 +259,163 @@
   // a uPlot chart of spec in el, as wide as el
   function draw(el, spec, height) {
     el.innerHTML = "";
-    return new root.uPlot(Object.assign({ width: Math.max(280, el.clientWidth || 500), height: height || 220 }, spec.opts), spec.data, el);
+    return new root.uPlot(Object.assign({ width: Math.max(280, el.clientWidth || 500), height: height || spec.height || 220 }, spec.opts), spec.data, el);
+  }
+
+  // --- bars and timelines with a category axis (the HTML report's, the sweep's) ----------------------
+  const FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Noto Sans", sans-serif';
+  let measurer = null;
+  // the width in CSS pixels of text in the axes' font
+  function textWidth(s) {
+    measurer = measurer || root.document.createElement("canvas").getContext("2d");
+    measurer.font = FONT;
+    return Math.ceil(measurer.measureText(String(s)).width);
+  }
+  // text cut with "…" to at most px pixels
+  function fitText(s, px) {
+    s = String(s);
+    if (textWidth(s) <= px) return s;
+    while (s.length > 1 && textWidth(s + "…") > px) s = s.slice(0, -1);
+    return s + "…";
+  }
+  const pxr = () => root.uPlot.pxRatio || root.devicePixelRatio || 1;
+  // an axis of categories (labels[i] at i): on the left (horizontal bars, rows) as wide as the longest
+  // label (at most maxPx), or at the bottom (turned when the labels would overlap)
+  function catAxis(labels, side, maxPx, slotPx) {
+    const a = { stroke: "#6b7385", side, grid: { show: false }, ticks: { show: false }, gap: 6,
+      splits: () => labels.map((l, i) => i), values: (u, splits) => splits.map((i) => (labels[i] == null ? "" : labels[i])) };
+    const widest = Math.max(0, ...labels.map(textWidth));
+    if (side === 3) a.size = Math.min(maxPx || 260, widest) + 14;
+    else if (slotPx && widest > slotPx - 6) { a.rotate = -35; a.size = Math.min(120, Math.ceil(widest * 0.6) + 24); } else a.size = 30;
+    return a;
+  }
+  // text beside each bar (its value) or over it: texts[i] as {text, color} at value tops[i] of category i
+  function barTexts(texts, tops, horizontal) {
+    return (u) => {
+      const g = u.ctx, r = pxr();
+      g.save();
+      g.font = Math.round(11 * r) + "px system-ui, sans-serif";
+      texts.forEach((t, i) => {
+        if (!t || !t.text) return;
+        const c = u.valToPos(i, "x", true), v = u.valToPos(tops[i] || 0, "y", true);
+        g.fillStyle = t.color || "#3b4456";
+        if (horizontal) { g.textAlign = "left"; g.textBaseline = "middle"; g.fillText(t.text, v + 5 * r, c); }
+        else {
+          g.textAlign = "center"; g.textBaseline = "bottom";
+          String(t.text).split("\n").reverse().forEach((line, k) => g.fillText(line, c, v - (4 + 13 * k) * r));
+        }
+      });
+      g.restore();
+    };
+  }
+  // bars of categories: {labels, series: [{label, color, values}], unit, stacked, horizontal, texts,
+  // xLabel, yLabel, width}; a value missing (null) draws no bar. Stacked: each series on the ones
+  // before it (the top of the stack drawn first: each lower bar paints over it). texts: what to write
+  // at the end of each bar (default: its value, or the stack's total).
+  function barSpec(o) {
+    const labels = o.labels, n = labels.length, fmt = unitFmt(o.unit), horizontal = !!o.horizontal;
+    const acc = labels.map(() => 0);
+    const data = o.series.map((s) => labels.map((l, i) => {
+      const v = s.values[i];
+      if (v == null) return null;
+      return o.stacked ? (acc[i] += v) : v;
+    }));
+    const tops = labels.map((l, i) => Math.max(0, ...data.map((d) => d[i] || 0)));
+    const texts = o.texts || tops.map((t, i) => (data.some((d) => d[i] != null) ? { text: fmt(o.stacked ? t : tops[i]) } : null));
+    const lines = Math.max(1, ...texts.map((t) => (t && t.text ? String(t.text).split("\n").length : 0)));
+    const head = horizontal ? 1.04 + Math.min(0.6, (Math.max(0, ...texts.map((t) => (t ? textWidth(t.text) : 0))) + 10) / Math.max(120, (o.width || 500) - 200)) : 1 + 0.09 * lines + 0.04;
+    const order = o.series.map((s, i) => i);
+    if (o.stacked) order.reverse();
+    const bars = root.uPlot.paths.bars({ size: [horizontal ? 0.72 : 0.6, horizontal ? 22 : 64] });
+    const slot = ((o.width || 500) - 100) / Math.max(1, n);
+    return {
+      height: horizontal ? Math.max(90, 24 * n + 70) : o.height,
+      opts: {
+        scales: {
+          x: { time: false, ori: horizontal ? 1 : 0, dir: horizontal ? -1 : 1, range: () => [-0.5, n - 0.5] },
+          y: { ori: horizontal ? 0 : 1, range: (u, mn, mx) => [0, (mx > 0 ? mx : 1) * head] },
+        },
+        series: [xSeries(o.xLabel || "", (i) => labels[i])].concat(order.map((k) => {
+          const s = o.series[k];
+          return { label: s.label, stroke: s.color, fill: s.color, width: 0, paths: bars, points: { show: false },
+            value: (u, v, si, idx) => (idx == null || s.values[idx] == null ? "" : fmt(s.values[idx])) };
+        })),
+        axes: horizontal
+          ? [catAxis(labels, 3, Math.round((o.width || 500) * 0.4)), Object.assign(axis(o.unit, o.yLabel, true), { side: 2, space: 80 })]
+          : [catAxis(labels, 2, 0, slot), axis(o.unit, o.yLabel)],
+        legend: { show: o.legend != null ? o.legend : !!o.stacked },
+        hooks: { draw: [barTexts(texts, tops, horizontal)] },
+      },
+      data: [labels.map((l, i) => i)].concat(order.map((k) => data[k])),
+    };
+  }
+  // a timeline of rows (a Gantt chart): rows [{label, start, end, color, tip, strong}] in seconds
+  // since the start, each a bar on its own line (strong: outlined, its label marked ◆); hovering a
+  // bar writes its tip under the chart. The element's data-rows and data-labels say what was drawn.
+  function ganttSpec(rows, tEnd, width) {
+    const n = rows.length, end = Math.max(tEnd || 0, ...rows.map((r) => r.end || 0), 1e-9);
+    const labels = rows.map((r) => (r.strong ? String(r.label).replace(/^(\s*)/, "$1◆ ") : r.label));
+    const left = catAxis(labels, 3, Math.round((width || 600) * 0.35));
+    left.values = (u, splits) => {
+      const out = splits.map((i) => (labels[i] == null ? "" : fitText(labels[i], left.size - 14)));
+      u.root.parentNode.dataset.labels = JSON.stringify(out);
+      return out;
+    };
+    let tip = null;
+    const rowAt = (u) => {
+      const i = Math.round(u.posToVal(u.cursor.top, "y")), t = u.posToVal(u.cursor.left, "x"), r = rows[i];
+      return u.cursor.left >= 0 && r && t >= r.start - end * 0.005 && t <= r.end + end * 0.005 ? r : null;
+    };
+    return {
+      height: 22 * n + 60,
+      opts: {
+        scales: { x: { time: false, range: () => [0, end] }, y: { dir: -1, range: () => [-0.5, n - 0.5] } },
+        series: [xSeries("time", fmtS), { label: "rows", paths: () => null, points: { show: false } }],
+        axes: [axis("seconds", "time since start", true), left],
+        legend: { show: false },
+        cursor: { y: false, points: { show: false }, drag: { x: false, y: false } },
+        hooks: {
+          ready: [(u) => {
+            tip = root.document.createElement("div");
+            tip.className = "chart-tip muted";
+            u.root.after(tip);
+            u.root.parentNode.dataset.rows = String(n);
+          }],
+          draw: [(u) => {
+            const g = u.ctx, r = pxr(), h = (u.bbox.height / n) * 0.72;
+            g.save();
+            rows.forEach((row, i) => {
+              const x0 = u.valToPos(Math.max(0, row.start), "x", true), x1 = u.valToPos(Math.max(row.start, row.end), "x", true);
+              const y = u.valToPos(i, "y", true) - h / 2, w = Math.max(r, x1 - x0);
+              g.fillStyle = row.color || P.unknown_phase_color;
+              g.fillRect(x0, y, w, h);
+              if (row.strong) { g.strokeStyle = "#c62828"; g.lineWidth = 2 * r; g.strokeRect(x0, y, w, h); }
+            });
+            g.restore();
+          }],
+          setCursor: [(u) => { const row = tip && rowAt(u); if (tip) tip.textContent = row ? row.tip : ""; }],
+        },
+      },
+      data: [[0, end], [null, null]],
+    };
+  }
+  // lines over x values of their own (a sweep of settings): {x, xLabel, xUnit, xTicks (labels of the x
+  // values, when given, the ticks), log, series: [{label, color, values, dash}], unit, yLabel}
+  function lineSpec(o) {
+    const ticks = o.xTicks, xa = axis(o.xUnit || "count", o.xLabel, true);
+    if (ticks) { xa.splits = () => o.x.slice(); xa.values = (u, splits) => splits.map((v) => ticks[o.x.indexOf(v)] || ""); }
+    const fmt = unitFmt(o.unit);
+    return {
+      opts: {
+        scales: { x: { time: false, distr: o.log ? 3 : 1 }, y: { range: fromZero } },
+        series: [xSeries(o.xLabel || "", (v) => (ticks ? ticks[o.x.indexOf(v)] || String(v) : unitFmt(o.xUnit)(v)))].concat(o.series.map((s) => ({
+          label: s.label, stroke: s.color, width: 2, dash: s.dash, spanGaps: true, points: { show: true, size: 6, fill: s.color },
+          value: (u, v) => (v == null ? "" : fmt(v)),
+        }))),
+        axes: [xa, axis(o.unit, o.yLabel)],
+      },
+      data: [o.x].concat(o.series.map((s) => s.values)),
+    };
   }
 
   // --- the rank × step heatmap (report.stragglers.heatmap): one row per rank, one column per step (or
@@ -325,6 +481,6 @@
   root.HoloViews = {
     P, esc, fmtS, fmtBytes, fmtRate, fmtPct, fmtNum, unitFmt, phaseColor, phaseLabel, phasesOf, phasesPresent,
     phasePerStep, phaseBarHtml, gainLabel, evidenceLabel, evidenceValue, evidenceHtml, findingsHtml,
-    axis, stepSpec, phaseSpec, rankSpec, resourceSpecs, seriesLabel, draw, heatmap,
+    axis, stepSpec, phaseSpec, rankSpec, resourceSpecs, seriesLabel, draw, heatmap, barSpec, ganttSpec, lineSpec, textWidth,
   };
 })(window);
