@@ -1,7 +1,8 @@
 """Renders a ``holoprof.sweep/1`` document: a terminal table and a self-contained HTML plot.
 
 The plot follows the TBD suite's figure: throughput per configuration as bars, and beside it the
-peak memory of each configuration stacked by category. Inline SVG, no script, no network.
+peak memory of each configuration stacked by category. Drawn with uPlot by the views' shared chart
+code (inline, nothing from the network), in the palette's colours; the table has every number.
 """
 
 from __future__ import annotations
@@ -14,16 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from holoprof.analyze.sweep import step_of
+from holoprof.present import charts, palette
 from holoprof.present.terminal import fmt_bytes, fmt_s, keep_whole, make_console
 
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "other")
-COLORS = {
-    "weights": "#4e79a7",
-    "gradients": "#f28e2b",
-    "optimizer_state": "#e15759",
-    "activations": "#59a14f",
-    "other": "#bab0ac",
-}
 STATUS_STYLE = {"ok": "green", "timeout": "yellow", "oom": "bold red", "failed": "red"}
 
 
@@ -137,109 +132,80 @@ def render_measured(finding: dict[str, Any], file: IO[str] | None = None) -> Non
         )
 
 
-# --- HTML / SVG ----------------------------------------------------------------------------------------
-def _bars_svg(rows: list[dict[str, Any]], best: int | None, w: int = 520, h: int = 300) -> str:
-    unit = next((r["throughput_unit"] for r in rows if r["throughput"] > 0), "samples/s")
-    top = max((r["throughput"] for r in rows), default=0.0) or 1.0
-    left, bottom, plot_h = 60, 60, h - 90
-    bw = (w - left - 20) / max(1, len(rows))
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">']
-    out.append(
-        f'<text x="{left}" y="16" font-size="13" font-weight="bold">throughput ({html.escape(unit)})</text>'
-    )
-    for i, r in enumerate(rows):
-        x = left + i * bw + bw * 0.15
-        bh = plot_h * r["throughput"] / top
-        y = h - bottom - bh
-        color = "#2f7d32" if i == best else "#4e79a7"
-        if r["steps"] > 0:
-            out.append(
-                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw * 0.7:.1f}" height="{bh:.1f}" fill="{color}">'
-                f"<title>{html.escape(r['label'])}: {r['throughput']:.1f} {html.escape(unit)}</title></rect>"
-            )
-            out.append(
-                f'<text x="{x + bw * 0.35:.1f}" y="{y - 4:.1f}" font-size="11" text-anchor="middle">'
-                f"{r['throughput']:.0f}</text>"
-            )
-        else:
-            out.append(
-                f'<text x="{x + bw * 0.35:.1f}" y="{h - bottom - 6}" font-size="12" fill="#c00" '
-                f'text-anchor="middle">{html.escape(r["status"].upper())}</text>'
-            )
-        out.append(
-            f'<text x="{x + bw * 0.35:.1f}" y="{h - bottom + 16}" font-size="11" text-anchor="middle">'
-            f"{html.escape(r['label'])}</text>"
-        )
-    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{w - 10}" y2="{h - bottom}" stroke="#333"/>')
-    out.append("</svg>")
-    return "".join(out)
-
-
+# --- HTML ----------------------------------------------------------------------------------------------
 def _stacked(r: dict[str, Any]) -> tuple[str, ...]:
     """Categories drawn in the stack: on the CPU, `other` (libraries and the interpreter, hundreds of
     MiB) would flatten the tensors, so it is written above the bar instead."""
     return CATEGORIES if str(r.get("device", "")).startswith("cuda") else CATEGORIES[:-1]
 
 
-def _memory_svg(rows: list[dict[str, Any]], w: int = 560, h: int = 300) -> str:
-    top = max((sum((r.get("categories") or {}).get(c, 0) for c in _stacked(r)) for r in rows), default=0) or 1
-    left, bottom, plot_h = 60, 60, h - 140
-    bw = (w - left - 20) / max(1, len(rows))
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">']
-    out.append(
-        f'<text x="{left}" y="16" font-size="13" font-weight="bold">memory at the peak step, by category</text>'
-    )
-    for j, c in enumerate(CATEGORIES):
-        out.append(
-            f'<rect x="{left + j * 98}" y="26" width="10" height="10" fill="{COLORS[c]}"/>'
-            f'<text x="{left + j * 98 + 14}" y="35" font-size="10">{c.replace("_", " ")}</text>'
-        )
-    for i, r in enumerate(rows):
-        x = left + i * bw + bw * 0.15
-        y = float(h - bottom)
+FAILED_COLOR = palette.SEVERITY_COLORS["high"]
+
+
+def chart_data(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the page's charts draw: per configuration its throughput (the recommended one apart) and
+    its memory at the peak step by category, and the text over each bar."""
+    rows = doc["rows"]
+    best = doc.get("recommended_index")
+    unit = next((r["throughput_unit"] for r in rows if r["throughput"] > 0), "samples/s")
+    failed = [{"text": r["status"].upper(), "color": FAILED_COLOR} for r in rows]
+
+    def thr(pick: bool) -> list[float | None]:
+        return [
+            r["throughput"] if r["steps"] > 0 and (i == best) == pick else None for i, r in enumerate(rows)
+        ]
+
+    memory, mem_texts = [], []
+    for c in CATEGORIES:
+        values = [(r.get("categories") or {}).get(c) if c in _stacked(r) else None for r in rows]
+        if any(v for v in values):
+            memory.append({"label": c.replace("_", " "), "color": palette.MEMORY_COLORS[c], "values": values})
+    for r, fail in zip(rows, failed, strict=True):
         cats = r.get("categories") or {}
-        drawn = _stacked(r)
-        for c in drawn:
-            v = cats.get(c, 0)
-            if v <= 0:
-                continue
-            bh = plot_h * v / top
-            y -= bh
-            out.append(
-                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw * 0.7:.1f}" height="{bh:.1f}" fill="{COLORS[c]}">'
-                f"<title>{html.escape(r['label'])}: {c} {fmt_bytes(v)}</title></rect>"
-            )
-        cx = x + bw * 0.35
-        if cats:
-            out.append(
-                f'<text x="{cx:.1f}" y="{y - 4:.1f}" font-size="11" text-anchor="middle">'
-                f"{fmt_bytes(sum(cats.get(c, 0) for c in drawn))}</text>"
-            )
-            if "other" not in drawn:
-                out.append(
-                    f'<text x="{cx:.1f}" y="{y - 17:.1f}" font-size="10" fill="#777" text-anchor="middle">'
-                    f"+ other {fmt_bytes(cats.get('other', 0))}</text>"
-                )
-        else:
-            out.append(
-                f'<text x="{cx:.1f}" y="{y - 6:.1f}" font-size="12" fill="#c00" text-anchor="middle">'
-                f"{html.escape(r['status'].upper())}</text>"
-            )
-        out.append(
-            f'<text x="{cx:.1f}" y="{h - bottom + 16}" font-size="11" text-anchor="middle">'
-            f"{html.escape(r['label'])}</text>"
-        )
-    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{w - 10}" y2="{h - bottom}" stroke="#333"/>')
-    note = "on the CPU, other (interpreter, libraries) is written above each bar, not drawn"
-    if any("other" not in _stacked(r) for r in rows):
-        out.append(f'<text x="{left}" y="{h - 12}" font-size="10" fill="#777">{note}</text>')
-    out.append("</svg>")
-    return "".join(out)
+        drawn = sum(cats.get(c, 0) for c in _stacked(r))
+        other = f"+ other {fmt_bytes(cats.get('other', 0))}\n" if cats and "other" not in _stacked(r) else ""
+        mem_texts.append({"text": other + fmt_bytes(drawn)} if cats else fail)
+    return {
+        "labels": [r["label"] for r in rows],
+        "unit": unit,
+        "throughput": [
+            {"label": "throughput", "color": palette.SERIES_COLORS[0], "values": thr(False)},
+            {"label": "recommended ★", "color": palette.PHASE_COLORS["optimizer"], "values": thr(True)},
+        ],
+        "throughput_texts": [{"text": _num(r["throughput"])} if r["steps"] > 0 else f for r, f in zip(rows, failed, strict=True)],
+        "memory": memory,
+        "memory_texts": mem_texts,
+    }  # fmt: skip
+
+
+DRAW_JS = """
+(function () {
+  var H = window.HoloViews, R = window.HOLOPROF_REPORT;
+  if (!H || !window.uPlot) return;
+  var t = document.querySelector("[data-chart=throughput]"), m = document.querySelector("[data-chart=memory]");
+  H.draw(t, H.barSpec({ labels: R.labels, series: R.throughput, texts: R.throughput_texts, unit: "number",
+    xLabel: "configuration", yLabel: "throughput (" + R.unit + ")", legend: true, width: t.clientWidth }), 300);
+  if (m && R.memory.length) {
+    H.draw(m, H.barSpec({ labels: R.labels, series: R.memory, texts: R.memory_texts, unit: "bytes", stacked: true,
+      xLabel: "configuration", yLabel: "memory at the peak step", width: m.clientWidth }), 300);
+  }
+})();
+"""
+
+CSS = """
+body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:24px;
+color:#1d2433;font-size:14px}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}
+table{border-collapse:collapse}.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));
+gap:24px;max-width:1280px}.plots>div{min-width:0}h2{font-size:15px;margin:0 0 6px}.muted{color:#6b7489;font-size:12px}
+"""
 
 
 def to_html(doc: dict[str, Any]) -> str:
+    """The sweep as one self-contained page: throughput and memory per configuration (uPlot, inline),
+    the recommendation and the table (readable without script)."""
     rows = doc["rows"]
     best = doc.get("recommended_index")
+    cpu_other = any(r.get("categories") and "other" not in _stacked(r) for r in rows)
     table_rows = "".join(
         "<tr>"
         + "".join(
@@ -252,22 +218,31 @@ def to_html(doc: dict[str, Any]) -> str:
                 "–".join(fmt_s(v) for v in r.get("step_ci_s") or []) if r["steps"] else "-",
                 f"{r['throughput']:.1f} {r['throughput_unit']}" if r["steps"] else "-",
                 fmt_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
+                *(fmt_bytes((r.get("categories") or {})[c]) if c in (r.get("categories") or {}) else "-" for c in CATEGORIES),
                 r["error"],
             )
         )
         + "</tr>"
         for i, r in enumerate(rows)
+    )  # fmt: skip
+    cat_heads = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in CATEGORIES)
+    note = (
+        "<p class='muted'>on the CPU, other (interpreter, libraries) is written above each bar, not drawn</p>"
+        if cpu_other
+        else ""
     )
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>holoprof sweep</title>
-<style>body{{font-family:sans-serif;margin:24px;color:#222}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd;
-text-align:left}}table{{border-collapse:collapse}}.plots{{display:flex;gap:24px;flex-wrap:wrap}}</style></head>
+<html lang="en"><head><meta charset="utf-8">{charts.csp_meta()}<title>holoprof sweep</title>
+<style>{charts.styles()}{CSS}</style></head>
 <body><h1>holoprof sweep</h1><p><code>{html.escape(" ".join(doc["command"]))}</code></p>
-<div class="plots">{_bars_svg(rows, best)}{_memory_svg(rows)}</div>
+<div class="plots"><div><h2>Throughput</h2><div class="chart" data-chart="throughput"></div></div>
+<div><h2>Memory at the peak step, by category</h2><div class="chart" data-chart="memory"></div>{note}</div></div>
+<noscript><p class="muted">The charts need JavaScript; the table below does not.</p></noscript>
 <p><b>recommendation</b>: {html.escape(doc["reason"])}</p>
 <table><tr><th>configuration</th><th>status</th><th>steps</th><th>step (steady mean)</th><th>95% CI</th><th>throughput</th>
-<th>peak memory</th><th>error</th></tr>{table_rows}</table>
-</body></html>
+<th>peak memory</th>{cat_heads}<th>error</th></tr>{table_rows}</table>
+<p class="muted">charts by uPlot (MIT)</p>
+{charts.scripts(chart_data(doc), DRAW_JS)}</body></html>
 """
 
 
