@@ -1,16 +1,18 @@
-"""`holoprof iobench` rendered: a terminal table and a self-contained HTML chart of read bandwidth."""
+"""`holoprof iobench` rendered: a terminal table and a self-contained HTML chart of read bandwidth
+(drawn with uPlot by the views' shared chart code, inline)."""
 
 from __future__ import annotations
 
 import html
-import math
+from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from holoprof.bench.iobench import IoBenchResult, IoBenchRow, fmt_bytes, fmt_rate
+from holoprof.bench.iobench import IoBenchResult, fmt_bytes, fmt_rate
+from holoprof.present import charts, palette
 from holoprof.present.terminal import keep_whole
 
 
@@ -56,87 +58,42 @@ def render_terminal(result: IoBenchResult, console: Console) -> None:
         console.print(Text("warning:", style="yellow"), Text(w))
 
 
-_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-def render_svg(result: IoBenchResult, width: int = 780, height: int = 420) -> str:
-    """An SVG line chart: bandwidth against readers, one line per block size / prefetch / processes."""
-    left, right, top, bottom = 80, 240, 40, 60
-    pw, ph = width - left - right, height - top - bottom
+def chart_data(result: IoBenchResult) -> dict[str, Any]:
+    """What the chart draws: read bandwidth (MB/s, as the table) against readers, one line per block
+    size, prefetch depth and processes."""
     readers = sorted({r.readers for r in result.rows})
-    ymax = max((r.bandwidth_bytes_per_s for r in result.rows), default=1.0) or 1.0
-    ystep = _nice_step(ymax / 1e6 / 5)
-    ytop = math.ceil(ymax / 1e6 / ystep) * ystep
-
-    def x_of(n: int) -> float:
-        if len(readers) == 1:
-            return left + pw / 2
-        return left + pw * readers.index(n) / (len(readers) - 1)
-
-    def y_of(bps: float) -> float:
-        return top + ph - ph * (bps / 1e6) / ytop
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        f'<text x="{left}" y="22" font-size="14" font-weight="bold">Read bandwidth against readers</text>',
-    ]
-    v = 0.0
-    while v <= ytop + 1e-9:
-        y = y_of(v * 1e6)
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
-        v += ystep
-    for n in readers:
-        x = x_of(n)
-        out.append(f'<line x1="{x:.1f}" y1="{top + ph}" x2="{x:.1f}" y2="{top + ph + 5}" stroke="#333"/>')
-        out.append(f'<text x="{x:.1f}" y="{top + ph + 20}" text-anchor="middle">{n}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
-    out.append(
-        f'<text x="{left + pw / 2}" y="{height - 15}" text-anchor="middle">readers (threads × processes)</text>'
-    )
-    out.append(
-        f'<text transform="translate(20 {top + ph / 2}) rotate(-90)" text-anchor="middle">bandwidth (MB/s)</text>'
-    )
-    series: dict[tuple[int, int, int], list[IoBenchRow]] = {}
+    lines: dict[tuple[int, int, int], dict[int, float]] = {}
     for r in result.rows:
-        series.setdefault((r.block_size, r.prefetch, r.processes), []).append(r)
-    for i, (key, rows) in enumerate(sorted(series.items())):
-        color = _PALETTE[i % len(_PALETTE)]
-        pts = sorted(rows, key=lambda r: r.readers)
-        path = " ".join(f"{x_of(r.readers):.1f},{y_of(r.bandwidth_bytes_per_s):.1f}" for r in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for r in pts:
-            tip = html.escape(
-                f"{r.threads} threads × {r.processes} processes, block {fmt_bytes(r.block_size)}, "
-                f"prefetch {r.prefetch}: {fmt_rate(r.bandwidth_bytes_per_s)}, {r.iops:,.0f} IOPS ({r.cache})"
-            )
-            out.append(
-                f'<circle cx="{x_of(r.readers):.1f}" cy="{y_of(r.bandwidth_bytes_per_s):.1f}" r="4" '
-                f'fill="{color}"><title>{tip}</title></circle>'
-            )
-        ly = top + 10 + 18 * i
-        label = html.escape(f"block {fmt_bytes(key[0])}, prefetch {key[1]}, {key[2]} proc")
-        out.append(
-            f'<line x1="{left + pw + 12}" y1="{ly}" x2="{left + pw + 32}" y2="{ly}" stroke="{color}" stroke-width="2"/>'
+        lines.setdefault((r.block_size, r.prefetch, r.processes), {})[r.readers] = (
+            r.bandwidth_bytes_per_s / 1e6
         )
-        out.append(f'<text x="{left + pw + 36}" y="{ly + 4}">{label}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+    colors = palette.SERIES_COLORS
+    return {
+        "x": readers,
+        "series": [
+            {
+                "label": f"block {fmt_bytes(key[0])}, prefetch {key[1]}, {key[2]} proc",
+                "color": colors[i % len(colors)],
+                "values": [pts.get(n) for n in readers],
+            }
+            for i, (key, pts) in enumerate(sorted(lines.items()))
+        ],
+    }
 
 
-def _nice_step(raw: float) -> float:
-    if raw <= 0:
-        return 1.0
-    mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if raw <= m * mag:
-            return m * mag
-    return 10 * mag
+DRAW_JS = """
+(function () {
+  var H = window.HoloViews, R = window.HOLOPROF_REPORT, el = document.querySelector("[data-chart=iobench]");
+  if (!H || !window.uPlot || !el) return;
+  H.draw(el, H.lineSpec({ x: R.x, xTicks: R.x.map(String), xLabel: "readers (threads × processes)",
+    series: R.series, unit: "number", yLabel: "bandwidth (MB/s)" }), 360);
+})();
+"""
 
 
 def render_html(result: IoBenchResult) -> str:
-    """A self-contained HTML page (inline SVG, no scripts, no network) with the chart and the table."""
+    """A self-contained HTML page with the chart (uPlot and the views' chart code, inline; nothing from
+    the network) and the table."""
     esc = html.escape
     rows_html = "\n".join(
         "<tr>"
@@ -170,17 +127,18 @@ def render_html(result: IoBenchResult) -> str:
     )
     warn_html = "".join(f'<p class="warn">warning: {esc(w)}</p>' for w in result.warnings)
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
+<html lang="en"><head><meta charset="utf-8">{charts.csp_meta()}
 <title>holoprof iobench: {esc(result.path)}</title>
-<style>
+<style>{charts.styles()}
 body {{ font-family: sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
-.warn {{ color: #a60; }}
+.warn {{ color: #a60; }} .chart {{ max-width: 960px; }}
 </style></head><body>
 <h1>holoprof iobench</h1>
 <p>{esc(result.path)}: {result.files} file(s), {esc(fmt_bytes(result.total_bytes))};
 cache requested: {esc(result.cache_requested)}; at most {result.max_seconds:g} s per configuration.</p>
-{render_svg(result)}
+<h2>Read bandwidth against readers</h2>
+<div class="chart" data-chart="iobench" role="img" aria-label="read bandwidth against readers"></div>
 {rec_html}
 {warn_html}
 <table>
@@ -188,5 +146,6 @@ cache requested: {esc(result.cache_requested)}; at most {result.max_seconds:g} s
 <th>bandwidth</th><th>IOPS</th><th>cache</th></tr>
 {rows_html}
 </table>
+{charts.scripts(chart_data(result), DRAW_JS)}
 </body></html>
 """

@@ -1,4 +1,5 @@
-"""``holoprof whatif RUN``: predicted data-parallel scaling as a table, JSON, or a self-contained plot.
+"""``holoprof whatif RUN``: predicted data-parallel scaling as a table, JSON, or a self-contained plot
+(an HTML page drawn with uPlot by the views' shared chart code, inline).
 
 Renders :class:`holoprof.analyze.whatif.WhatIf`; the numbers come from the analysis.
 """
@@ -6,14 +7,14 @@ Renders :class:`holoprof.analyze.whatif.WhatIf`; the numbers come from the analy
 from __future__ import annotations
 
 import html
-import math
-from typing import IO
+from typing import IO, Any
 
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from holoprof.analyze import whatif as wi
+from holoprof.present import charts, palette
 from holoprof.present.terminal import make_console
 
 
@@ -72,62 +73,37 @@ def _thr(r: wi.WhatIf, step: float, n: int) -> str:
     return f"{1 / step:.1f} steps/s"
 
 
-_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-
-
-def render_svg(r: wi.WhatIf, width: int = 720, height: int = 420) -> str:
-    """Throughput against bandwidth (log scale), one line per worker count, 1 worker as a baseline."""
-    left, right, top, bottom = 70, 150, 30, 50
-    pw, ph = width - left - right, height - top - bottom
+def chart_data(r: wi.WhatIf) -> dict[str, Any]:
+    """What the plot draws: throughput against bandwidth per worker (log scale), one line per worker
+    count, one worker as a dashed baseline."""
     bws = sorted({p.bandwidth_bytes_per_s for p in r.predictions})
-    series: dict[int, list[tuple[float, float]]] = {}
+    by_workers: dict[int, dict[float, float]] = {}
     for p in r.predictions:
-        series.setdefault(p.workers, []).append((p.bandwidth_bytes_per_s, p.throughput))
+        if p.workers != 1:
+            by_workers.setdefault(p.workers, {})[p.bandwidth_bytes_per_s] = p.throughput
     base = (r.batch_size / r.step_s) if r.batch_size else 1 / r.step_s
-    ymax = max([base, *(y for pts in series.values() for _, y in pts)]) * 1.1 or 1.0
-    lo, hi = (math.log10(bws[0]), math.log10(bws[-1])) if bws else (0.0, 1.0)
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
-
-    def x(bw: float) -> float:
-        return left + (math.log10(bw) - lo) / (hi - lo) * pw
-
-    def y(v: float) -> float:
-        return top + ph - v / ymax * ph
-
-    unit = "samples/s" if r.batch_size else "steps/s"
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        'font-size="12">',
-        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>',
-        f'<text x="{left + pw / 2}" y="{height - 10}" text-anchor="middle">bandwidth per worker (log)</text>',
-        f'<text x="15" y="{top + ph / 2}" transform="rotate(-90 15 {top + ph / 2})" text-anchor="middle">'
-        f"throughput ({unit})</text>",
+    colors = palette.SERIES_COLORS
+    series = [{"label": "1 worker", "color": "#1d2433", "dash": [6, 4], "values": [base for _ in bws]}]
+    series += [
+        {"label": f"{n} workers", "color": colors[i % len(colors)], "values": [pts.get(bw) for bw in bws]}
+        for i, (n, pts) in enumerate(sorted(by_workers.items()))
     ]
-    for bw in bws:
-        out.append(
-            f'<text x="{x(bw):.1f}" y="{top + ph + 16}" text-anchor="middle">'
-            f"{html.escape(wi.format_bandwidth(bw))}</text>"
-        )
-    for i in range(5):
-        v = ymax * i / 4
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>')
-        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>')
-    out.append(
-        f'<line x1="{left}" x2="{left + pw}" y1="{y(base):.1f}" y2="{y(base):.1f}" stroke="#000" '
-        'stroke-dasharray="4 3"/>'
-    )
-    out.append(f'<text x="{left + pw + 8}" y="{y(base) + 4:.1f}">1 worker</text>')
-    for i, (n, pts) in enumerate(sorted(series.items())):
-        color = _COLORS[i % len(_COLORS)]
-        pts.sort()
-        path = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for a, b in pts:
-            out.append(f'<circle cx="{x(a):.1f}" cy="{y(b):.1f}" r="3" fill="{color}"/>')
-        out.append(f'<text x="{left + pw + 8}" y="{top + 14 + 16 * i}" fill="{color}">{n} workers</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+    return {
+        "x": bws,
+        "x_ticks": [wi.format_bandwidth(bw) for bw in bws],
+        "unit": "samples/s" if r.batch_size else "steps/s",
+        "series": series,
+    }
+
+
+DRAW_JS = """
+(function () {
+  var H = window.HoloViews, R = window.HOLOPROF_REPORT, el = document.querySelector("[data-chart=whatif]");
+  if (!H || !window.uPlot || !el) return;
+  H.draw(el, H.lineSpec({ x: R.x, xTicks: R.x_ticks, log: R.x.length > 1, xLabel: "bandwidth per worker",
+    series: R.series, unit: "number", yLabel: "throughput (" + R.unit + ")" }), 360);
+})();
+"""
 
 
 def render_html(r: wi.WhatIf) -> str:
@@ -144,13 +120,16 @@ def render_html(r: wi.WhatIf) -> str:
     )
     assumptions = "".join(f"<li>{html.escape(a)}</li>" for a in r.assumptions)
     return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>holoprof what-if</title>"
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{padding:2px 10px;border-bottom:1px solid #ddd;text-align:right}</style></head><body>"
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>{charts.csp_meta()}"
+        f"<title>holoprof what-if</title><style>{charts.styles()}"
+        "body{font-family:sans-serif;margin:2em;color:#1d2433}table{border-collapse:collapse}"
+        "td,th{padding:2px 10px;border-bottom:1px solid #ddd;text-align:right}.chart{max-width:960px}</style></head><body>"
         f"<h1>What-if: data parallelism</h1><p>from {html.escape(r.run)}: step {_fmt_s(r.step_s)}, "
         f"backward {_fmt_s(r.backward_s)}, gradients {_fmt_bytes(r.grad_bytes)}, {len(r.buckets)} bucket(s), "
         f"latency {r.latency_s * 1e6:.0f} µs</p>"
-        f"{render_svg(r)}<ul>{mins}</ul>"
+        "<div class='chart' data-chart='whatif' role='img' aria-label='throughput against bandwidth'></div>"
+        f"<ul>{mins}</ul>"
         "<table><tr><th>workers</th><th>bandwidth</th><th>step</th><th>exposed</th><th>throughput</th>"
-        f"<th>efficiency</th></tr>{rows}</table><h2>Assumptions</h2><ul>{assumptions}</ul></body></html>\n"
+        f"<th>efficiency</th></tr>{rows}</table><h2>Assumptions</h2><ul>{assumptions}</ul>"
+        f"{charts.scripts(chart_data(r), DRAW_JS)}</body></html>\n"
     )

@@ -402,13 +402,16 @@
   // lines over x values of their own (a sweep of settings): {x, xLabel, xUnit, xTicks (labels of the x
   // values, when given, the ticks), log, series: [{label, color, values, dash}], unit, yLabel}
   function lineSpec(o) {
-    const ticks = o.xTicks, xa = axis(o.xUnit || "count", o.xLabel, true);
-    if (ticks) { xa.splits = () => o.x.slice(); xa.values = (u, splits) => splits.map((v) => ticks[o.x.indexOf(v)] || ""); }
+    const ticks = o.xTicks, xa = axis(ticks ? "" : o.xUnit || "count", o.xLabel, true);
+    const at = (v) => { const k = o.x.findIndex((x) => Math.abs(x - v) <= Math.abs(v) * 1e-9); return k < 0 ? "" : ticks[k]; };
+    if (ticks) { xa.space = 10; xa.splits = () => o.x.slice(); xa.filter = (u, splits) => splits; xa.values = (u, splits) => splits.map(at); }
+    // a little room beside the first and the last value (a factor on a log scale)
+    const pad = (u, mn, mx) => (o.log ? [mn / 1.6, mx * 1.6] : mx > mn ? [mn - (mx - mn) * 0.05, mx + (mx - mn) * 0.05] : [mn - 1, mx + 1]);
     const fmt = unitFmt(o.unit);
     return {
       opts: {
-        scales: { x: { time: false, distr: o.log ? 3 : 1 }, y: { range: fromZero } },
-        series: [xSeries(o.xLabel || "", (v) => (ticks ? ticks[o.x.indexOf(v)] || String(v) : unitFmt(o.xUnit)(v)))].concat(o.series.map((s) => ({
+        scales: { x: { time: false, distr: o.log ? 3 : 1, range: pad }, y: { range: fromZero } },
+        series: [xSeries(o.xLabel || "", (v) => (ticks ? at(v) : unitFmt(o.xUnit)(v)))].concat(o.series.map((s) => ({
           label: s.label, stroke: s.color, width: 2, dash: s.dash, spanGaps: true, points: { show: true, size: 6, fill: s.color },
           value: (u, v) => (v == null ? "" : fmt(v)),
         }))),
