@@ -5,13 +5,13 @@ from __future__ import annotations
 import html
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import TracedRun, run_holoprof
 from holoprof.present.html import render_html
+from test_serve_browser import chromium
 from workflows.runs import pipeline
 
 CHROMIUM = "/usr/bin/chromium"
@@ -51,7 +51,8 @@ def test_charts_findings_and_stages_are_in_it(run: TracedRun, report_file: Path)
     doc = run.report
     for chart in ("step", "phases", "resources"):
         assert f"data-chart='{chart}'" in text, chart
-    assert "stages and processes over time" in text and "<rect" in text, "the Gantt chart (SVG)"
+    assert "data-chart='gantt'" in text and "stages and processes over time" in text, "the Gantt chart"
+    assert "<svg" not in text and "<rect" not in text, "every chart is drawn by uPlot, none is SVG"
     assert doc["findings"], "the pipeline sleeps outside the phases each step: host overhead"
     for f in doc["findings"]:
         assert html.escape(f["title"]) in text
@@ -60,10 +61,11 @@ def test_charts_findings_and_stages_are_in_it(run: TracedRun, report_file: Path)
     for s in doc["stages"]:
         assert html.escape(s["name"]) in text
     assert doc["io"].get("files_detail"), "the pipeline ran with --io-trace: the I/O section has data"
-    assert "Read sizes (Darshan buckets)" in text and "class='io-files'" in text
+    assert "Read sizes (Darshan buckets)" in text and "data-chart='read-sizes'" in text
+    assert "class='io-files'" in text
     assert html.escape(doc["io"]["files_detail"][0]["path"]) in text
     if (doc.get("memory") or {}).get("categories"):
-        assert "Categories at the step with the peak" in text
+        assert "Categories at the step with the peak" in text and "data-chart='memory'" in text
     assert f">{doc['steps']['count']}<" in text
 
 
@@ -95,26 +97,49 @@ def test_long_runs_say_they_are_downsampled(run: TracedRun) -> None:
     assert "downsampled" in out and "of 10000" in out
 
 
+#: Every chart of the report as the browser drew it: per data-chart element, its uPlot charts and
+#: canvases, and what the Gantt chart says it drew.
+DRAWN = """(() => [...document.querySelectorAll('[data-chart]')].map((el) => ({
+  kind: el.dataset.chart, uplots: el.querySelectorAll('.uplot').length, canvases: el.querySelectorAll('canvas').length,
+  rows: el.dataset.rows || null, labels: el.dataset.labels ? JSON.parse(el.dataset.labels) : null,
+  height: Math.round(el.getBoundingClientRect().height)})))()"""
+
+
 @pytest.mark.skipif(
     not os.path.exists(CHROMIUM),
     reason=f"{CHROMIUM} is missing (apt-get install chromium) to render the report",
 )
-def test_renders_in_headless_chromium_without_console_errors(report_file: Path, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-            "--dump-dom", report_file.as_uri(),
-        ],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line or "Refused to" in line]
-    assert console == [], console
-    dom = proc.stdout
-    assert "<svg" in dom and "Findings" in dom and "Workflow: stages and processes" in dom
-    assert dom.count('class="uplot') >= 3, "step time, phases over steps, resources: drawn by uPlot"
+def test_renders_in_headless_chromium_without_console_errors(
+    run: TracedRun, report_file: Path, tmp_path: Path
+) -> None:
+    doc = run.report
+    with chromium(tmp_path / "profile", 1400, 1000) as browser:
+        browser.send("Page.navigate", url=report_file.as_uri())
+        browser.wait_for("document.readyState === 'complete'", 60, "the report")
+        charts = browser.wait_for(f"(() => {{ const d = {DRAWN}; return d.every((c) => c.canvases) ? d : null; }})()", 30, "the charts")  # fmt: skip
+        text = browser.eval("document.body.innerText")
+        assert browser.errors() == [], "console errors in the HTML report"
+    by_kind = {c["kind"]: c for c in charts}
+    expected = {"step", "phases", "resources", "gantt", "read-sizes"}
+    if (doc.get("memory") or {}).get("categories"):
+        expected.add("memory")
+    assert set(by_kind) == expected, sorted(by_kind)
+    for kind, c in by_kind.items():
+        if kind == "resources":  # one chart per resource group the run sampled (CPU, memory, ...)
+            assert c["uplots"] >= 2 and c["canvases"] == c["uplots"], c
+        else:
+            assert c["uplots"] == 1 and c["canvases"] == 1 and c["height"] > 60, c
+    # the Gantt chart: one row per stage and per process, each labelled on its axis
+    gantt = by_kind["gantt"]
+    procs = [p for p in doc["processes"] if p.get("role") != "launcher" and p.get("start_ns")]
+    assert int(gantt["rows"]) == len(doc["stages"]) + len(procs) == len(gantt["labels"]), gantt
+    labels = [label.strip() for label in gantt["labels"]]
+    for st in doc["stages"]:
+        assert ("◆ " if st.get("critical") else "") + st["name"] in labels, (st["name"], labels)
+    for p in procs:
+        assert any(label.startswith(f"pid {p['pid']} ") for label in labels), (p["pid"], labels)
+    assert "Findings" in text and "Workflow: stages and processes" in text
+    assert "The charts need JavaScript" not in text, "the charts' fallback only shows without script"
 
 
 def test_one_phase_list_for_every_view() -> None:

@@ -7,7 +7,6 @@ import json
 import os
 import random
 import re
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -162,15 +161,19 @@ def test_terminal_table_and_html_plot(
     assert rc == 0
     assert "Recommendation" in out and "num_workers=" in out and "MB/s" in out
     page = plot.read_text()
-    assert (
-        page.startswith("<!DOCTYPE html>")
-        and "<script" not in page
-        and "http" not in page.split("<svg", 1)[0]
+    assert page.startswith("<!DOCTYPE html>") and 'data-chart="iobench"' in page and "<svg" not in page
+    assert not re.search(r"<script[^>]*\bsrc\s*=|(?:src|href)\s*=\s*[\"']?(?:https?:)?//", page), (
+        "self-contained"
     )
-    svg = re.search(r"<svg.*?</svg>", page, re.S)
-    assert svg is not None
-    tree = ET.fromstring(svg.group(0))  # well-formed
-    assert len(tree.findall(".//{http://www.w3.org/2000/svg}polyline")) == 2  # one line per prefetch depth
+    found = re.search(r"window\.HOLOPROF_REPORT = (.*?);</script>", page, re.S)
+    assert found, "the chart's data, inline"
+    data = json.loads(found.group(1))  # what uPlot draws
+    assert data["x"] == [1, 2] and len(data["series"]) == 2  # one line per prefetch depth
+    assert [s["label"] for s in data["series"]] == [
+        "block 1 MiB, prefetch 0, 1 proc",
+        "block 1 MiB, prefetch 2, 1 proc",
+    ]
+    assert all(v > 0 for s in data["series"] for v in s["values"])
     assert "num_workers=" in page
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -93,8 +94,17 @@ def test_table_and_plot(single_run: TracedRun, tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert "bandwidth needed" in p.stdout and "16" in p.stdout
     text = plot.read_text()
-    assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "16 workers" in text
-    assert "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', ""), "self-contained"
+    assert text.startswith("<!DOCTYPE html>") and "data-chart='whatif'" in text and "<svg" not in text
+    assert not re.search(r"<script[^>]*\bsrc\s*=|(?:src|href)\s*=\s*[\"']?(?:https?:)?//", text), (
+        "self-contained"
+    )
+    found = re.search(r"window\.HOLOPROF_REPORT = (.*?);</script>", text, re.S)
+    assert found, "the plot's data, inline"
+    data = json.loads(found.group(1))  # what uPlot draws: one line per worker count, 1 worker dashed
+    assert [s["label"] for s in data["series"]][:2] == ["1 worker", "2 workers"]
+    assert "16 workers" in [s["label"] for s in data["series"]]
+    assert data["x"] == sorted(data["x"]) and len(data["x"]) == len(data["x_ticks"])
+    assert all(len(s["values"]) == len(data["x"]) for s in data["series"])
 
 
 @pytest.mark.parametrize(
