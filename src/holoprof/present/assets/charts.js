@@ -285,7 +285,10 @@
     const a = { stroke: "#6b7385", side, grid: { show: false }, ticks: { show: false }, gap: 6,
       splits: () => labels.map((l, i) => i), values: (u, splits) => splits.map((i) => (labels[i] == null ? "" : labels[i])) };
     const widest = Math.max(0, ...labels.map(textWidth));
-    if (side === 3) a.size = Math.min(maxPx || 260, widest) + 14;
+    if (side === 3) {
+      a.size = Math.min(maxPx || 260, widest) + 14;
+      a.values = (u, splits) => splits.map((i) => (labels[i] == null ? "" : fitText(labels[i], a.size - 14)));
+    }
     else if (slotPx && widest > slotPx - 6) { a.rotate = -35; a.size = Math.min(120, Math.ceil(widest * 0.6) + 24); } else a.size = 30;
     return a;
   }
