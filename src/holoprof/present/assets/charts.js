@@ -292,17 +292,18 @@
     else if (slotPx && widest > slotPx - 6) { a.rotate = -35; a.size = Math.min(120, Math.ceil(widest * 0.6) + 24); } else a.size = 30;
     return a;
   }
-  // text beside each bar (its value) or over it: texts[i] as {text, color} at value tops[i] of category i
-  function barTexts(texts, tops, horizontal) {
+  // text beside each bar (its value) or over it: st.texts[i] as {text, color} at value st.tops[i] of
+  // category i (st: the numbers of a bar chart, see barState)
+  function barTexts(st) {
     return (u) => {
       const g = u.ctx, r = pxr();
       g.save();
       g.font = Math.round(11 * r) + "px system-ui, sans-serif";
-      texts.forEach((t, i) => {
+      st.texts.forEach((t, i) => {
         if (!t || !t.text) return;
-        const c = u.valToPos(i, "x", true), v = u.valToPos(tops[i] || 0, "y", true);
+        const c = u.valToPos(i, "x", true), v = u.valToPos(st.tops[i] || 0, "y", true);
         g.fillStyle = t.color || "#3b4456";
-        if (horizontal) { g.textAlign = "left"; g.textBaseline = "middle"; g.fillText(t.text, v + 5 * r, c); }
+        if (st.horizontal) { g.textAlign = "left"; g.textBaseline = "middle"; g.fillText(t.text, v + 5 * r, c); }
         else {
           g.textAlign = "center"; g.textBaseline = "bottom";
           String(t.text).split("\n").reverse().forEach((line, k) => g.fillText(line, c, v - (4 + 13 * k) * r));
@@ -311,12 +312,10 @@
       g.restore();
     };
   }
-  // bars of categories: {labels, series: [{label, color, values}], unit, stacked, horizontal, texts,
-  // xLabel, yLabel, width}; a value missing (null) draws no bar. Stacked: each series on the ones
-  // before it (the top of the stack drawn first: each lower bar paints over it). texts: what to write
-  // at the end of each bar (default: its value, or the stack's total).
-  function barSpec(o) {
-    const labels = o.labels, n = labels.length, fmt = unitFmt(o.unit), horizontal = !!o.horizontal;
+  // the numbers of a bar chart of options o (see barSpec): one object that the chart's scales, axes,
+  // legend and hooks read, so that new numbers can be drawn by the same uPlot (barSpec's update)
+  function barState(o) {
+    const labels = o.labels, n = labels.length, fmt = unitFmt(o.unit), horizontal = !!o.horizontal, width = o.width || 500;
     const acc = labels.map(() => 0);
     const data = o.series.map((s) => labels.map((l, i) => {
       const v = s.values[i];
@@ -324,32 +323,80 @@
       return o.stacked ? (acc[i] += v) : v;
     }));
     const tops = labels.map((l, i) => Math.max(0, ...data.map((d) => d[i] || 0)));
-    const texts = o.texts || tops.map((t, i) => (data.some((d) => d[i] != null) ? { text: fmt(o.stacked ? t : tops[i]) } : null));
+    const texts = o.texts || tops.map((t, i) => (data.some((d) => d[i] != null) ? { text: fmt(t) } : null));
     const lines = Math.max(1, ...texts.map((t) => (t && t.text ? String(t.text).split("\n").length : 0)));
-    const head = horizontal ? 1.04 + Math.min(0.6, (Math.max(0, ...texts.map((t) => (t ? textWidth(t.text) : 0))) + 10) / Math.max(120, (o.width || 500) - 200)) : 1 + 0.09 * lines + 0.04;
+    const head = horizontal ? 1.04 + Math.min(0.6, (Math.max(0, ...texts.map((t) => (t ? textWidth(t.text) : 0))) + 10) / Math.max(120, width - 200)) : 1 + 0.09 * lines + 0.04;
     const order = o.series.map((s, i) => i);
     if (o.stacked) order.reverse();
-    const bars = root.uPlot.paths.bars({ size: [horizontal ? 0.72 : 0.6, horizontal ? 22 : 64] });
-    const slot = ((o.width || 500) - 100) / Math.max(1, n);
+    const cat = horizontal ? catAxis(labels, 3, Math.round(width * 0.4)) : catAxis(labels, 2, 0, (width - 100) / Math.max(1, n));
+    return { o, labels, n, fmt, horizontal, data, tops, texts, head, order, cat, height: horizontal ? Math.max(90, 24 * n + 70) : o.height };
+  }
+  const barData = (st) => [st.labels.map((l, i) => i)].concat(st.order.map((k) => st.data[k]));
+  const barKind = (o) => JSON.stringify([!!o.horizontal, !!o.stacked, o.unit, o.series.map((s) => [s.label, s.color])]);
+  // the bar (stacked: the part of the bar) under the cursor, as its category and series, or null
+  function barAt(u, st) {
+    const i = u.cursor.idx;
+    if (i == null || u.cursor.left < 0 || st.data.every((d) => d[i] == null)) return null;
+    const c = u.posToVal(st.horizontal ? u.cursor.top : u.cursor.left, "x"), v = u.posToVal(st.horizontal ? u.cursor.left : u.cursor.top, "y");
+    if (Math.abs(c - i) > 0.4 || v < 0) return null;
+    let below = 0;
+    for (let k = 0; k < st.data.length; k++) {
+      const top = st.data[k][i];
+      if (top == null) continue;
+      if (v >= (st.o.stacked ? below : 0) && v <= top) return { i, k };
+      if (st.o.stacked) below = top;
+    }
+    return null;
+  }
+  // bars of categories: {labels, series: [{label, color, values}], unit, stacked, horizontal, texts,
+  // xLabel, yLabel, width, tip}; a value missing (null) draws no bar. Stacked: each series on the ones
+  // before it (the top of the stack drawn first: each lower bar paints over it). texts: what to write
+  // at the end of each bar (default: its value, or the stack's total). tip: hovering a bar writes its
+  // category, series and value in a line under the chart. The spec's update(u, o) draws the numbers of
+  // o in the chart u made of it and answers true, or answers false when o's series are not the same
+  // (then make a new chart).
+  function barSpec(o) {
+    const st = barState(o);
+    const bars = root.uPlot.paths.bars({ size: [st.horizontal ? 0.72 : 0.6, st.horizontal ? 22 : 64] });
+    const cat = { stroke: "#6b7385", side: st.horizontal ? 3 : 2, grid: { show: false }, ticks: { show: false }, gap: 6,
+      splits: (u) => st.cat.splits(u), values: (u, splits) => st.cat.values(u, splits), size: () => st.cat.size, rotate: () => st.cat.rotate || 0 };
+    let tip = null;
+    const showTip = (u) => {
+      const at = tip && barAt(u, st);
+      if (tip) tip.textContent = at ? st.labels[at.i] + " · " + st.o.series[at.k].label + ": " + st.fmt(st.o.series[at.k].values[at.i]) : "";
+    };
+    const hooks = { draw: [barTexts(st)] };
+    if (o.tip) {
+      hooks.ready = [(u) => { tip = root.document.createElement("div"); tip.className = "chart-tip muted"; u.root.after(tip); }];
+      hooks.setCursor = [showTip];
+      hooks.destroy = [() => { if (tip) tip.remove(); tip = null; }];
+    }
     return {
-      height: horizontal ? Math.max(90, 24 * n + 70) : o.height,
+      height: st.height,
       opts: {
         scales: {
-          x: { time: false, ori: horizontal ? 1 : 0, dir: horizontal ? -1 : 1, range: () => [-0.5, n - 0.5] },
-          y: { ori: horizontal ? 0 : 1, range: (u, mn, mx) => [0, (mx > 0 ? mx : 1) * head] },
+          x: { time: false, ori: st.horizontal ? 1 : 0, dir: st.horizontal ? -1 : 1, range: () => [-0.5, st.n - 0.5] },
+          y: { ori: st.horizontal ? 0 : 1, range: (u, mn, mx) => [0, (mx > 0 ? mx : 1) * st.head] },
         },
-        series: [xSeries(o.xLabel || "", (i) => labels[i])].concat(order.map((k) => {
+        series: [xSeries(o.xLabel || "", (i) => st.labels[i])].concat(st.order.map((k) => {
           const s = o.series[k];
           return { label: s.label, stroke: s.color, fill: s.color, width: 0, paths: bars, points: { show: false },
-            value: (u, v, si, idx) => (idx == null || s.values[idx] == null ? "" : fmt(s.values[idx])) };
+            value: (u, v, si, idx) => { const w = idx == null ? null : st.o.series[k].values[idx]; return w == null ? "" : st.fmt(w); } };
         })),
-        axes: horizontal
-          ? [catAxis(labels, 3, Math.round((o.width || 500) * 0.4)), Object.assign(axis(o.unit, o.yLabel, true), { side: 2, space: 80 })]
-          : [catAxis(labels, 2, 0, slot), axis(o.unit, o.yLabel)],
+        axes: st.horizontal ? [cat, Object.assign(axis(o.unit, o.yLabel, true), { side: 2, space: 80 })] : [cat, axis(o.unit, o.yLabel)],
         legend: { show: o.legend != null ? o.legend : !!o.stacked },
-        hooks: { draw: [barTexts(texts, tops, horizontal)] },
+        cursor: { points: { show: false }, drag: { x: false, y: false } },
+        hooks,
       },
-      data: [labels.map((l, i) => i)].concat(order.map((k) => data[k])),
+      data: barData(st),
+      update(u, o2) {
+        if (barKind(o2) !== barKind(st.o)) return false;
+        Object.assign(st, barState(o2));
+        if (st.height && st.height !== u.height) u.setSize({ width: u.width, height: st.height });
+        u.setData(barData(st));
+        showTip(u);
+        return true;
+      },
     };
   }
   // a timeline of rows (a Gantt chart): rows [{label, start, end, color, tip, strong}] in seconds
@@ -397,6 +444,7 @@
             g.restore();
           }],
           setCursor: [(u) => { const row = tip && rowAt(u); if (tip) tip.textContent = row ? row.tip : ""; }],
+          destroy: [() => { if (tip) tip.remove(); tip = null; }],
         },
       },
       data: [[0, end], [null, null]],

@@ -6,7 +6,7 @@
   const { esc, fmtS, fmtBytes, fmtRate, fmtPct, fmtNum, phaseColor, phaseLabel } = H;
   const POLL_MS = 1500;
 
-  const state = { runId: null, timer: null, charts: {}, summaries: {}, lastReport: null, lastActions: null, busy: false };
+  const state = { runId: null, timer: null, charts: {}, barSpecs: {}, summaries: {}, lastReport: null, lastActions: null, busy: false };
 
   function fmtUs(us) { return fmtS(us / 1e6); }
   function fmtTime(ns) { return ns ? new Date(ns / 1e6).toLocaleString() : "–"; }
@@ -49,6 +49,7 @@
   function destroyCharts() {
     Object.values(state.charts).forEach((c) => { try { c.destroy(); } catch (e) { /* gone */ } });
     state.charts = {};
+    state.barSpecs = {};
   }
   function crumbs(html) { document.getElementById("crumbs").innerHTML = html; }
   function setLive(on) { document.getElementById("live").hidden = !on; }
@@ -171,7 +172,7 @@
       renderPhaseChart(st.timeline || [], H.phasesOf(r));
       renderTimeline(st, H.phasesOf(r));
     } else {
-      ["step", "phase"].forEach(destroyKey);
+      ["step", "phase", "timeline"].forEach(destroyKey);
     }
     renderHeadline(r, hasSteps, ioFirst);
     renderRanks(r);
@@ -250,7 +251,20 @@
     }
     return c;
   }
-  function destroyKey(k) { if (state.charts[k]) { state.charts[k].destroy(); delete state.charts[k]; } }
+  // a bar chart of the shared views (H.barSpec's options o): new numbers go into the chart drawn when
+  // its series are the same, else a new chart replaces it; el.dataset.builds counts the charts made
+  function upsertBars(key, el, o) {
+    const c = state.charts[key];
+    if (c && c.root.parentElement === el && state.barSpecs[key].update(c, o)) return c;
+    destroyKey(key);
+    const spec = H.barSpec(o);
+    el.innerHTML = "";
+    state.charts[key] = new uPlot(Object.assign({ width: chartWidth(el), height: spec.height }, spec.opts), spec.data, el);
+    state.barSpecs[key] = spec;
+    el.dataset.builds = String(Number(el.dataset.builds || 0) + 1);
+    return state.charts[key];
+  }
+  function destroyKey(k) { if (state.charts[k]) { state.charts[k].destroy(); delete state.charts[k]; } delete state.barSpecs[k]; }
 
   function renderStepChart(tl) {
     const el = document.getElementById("step-chart");
@@ -306,7 +320,7 @@
     const tl = st.timeline || [];
     const el = document.getElementById("timeline");
     const recent = tl.slice(-12);
-    if (!recent.length) { el.innerHTML = '<div class="empty">No training step yet.</div>'; return; }
+    if (!recent.length) { destroyKey("timeline"); el.innerHTML = '<div class="empty">No training step yet.</div>'; el.dataset.rows = "0"; return; }
     const per = tl.length > 1 ? tl[tl.length - 1].step - tl[tl.length - 2].step : 1;
     const lastStep = tl[tl.length - 1].step + Math.max(0, (st.count || tl.length) - 1 - (tl.length - 1) * per);
     const label = (t, i) => {
@@ -315,27 +329,16 @@
     };
     document.getElementById("timeline-title").textContent = per > 1
       ? `Recent steps (each bar the mean of ${per} consecutive steps)` : "Recent steps";
-    const W = 1000, rowH = 18, gap = 5, left = 130, right = 70;
-    const max = Math.max(...recent.map((t) => t.step_s)) || 1;
-    const Ht = recent.length * (rowH + gap) + 4;
-    let svg = `<svg viewBox="0 0 ${W} ${Ht}" role="img" aria-label="phases of recent steps">`;
-    recent.forEach((t, i) => {
-      const y = i * (rowH + gap);
-      let x = left;
-      svg += `<text x="${left - 8}" y="${y + 13}" text-anchor="end">${esc(label(t, i))}</text>`;
-      phases.forEach((p) => {
-        const w = ((t[p] || 0) / max) * (W - left - right);
-        if (w > 0.2) {
-          svg += `<rect x="${x.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${rowH}" fill="${phaseColor(p)}"><title>${esc(phaseLabel(p))}: ${esc(fmtS(t[p]))}</title></rect>`;
-        }
-        x += w;
-      });
-      svg += `<text x="${x + 6}" y="${y + 13}">${esc(fmtS(t.step_s))}</text>`;
+    const shown = phases.filter((p) => recent.some((t) => t[p] > 0));
+    const labels = recent.map(label);
+    const c = upsertBars("timeline", el, {
+      labels, horizontal: true, stacked: true, unit: "seconds", xLabel: "step", tip: true, width: chartWidth(el),
+      series: shown.map((p) => ({ label: phaseLabel(p), color: phaseColor(p), values: recent.map((t) => t[p] || null) })),
+      texts: recent.map((t) => ({ text: fmtS(t.step_s) })),
     });
-    svg += "</svg>";
-    const legend = phases.filter((p) => recent.some((t) => t[p] > 0)).map((p) => `<span><span class="sw" style="background:${phaseColor(p)}"></span>${esc(phaseLabel(p))}</span>`).join("");
-    el.innerHTML = svg + `<div class="legend">${legend}</div>`;
-    el.dataset.rows = String(recent.length);
+    el.dataset.rows = String(c.data[0].length);
+    el.dataset.labels = JSON.stringify(labels);
+    el.dataset.phases = shown.join(" ");
   }
 
   function renderResources(res) {
