@@ -129,6 +129,17 @@ def test_the_token_in_the_url_becomes_an_http_only_strict_cookie(env: Env) -> No
     assert "default-src 'self'" in r.headers["Content-Security-Policy"]
 
 
+def test_the_dashboard_draws_its_charts_with_uplot_alone(env: Env) -> None:
+    """Every chart of the dashboard is a uPlot canvas: the page and its scripts write no SVG."""
+    page = env.client.get("/")
+    assert page.status == 200
+    scripts = re.findall(r'<script src="(/static/[^"]+)"', page.body.decode())
+    assert "/static/vendor/uPlot.iife.min.js" in scripts and "/static/charts.js" in scripts, scripts
+    for path in ["/", *[s for s in scripts if "/vendor/" not in s]]:
+        r = env.client.get(path)
+        assert r.status == 200 and b"<svg" not in r.body.lower(), path
+
+
 def test_a_foreign_host_header_is_refused(env: Env) -> None:
     """A DNS-rebinding page would reach 127.0.0.1 under its own host name."""
     r = env.client.get("/api/runs", headers={"Host": f"evil.example:{env.server.port}"})

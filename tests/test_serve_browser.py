@@ -226,6 +226,28 @@ def test_dashboard_of_a_running_job(live_server: tuple[LiveJob, Server], browser
     )
     assert grown, "the step chart did not grow while the job ran"
 
+    # the recent steps: one uPlot chart, a row per step; new steps go into the same chart (its phases
+    # unchanged), no chart left behind
+    timeline = (
+        "(() => { const el = document.getElementById('timeline'); const c = el.querySelector('.uplot canvas');"
+        " if (c && !c.dataset.seen) c.dataset.seen = String(Date.now());"
+        " return {builds: el.dataset.builds, rows: el.dataset.rows, labels: el.dataset.labels, phases: el.dataset.phases,"
+        " seen: c ? c.dataset.seen : null, charts: el.querySelectorAll('.uplot').length,"
+        " tips: el.querySelectorAll('.chart-tip').length}; })()"
+    )
+    before = browser.wait_for(
+        f"(() => {{ const r = {timeline}; return r.seen ? r : null; }})()", 30, "the recent steps"
+    )
+    assert int(before["rows"]) >= 1 and (before["charts"], before["tips"]) == (1, 1), before
+    after = _poll(
+        lambda: (lambda r: r if r["labels"] != before["labels"] else None)(browser.eval(timeline)), 20
+    )
+    assert after, "the recent steps did not change while the job ran"
+    assert (after["charts"], after["tips"]) == (1, 1), after
+    if after["phases"] == before["phases"]:
+        assert (after["builds"], after["seen"]) == (before["builds"], before["seen"]), "the chart was rebuilt"
+    assert browser.eval("document.querySelectorAll('svg').length") == 0, "SVG on the dashboard"
+
     # the counted step's FLOPs and the goodput so far
     browser.wait_for("document.querySelector('#compute-card') !== null", 60, "the compute card")
     card = browser.eval("document.getElementById('compute-card').textContent")

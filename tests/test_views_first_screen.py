@@ -134,7 +134,55 @@ def test_dashboard_first_screen(runs: Path, server: Server, browser: DevTools, n
     assert browser.eval("document.getElementById('actions-grid').hidden") is True, "no on-demand panel"
     if doc["steps"]["count"]:
         assert "job CPU (100% = one core)" in page["legends"] or name in ("ddp", "kineto"), page["legends"]
+        _check_recent_steps(browser, doc, name)
+    markup = browser.eval(
+        "[document.querySelectorAll('svg').length, document.documentElement.outerHTML.includes('<svg')]"
+    )
+    assert markup == [0, False], f"{name}: SVG on the dashboard"
     assert browser.errors() == [], "console errors on the dashboard"
+
+
+#: The recent-steps chart as drawn: its rows, their labels, its phases, its canvases, its legend.
+RECENT = """(() => {
+  const el = document.getElementById('timeline');
+  return {rows: el.dataset.rows, labels: JSON.parse(el.dataset.labels || '[]'), phases: el.dataset.phases,
+    canvases: el.querySelectorAll('.uplot canvas').length, charts: el.querySelectorAll('.uplot').length,
+    legend: [...el.querySelectorAll('.u-legend th')].map((th) => th.textContent)};
+})()"""
+
+
+def _check_recent_steps(browser: DevTools, doc: dict[str, Any], name: str) -> None:
+    """The recent steps: one uPlot chart with a row per recent step stacked by phase, in human phase
+    names; hovering a bar names its step, phase and duration."""
+    from holoprof.present.palette import phase_label
+
+    drawn = browser.wait_for(
+        f"(() => {{ const r = {RECENT}; return r.charts ? r : null; }})()", 30, "the recent steps"
+    )
+    recent = doc["steps"]["timeline"][-12:]
+    shown = [p for p in doc["phases"] if any((t.get(p) or 0) > 0 for t in recent)]
+    assert (drawn["charts"], drawn["canvases"]) == (1, 1), (name, drawn)
+    assert drawn["rows"] == str(len(recent)) and len(drawn["labels"]) == len(recent), (name, drawn)
+    first = drawn["labels"][0].split()[-1].split("–")[0].replace(",", "")
+    assert float(first) == recent[0]["step"], drawn["labels"]
+    assert drawn["phases"].split() == shown, (name, drawn["phases"], shown)
+    # the legend as the other stacked charts: the top of the stack first
+    legend = [h for h in drawn["legend"] if h != "step"]
+    assert legend == [phase_label(p) for p in reversed(shown)], legend
+    # the pointer over the first row, at the start of its bar: the tip under the chart names the part
+    box = browser.eval(
+        "(() => { const o = document.querySelector('#timeline .u-over'); o.scrollIntoView({block: 'center'});"
+        " const r = o.getBoundingClientRect(); return [r.left, r.top, r.height]; })()"
+    )
+    x, y = box[0] + 2, box[1] + box[2] * 0.5 / len(recent)
+    browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+    tip = browser.wait_for("document.querySelector('#timeline .chart-tip').textContent", 10, "the tip")
+    row, _, part = tip.partition(" · ")
+    phase, _, value = part.partition(": ")
+    assert row == drawn["labels"][0] and phase in [phase_label(p) for p in shown], tip
+    assert value.split()[-1] in ("µs", "ms", "s", "h"), tip
+    browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=box[1] - 40)  # off the chart
+    assert browser.wait_for("document.querySelector('#timeline .chart-tip').textContent === ''", 10, "no tip")
 
 
 @pytest.mark.parametrize("name", KINDS)
