@@ -154,6 +154,38 @@ def test_the_knob_sets_the_matmul_precision(runs: dict[str, tuple[TracedRun, dic
     assert runs["mlp"][0].report["compute"]["matmul_precision"] == "highest"
 
 
+def test_tune_measures_what_low_mfu_can_apply(tmp_path: Path) -> None:
+    """A job that is not input-bound: tune sweeps the low_mfu finding's no-code-change knobs (bf16
+    autocast where this CPU's measured bf16 peak is higher), the job as it is first, or says that
+    the changes named need code."""
+    proc = run_holoprof(
+        "tune", "--steps", "8", "--out", str(tmp_path / "t"), "--json", "--", sys.executable, SCRIPT, "gpt",
+        cwd=tmp_path, env=_env(tmp_path), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    f = doc["finding"]
+    assert f["id"] == "low_mfu", doc
+    knobs = {k: v for c in f["evidence"]["changes"] for k, v in (c.get("knobs") or {}).items()}
+    if not knobs:
+        assert "need code changes" in doc["message"] and "sweep" not in doc
+        return
+    assert knobs == {"autocast": ["off", "bf16"]}  # no TF32 on a CPU
+    assert doc["sweep"]["knobs"] == knobs
+    rows = {r["label"]: r for r in doc["sweep"]["rows"]}
+    assert set(rows) == {"autocast=off", "autocast=bf16"} and all(r["steps"] == 8 for r in rows.values())
+    dtypes = {
+        label: json.loads(run_holoprof("report", r["run_dir"], "--json", cwd=tmp_path).stdout)["compute"][
+            "dtype"
+        ]
+        for label, r in rows.items()
+    }
+    assert dtypes == {"autocast=off": "float32", "autocast=bf16": "bfloat16"}
+    assert (
+        doc["measured"]["gain_kind"] == "measured" and doc["measured"]["gain_basis"]["this"] == "autocast=off"
+    )
+
+
 def test_traced_gpt_computes_what_untraced_does(
     runs: dict[str, tuple[TracedRun, dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -182,7 +214,9 @@ def test_goodput_sums_to_the_wall_time(runs: dict[str, tuple[TracedRun, dict[str
 # --- torch.compile -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("model", COMPILED)
 def test_compiled_model_trains_bit_for_bit_and_counts_its_flops(
-    compiled_runs: dict[str, tuple[TracedRun, dict[str, Any], dict[str, Any]]], counted: dict[str, int], model: str
+    compiled_runs: dict[str, tuple[TracedRun, dict[str, Any], dict[str, Any]]],
+    counted: dict[str, int],
+    model: str,
 ) -> None:
     run, t, untraced = compiled_runs[model]
     assert t["losses"] == untraced["losses"]
@@ -205,7 +239,9 @@ def test_compile_time_is_its_own_phase(
     assert set(comp["by_trigger"]) >= {"DYNAMO", "LAZY_BACKWARD"}
     assert [s["step"] for s in comp["steps"]] == [0], "only the first step compiles"
     assert comp["outside_steps"]["after_last_step"] > 0, "the evaluation after training recompiles"
-    assert comp["total_s"] == pytest.approx(sum(s["seconds"] for s in comp["steps"]) + sum(comp["outside_steps"].values()), abs=1e-5)
+    assert comp["total_s"] == pytest.approx(
+        sum(s["seconds"] for s in comp["steps"]) + sum(comp["outside_steps"].values()), abs=1e-5
+    )
     phases = run.report["phases"]
     assert phases["compile"]["total_s"] == pytest.approx(first, rel=0.02)
     assert phases["forward"]["total_s"] < phases["compile"]["total_s"], "compilation is cut out of forward"
@@ -309,6 +345,8 @@ def test_a_cuda_step_is_measured_against_its_device(monkeypatch: pytest.MonkeyPa
     f = low_mfu(doc, st, {"float32": 67e12, "tf32": 494.5e12, "bfloat16": 989.5e12})
     assert f is not None and f.severity == "high"
     assert "matmul_precision=highest,high" in f.recommendation
+    knobs = [c.get("knobs") for c in f.evidence["changes"]]
+    assert {"matmul_precision": ["highest", "high"]} in knobs and {"autocast": ["off", "bf16"]} in knobs
     assert f.estimated_gain == pytest.approx(0.9 * (1 - 67 / 989.5), abs=1e-3)
 
 
@@ -353,6 +391,8 @@ def test_graph_break_reasons_and_recompile_guards_are_parsed() -> None:
 def test_a_bad_matmul_precision_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(HoloprofError, match="highest, high or medium"):
         parse_value("matmul_precision", "fast")
+    with pytest.raises(HoloprofError, match="write off or bf16"):
+        parse_value("autocast", "fp8")
     proc = run_holoprof(
         "run", "--set", "matmul_precision=fast", "--", sys.executable, "-c", "pass", cwd=tmp_path
     )
