@@ -44,26 +44,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from holoprof.bench.iobench import fs_type
+
 OUT_DIR = Path(__file__).resolve().parent / "out"
 BLKIO_WRITE_BPS = Path("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device")
-
-
-def fs_type(path: Path) -> str:
-    """File-system type of the mount that holds ``path`` (from /proc/mounts), or 'unknown'."""
-    best, kind = "", "unknown"
-    target = str(path.resolve())
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mnt = parts[1]
-                if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
-                    best, kind = mnt, parts[2]
-    except OSError:
-        pass
-    return kind
 
 
 def sh(*cmd: str) -> str:
@@ -260,7 +244,7 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         if args.durable_dir:
             durable_root = Path(args.durable_dir)
-            durable_desc = f"{durable_root} ({fs_type(durable_root)})"
+            durable_desc = f"{durable_root} ({fs_type(str(durable_root))})"
         else:
             limit = int(args.throttle_mb_s * 1e6)
             need_gb = max(4, 3 * max(sizes) // 1024 + 3)
@@ -281,7 +265,7 @@ def main() -> int:
     lines = [
         f"### BurstBuffer blocking time, {args.repeats} repeats per size (median)",
         "",
-        f"durable tier: {durable_desc}; fast tier: {args.fast_dir} ({fs_type(Path(args.fast_dir))}); "
+        f"durable tier: {durable_desc}; fast tier: {args.fast_dir} ({fs_type(args.fast_dir)}); "
         f"write + fsync of 256 MiB: durable {probe['durable'] / 1e6:,.0f} MB/s, fast {probe['fast'] / 1e6:,.0f} MB/s; "
         f"torch {torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"load average at the end {load[0]:.1f}",

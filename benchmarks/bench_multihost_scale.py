@@ -24,27 +24,11 @@ import argparse
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-
-def _peak(cmd: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (bytes) and stdout of ``cmd`` (the peak of the child, from its rusage)."""
-    code = (
-        "import resource, subprocess, sys, time, json; t = time.perf_counter(); "
-        f"p = subprocess.run({cmd!r}, capture_output=True, text=True); "
-        "w = time.perf_counter() - t; "
-        "print(json.dumps([w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, p.returncode])); "
-        "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr)"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    head, _, rest = proc.stdout.partition("\n")
-    wall, rss, rc = json.loads(head)
-    if rc != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
-    return float(wall), int(rss), rest
+from measure import peak
 
 
 def _check_hosts(doc: dict, totals: object) -> None:
@@ -86,7 +70,7 @@ def main() -> None:
         gen_s = time.perf_counter() - t
         disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(run) for f in fs)
         files = sum(len(fs) for _, _, fs in os.walk(run))
-        load = _peak(
+        load = peak(
             [
                 sys.executable,
                 "-c",
@@ -94,7 +78,7 @@ def main() -> None:
             ]
         )
         html_path = os.path.join(tmp, "report.html")
-        report = _peak([*hp, "report", run, "--json", "--html", html_path])
+        report = peak([*hp, "report", run, "--json", "--html", html_path])
         doc = json.loads(report[2])
         _check_hosts(doc, totals)
         out = io.StringIO()
@@ -104,7 +88,7 @@ def main() -> None:
         lines = len(out.getvalue().splitlines())
         html_bytes = os.path.getsize(html_path)
         chrome_path = os.path.join(tmp, "trace.json")
-        chrome = _peak([*hp, "export", run, "--format", "chrome", "-o", chrome_path])
+        chrome = peak([*hp, "export", run, "--format", "chrome", "-o", chrome_path])
         with open(chrome_path) as f:
             events = json.load(f)["traceEvents"]
         step_pids = {e["pid"] for e in events if e.get("ph") == "X" and e.get("cat") == "step"}
@@ -115,7 +99,7 @@ def main() -> None:
             len(counter_pids),
         )
         chrome_bytes = os.path.getsize(chrome_path)
-        tb = _peak([*hp, "export", run, "--format", "tensorboard", "-o", os.path.join(tmp, "tb")])
+        tb = peak([*hp, "export", run, "--format", "tensorboard", "-o", os.path.join(tmp, "tb")])
     mib = 2**20
     print("## Many hosts: 64 hosts × 8 ranks\n")
     print(

@@ -12,25 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-
-def _peak(cmd: list[str]) -> tuple[float, int, str]:
-    code = (
-        "import resource, subprocess, sys, time, json; t = time.perf_counter(); "
-        f"p = subprocess.run({cmd!r}, capture_output=True, text=True); "
-        "w = time.perf_counter() - t; "
-        "print(json.dumps([w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, p.returncode])); "
-        "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr)"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    head, _, rest = proc.stdout.partition("\n")
-    wall, rss, rc = json.loads(head)
-    if rc != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
-    return float(wall), int(rss), rest
+from measure import peak
 
 
 def main() -> None:
@@ -46,9 +31,9 @@ def main() -> None:
         totals = generate_run(run, args.steps)
         generate_run(small, 1_000)
         disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(run) for f in fs)
-        runs = [_peak([*report, run, "--json"]) for _ in range(args.repeat)]
-        _, fixed_rss, _ = _peak([*report, small, "--json"])
-        _, import_rss, _ = _peak([sys.executable, "-c", "import duckdb, nanoarrow, numpy"])
+        runs = [peak([*report, run, "--json"]) for _ in range(args.repeat)]
+        _, fixed_rss, _ = peak([*report, small, "--json"])
+        _, import_rss, _ = peak([sys.executable, "-c", "import duckdb, nanoarrow, numpy"])
     walls = sorted(w for w, _, _ in runs)
     rss = max(r for _, r, _ in runs)
     doc = json.loads(runs[0][2])

@@ -1,7 +1,7 @@
 """How close to the machine's limit: FLOPs per step, MFU, goodput and torch.compile, on real jobs that
 measure their own truth (tests/framework_scripts/flops_models.py): an MLP, a CNN and a small GPT, the
-GPT also under torch.compile with a data-dependent branch (a graph break) and an evaluation under
-no_grad after training (a recompilation).
+CNN and the GPT also under torch.compile, the GPT with a data-dependent branch (a graph break), both
+with an evaluation under no_grad after training (a recompilation).
 
 * FLOPs per step equal FlopCounterMode's count of the same step within 2%; the GPT's are within 10%
   of 6·N·tokens plus attention (12·layers·width·sequence per token);
@@ -9,9 +9,10 @@ no_grad after training (a recompilation).
   after the job and cached per machine; the NVIDIA data sheets for GPUs, checked with named devices);
 * goodput's categories sum to the process's wall time, which agrees with the script's own (from its
   creation to its last line) within 2%;
-* the compiled GPT's compile time agrees with the script's own timing of its first step within 25%,
-  its data-dependent branch is a graph break with Dynamo's reason, hints and the script's line, and
-  the FLOPs are counted under compilation too;
+* under torch.compile (the GPT and the CNN), the first step's compile time agrees with the script's
+  own timing of that step within 25%, the evaluation's recompilation is outside the steps, the
+  FLOPs are counted and tracing changes no loss bit; the GPT's data-dependent branch is a graph
+  break with Dynamo's reason, hints and the script's line;
 * tracing computes what the job computes untraced, bit for bit.
 
 torch.compile runs with the ``aot_eager`` backend here (Dynamo, AOTAutograd and its lazily compiled
@@ -77,17 +78,33 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[TracedRun,
     return out
 
 
+COMPILED = ("gpt", "cnn")
+
+
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedRun, dict[str, Any], dict[str, Any]]:
-    """The GPT under torch.compile, traced and untraced: (run, its truth, the untraced truth)."""
-    tmp = tmp_path_factory.mktemp("flops-compiled")
-    run = traced(tmp, sys.executable, SCRIPT, "gpt", "--compile", env=_env(tmp, COMPILE_ENV), timeout=600)
-    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
-    t = _truth(tmp)
-    plain = tmp_path_factory.mktemp("flops-compiled-untraced")
-    proc = run_python(SCRIPT, "gpt", "--compile", cwd=plain, env=_env(plain, COMPILE_ENV), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run, t, _truth(plain)
+def compiled_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[TracedRun, dict[str, Any], dict[str, Any]]]:
+    """The GPT and the CNN under torch.compile, traced and untraced: {model: (run, its truth, the
+    untraced truth)}."""
+    out = {}
+    for m in COMPILED:
+        tmp = tmp_path_factory.mktemp(f"flops-compiled-{m}")
+        run = traced(tmp, sys.executable, SCRIPT, m, "--compile", env=_env(tmp, COMPILE_ENV), timeout=600)
+        assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+        plain = tmp_path_factory.mktemp(f"flops-compiled-{m}-untraced")
+        proc = run_python(SCRIPT, m, "--compile", cwd=plain, env=_env(plain, COMPILE_ENV), timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[m] = (run, _truth(tmp), _truth(plain))
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(
+    compiled_runs: dict[str, tuple[TracedRun, dict[str, Any], dict[str, Any]]],
+) -> tuple[TracedRun, dict[str, Any], dict[str, Any]]:
+    """The GPT under torch.compile (a graph break, a recompilation for its evaluation)."""
+    return compiled_runs["gpt"]
 
 
 # --- FLOPs ----------------------------------------------------------------------------------------------
@@ -137,6 +154,38 @@ def test_the_knob_sets_the_matmul_precision(runs: dict[str, tuple[TracedRun, dic
     assert runs["mlp"][0].report["compute"]["matmul_precision"] == "highest"
 
 
+def test_tune_measures_what_low_mfu_can_apply(tmp_path: Path) -> None:
+    """A job that is not input-bound: tune sweeps the low_mfu finding's no-code-change knobs (bf16
+    autocast where this CPU's measured bf16 peak is higher), the job as it is first, or says that
+    the changes named need code."""
+    proc = run_holoprof(
+        "tune", "--steps", "8", "--out", str(tmp_path / "t"), "--json", "--", sys.executable, SCRIPT, "gpt",
+        cwd=tmp_path, env=_env(tmp_path), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    f = doc["finding"]
+    assert f["id"] == "low_mfu", doc
+    knobs = {k: v for c in f["evidence"]["changes"] for k, v in (c.get("knobs") or {}).items()}
+    if not knobs:
+        assert "need code changes" in doc["message"] and "sweep" not in doc
+        return
+    assert knobs == {"autocast": ["off", "bf16"]}  # no TF32 on a CPU
+    assert doc["sweep"]["knobs"] == knobs
+    rows = {r["label"]: r for r in doc["sweep"]["rows"]}
+    assert set(rows) == {"autocast=off", "autocast=bf16"} and all(r["steps"] == 8 for r in rows.values())
+    dtypes = {
+        label: json.loads(run_holoprof("report", r["run_dir"], "--json", cwd=tmp_path).stdout)["compute"][
+            "dtype"
+        ]
+        for label, r in rows.items()
+    }
+    assert dtypes == {"autocast=off": "float32", "autocast=bf16": "bfloat16"}
+    assert (
+        doc["measured"]["gain_kind"] == "measured" and doc["measured"]["gain_basis"]["this"] == "autocast=off"
+    )
+
+
 def test_traced_gpt_computes_what_untraced_does(
     runs: dict[str, tuple[TracedRun, dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -163,24 +212,36 @@ def test_goodput_sums_to_the_wall_time(runs: dict[str, tuple[TracedRun, dict[str
 
 
 # --- torch.compile -----------------------------------------------------------------------------------------
-def test_compiled_gpt_trains_bit_for_bit_and_counts_its_flops(
-    compiled: tuple[TracedRun, dict[str, Any], dict[str, Any]], counted: dict[str, int]
+@pytest.mark.parametrize("model", COMPILED)
+def test_compiled_model_trains_bit_for_bit_and_counts_its_flops(
+    compiled_runs: dict[str, tuple[TracedRun, dict[str, Any], dict[str, Any]]],
+    counted: dict[str, int],
+    model: str,
 ) -> None:
-    run, t, untraced = compiled
+    run, t, untraced = compiled_runs[model]
     assert t["losses"] == untraced["losses"]
     c = run.report["compute"]
-    assert c["flops_per_step"] == pytest.approx(counted["gpt"], rel=0.02)
+    assert c["flops_per_step"] == pytest.approx(counted[model], rel=0.02)
     assert 0 < c["mfu"] <= 1
 
 
-def test_compile_time_is_its_own_phase(compiled: tuple[TracedRun, dict[str, Any], dict[str, Any]]) -> None:
-    """The first step's compilation, against the script's own timing of that step less a steady one."""
-    run, t, _u = compiled
+@pytest.mark.parametrize("model", COMPILED)
+def test_compile_time_is_its_own_phase(
+    compiled_runs: dict[str, tuple[TracedRun, dict[str, Any], dict[str, Any]]], model: str
+) -> None:
+    """The first step's compilation, against the script's own timing of that step less a steady one;
+    the evaluation's recompilation after training is outside the steps and said so."""
+    run, t, _u = compiled_runs[model]
     comp = run.report["compute"]["compile"]
     own = t["step_s"][0] - statistics.median(t["step_s"][2:])
     first = next(s["seconds"] for s in comp["steps"] if s["step"] == 0)
     assert first == pytest.approx(own, rel=0.25)
     assert set(comp["by_trigger"]) >= {"DYNAMO", "LAZY_BACKWARD"}
+    assert [s["step"] for s in comp["steps"]] == [0], "only the first step compiles"
+    assert comp["outside_steps"]["after_last_step"] > 0, "the evaluation after training recompiles"
+    assert comp["total_s"] == pytest.approx(
+        sum(s["seconds"] for s in comp["steps"]) + sum(comp["outside_steps"].values()), abs=1e-5
+    )
     phases = run.report["phases"]
     assert phases["compile"]["total_s"] == pytest.approx(first, rel=0.02)
     assert phases["forward"]["total_s"] < phases["compile"]["total_s"], "compilation is cut out of forward"
@@ -284,6 +345,8 @@ def test_a_cuda_step_is_measured_against_its_device(monkeypatch: pytest.MonkeyPa
     f = low_mfu(doc, st, {"float32": 67e12, "tf32": 494.5e12, "bfloat16": 989.5e12})
     assert f is not None and f.severity == "high"
     assert "matmul_precision=highest,high" in f.recommendation
+    knobs = [c.get("knobs") for c in f.evidence["changes"]]
+    assert {"matmul_precision": ["highest", "high"]} in knobs and {"autocast": ["off", "bf16"]} in knobs
     assert f.estimated_gain == pytest.approx(0.9 * (1 - 67 / 989.5), abs=1e-3)
 
 
@@ -328,6 +391,8 @@ def test_graph_break_reasons_and_recompile_guards_are_parsed() -> None:
 def test_a_bad_matmul_precision_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(HoloprofError, match="highest, high or medium"):
         parse_value("matmul_precision", "fast")
+    with pytest.raises(HoloprofError, match="write off or bf16"):
+        parse_value("autocast", "fp8")
     proc = run_holoprof(
         "run", "--set", "matmul_precision=fast", "--", sys.executable, "-c", "pass", cwd=tmp_path
     )

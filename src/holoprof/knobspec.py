@@ -9,10 +9,12 @@ from holoprof.errors import HoloprofError
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
 TF_KNOBS = ("num_parallel_calls", "prefetch")
-KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS, "omp_wait_policy", "matmul_precision")
+KNOBS = (*LOADER_KNOBS, "torch_threads", *TF_KNOBS, "omp_wait_policy", "matmul_precision", "autocast")
 OMP_POLICIES = ("passive", "active", "default")
 #: ``torch.set_float32_matmul_precision`` values
 MATMUL_PRECISIONS = ("highest", "high", "medium")
+#: ``autocast`` values: the model's forward as the job wrote it, or under bfloat16 autocast
+AUTOCAST = ("off", "bf16")
 _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -32,6 +34,10 @@ def parse_value(name: str, text: str) -> Any:
     if name == "matmul_precision":
         if t not in MATMUL_PRECISIONS:
             raise HoloprofError(f"bad value {text!r} for matmul_precision: write highest, high or medium")
+        return t
+    if name == "autocast":
+        if t not in AUTOCAST:
+            raise HoloprofError(f"bad value {text!r} for autocast: write off or bf16")
         return t
     if name in TF_KNOBS and t == "autotune":
         return "autotune"

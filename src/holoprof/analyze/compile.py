@@ -59,6 +59,8 @@ def compile_doc(run: Run, ctx: dict[str, Any], proc: ProcKey) -> dict[str, Any]:
     total = 0
     by_trigger: dict[str, float] = {}
     by_step: dict[int, float] = {}
+    outside: dict[str, float] = {}
+    window = _window(ctx.get("steps"), proc)
     by_id: dict[str, float] = {}
     compiles = 0
     breaks: dict[tuple[str, str], dict[str, Any]] = {}
@@ -70,7 +72,11 @@ def compile_doc(run: Run, ctx: dict[str, Any], proc: ProcKey) -> dict[str, Any]:
             total += d
             trig = str(a.get("trigger") or "?")
             by_trigger[trig] = by_trigger.get(trig, 0.0) + d / NS
-            by_step[int(step)] = by_step.get(int(step), 0.0) + d / NS
+            where = _outside(int(s), window)
+            if where:
+                outside[where] = outside.get(where, 0.0) + d / NS
+            else:
+                by_step[int(step)] = by_step.get(int(step), 0.0) + d / NS
             cid = str(a.get("compile_id") or "")
             by_id[cid] = by_id.get(cid, 0.0) + d / NS
             compiles += trig == "DYNAMO"
@@ -111,6 +117,7 @@ def compile_doc(run: Run, ctx: dict[str, Any], proc: ProcKey) -> dict[str, Any]:
         "compiles": compiles,
         "by_trigger": {k: round(v, 6) for k, v in sorted(by_trigger.items())},
         "steps": [{"step": k, "seconds": round(v, 6)} for k, v in sorted(by_step.items())][:MAX_ROWS],
+        "outside_steps": {k: round(v, 6) for k, v in sorted(outside.items())},
         "graph_breaks": sorted(breaks.values(), key=lambda r: (-r["count"], r["location"], r["reason"]))[
             :MAX_ROWS
         ],
@@ -119,6 +126,25 @@ def compile_doc(run: Run, ctx: dict[str, Any], proc: ProcKey) -> dict[str, Any]:
         ],
         "recompile_limit": _limit(run, proc),
     }
+
+
+def _window(st: StepStats | None, proc: ProcKey) -> tuple[int, int] | None:
+    """The main loop's first step start and last step end, when ``st`` is ``proc``'s steps."""
+    if st is None or not st.count or st.proc != proc:
+        return None
+    return st.first_start_ns, st.last_end_ns
+
+
+def _outside(start_ns: int, window: tuple[int, int] | None) -> str:
+    """Where a compilation that started at ``start_ns`` ran, when outside the steps: before the first
+    (a compiled warm-up) or after the last (an evaluation after training); "" inside them."""
+    if window is None:
+        return ""
+    if start_ns < window[0]:
+        return "before_first_step"
+    if start_ns >= window[1]:
+        return "after_last_step"
+    return ""
 
 
 def _limit(run: Run, proc: ProcKey) -> int:

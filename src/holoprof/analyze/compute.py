@@ -256,15 +256,18 @@ def _mfu_items(doc: dict[str, Any], st: StepStats, alternatives: dict[str, float
                 "change: holoprof sweep --set matmul_precision=highest,high -- COMMAND",
                 f"TF32 peak {alt / 1e12:g} TFLOP/s against {peak / 1e12:g}",
                 fb * (1 - peak / alt),
+                {"matmul_precision": ["highest", "high"]},
             )
         )
     if dtype == "float32" and alternatives.get("bfloat16", 0) > peak:
         alt = alternatives["bfloat16"]
         items.append(
             _item(
-                "compute in bfloat16 under torch.autocast(device_type, dtype=torch.bfloat16)",
+                "compute in bfloat16 under torch.autocast(device_type, dtype=torch.bfloat16), or with no "
+                "code change: holoprof sweep --set autocast=off,bf16 -- COMMAND",
                 f"bf16 peak {alt / 1e9:.1f} GFLOP/s against {peak / 1e9:.1f} for {cur}",
                 fb * (1 - peak / alt),
+                {"autocast": ["off", "bf16"]},
             )
         )
     opt = st.phases["optimizer"].fraction
@@ -280,8 +283,13 @@ def _mfu_items(doc: dict[str, Any], st: StepStats, alternatives: dict[str, float
     return [i for i in items if i["gain"] >= MIN_GAIN]
 
 
-def _item(change: str, why: str, gain: float) -> dict[str, Any]:
-    return {"change": change, "why": why, "gain": round(max(0.0, gain), 4)}
+def _item(change: str, why: str, gain: float, knobs: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """One change the finding names; ``knobs``: the ``--set`` values that apply it with no code change
+    (the current value first), which ``holoprof tune`` measures."""
+    item: dict[str, Any] = {"change": change, "why": why, "gain": round(max(0.0, gain), 4)}
+    if knobs:
+        item["knobs"] = knobs
+    return item
 
 
 def alternatives_of(run: Run, main: ProcKey, doc: dict[str, Any]) -> dict[str, float]:

@@ -737,7 +737,7 @@ def _evict_before_row(
     if resident is not None and resident > COLD_RESIDENT_MAX:
         warnings.append(
             f"evicting the dataset from the page cache left {resident:.0%} of it cached "
-            f"(file system {_fs_type(path)!r} keeps file data in memory, e.g. tmpfs): "
+            f"(file system {fs_type(path)!r} keeps file data in memory, e.g. tmpfs): "
             "warm-cache numbers only; run on the storage the training job reads from"
         )
         return "warm", resident, False
@@ -812,7 +812,8 @@ def _readers(n: int) -> str:
     return f"{n} reader" if n == 1 else f"{n} readers"
 
 
-def _fs_type(path: str) -> str:
+def fs_type(path: str) -> str:
+    """The file-system type of the mount that holds ``path`` (from /proc/mounts), or 'unknown'."""
     best, kind = "", "unknown"
     target = os.path.realpath(path)
     try:

@@ -20,6 +20,12 @@ are applied by this collector in the job's own process:
                           GPUs with Tensor Cores, ``medium``) right after ``import torch`` in every
                           process of the job that imports it; the job's own later calls are held
                           to the knob
+``autocast``              ``bf16``: the outermost module call of each thread (the model's forward,
+                          and its evaluation) runs under ``torch.autocast(device, torch.bfloat16)``,
+                          the device that of the call's first tensor argument (or the module's
+                          first parameter); not where the job already autocasts, nor inside a
+                          backward pass (activation checkpointing's recomputation keeps the
+                          forward's own state); ``off``: the job as it is
 ``omp_wait_policy``       ``OMP_WAIT_POLICY`` (``passive``: idle OpenMP threads sleep at once;
                           ``active``: they spin; ``default``: the job's environment as it is, whose
                           runtime default spins a while, then sleeps) in the job's environment when
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -65,7 +72,7 @@ class KnobCollector(Collector):
             self._omp_wait_policy(policy.upper())
         elif "omp_wait_policy" in self.knobs:
             self._count("omp_wait_policy", "left as the job's environment has it")
-        if any(k in self.knobs for k in (*LOADER_KNOBS, "torch_threads", "matmul_precision")):
+        if any(k in self.knobs for k in (*LOADER_KNOBS, "torch_threads", "matmul_precision", "autocast")):
             post_import_finder().add("torch", self._guard(self._on_torch))
         if any(k in self.knobs for k in TF_KNOBS):
             post_import_finder().add("tensorflow", self._guard(self._on_tensorflow))
@@ -130,6 +137,10 @@ class KnobCollector(Collector):
             self._set(torch, "set_num_threads", set_num_threads)
         if "matmul_precision" in knobs:
             self._matmul_precision(torch, str(knobs["matmul_precision"]))
+        if knobs.get("autocast", "off") != "off":
+            self._autocast(torch)
+        elif "autocast" in knobs:
+            self._count("autocast", "off: the job's own forward")
         if not any(k in knobs for k in LOADER_KNOBS):
             return
         cls = dl_mod.DataLoader
@@ -164,6 +175,43 @@ class KnobCollector(Collector):
 
         set_float32_matmul_precision.__wrapped__ = orig  # type: ignore[attr-defined]
         self._set(torch, "set_float32_matmul_precision", set_float32_matmul_precision)
+
+    def _autocast(self, torch: ModuleType) -> None:
+        """The outermost module call of each thread under ``torch.autocast(device, bfloat16)``."""
+        orig_call = torch.nn.Module.__call__
+        compiler = getattr(torch, "compiler", None)
+        is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+        graph_task_id = getattr(torch._C, "_current_graph_task_id", None) or (lambda: -1)
+        tls = threading.local()
+        col = self
+
+        def __call__(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(tls, "inside", False) or not col.enabled or is_compiling() or graph_task_id() != -1:
+                return orig_call(self_, *args, **kwargs)
+            try:
+                device = _device_of(torch, self_, args, kwargs)
+                ctx = None
+                if device is None:
+                    col._count("autocast", "not applied: no tensor or parameter says the device")
+                elif torch.is_autocast_enabled(device):
+                    col._count("autocast", "left as the job has it: the job autocasts itself")
+                else:
+                    ctx = torch.autocast(device, dtype=torch.bfloat16)
+                    col._count("autocast", f"applied on {device}")
+            except Exception as exc:
+                col.agent.fail(col, exc)
+                ctx = None
+            tls.inside = True
+            try:
+                if ctx is None:
+                    return orig_call(self_, *args, **kwargs)
+                with ctx:
+                    return orig_call(self_, *args, **kwargs)
+            finally:
+                tls.inside = False
+
+        __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
+        self._set(torch.nn.Module, "__call__", __call__)
 
     def _loader_kwargs(
         self, orig_init: Any, dataset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -245,3 +293,14 @@ class KnobCollector(Collector):
 
             prefetch.__wrapped__ = orig_prefetch  # type: ignore[attr-defined]
             self._set(ds, "prefetch", prefetch)
+
+
+def _device_of(torch: ModuleType, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The device type ("cpu", "cuda", ...) of a module call: its first tensor argument's, else its
+    first parameter's; None when neither exists."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return str(a.device.type)
+    for p in module.parameters():
+        return str(p.device.type)
+    return None

@@ -1,4 +1,4 @@
-"""`holoprof tune -- COMMAND`: from the input_bound finding to a measured fix, with no code change.
+"""`holoprof tune -- COMMAND`: from a finding to a measured fix, with no code change.
 
     holoprof tune [--steps N] [--out DIR] [--json] -- python train.py
 
@@ -12,8 +12,11 @@
    configuration's, and whether the diff's test calls it significantly faster. The finding is printed
    again with its gain labelled ``measured``.
 
-A run that is not input-bound, or whose loader the model cannot describe (a tf.data pipeline: use
-``holoprof sweep --set num_parallel_calls=...``), ends after step 1 with one line saying so.
+A run that is not input-bound but whose ``low_mfu`` finding names changes that a knob applies with no
+code change (``autocast=bf16`` where the device's bfloat16 peak is higher, ``matmul_precision=high``
+for TF32 on an NVIDIA GPU) has those swept instead, the job as it is first. A run with neither, or whose
+loader the model cannot describe (a tf.data pipeline: use ``holoprof sweep --set
+num_parallel_calls=...``), ends after step 1 with one line saying so.
 """
 
 from __future__ import annotations
@@ -68,13 +71,24 @@ def measured_finding(finding: dict[str, Any], result: SweepResult, current: dict
     return out
 
 
-def _input_bound(run_dir: str) -> dict[str, Any] | None:
+def _findings(run_dir: str) -> dict[str, dict[str, Any]]:
     doc = build_report(load(run_dir))
-    return next((f for f in doc["findings"] if f["id"] == "input_bound"), None)
+    return {f["id"]: f for f in doc["findings"]}
+
+
+def mfu_candidates(finding: dict[str, Any]) -> dict[str, list[str]]:
+    """The ``--set`` values of the ``low_mfu`` finding's changes that need no code change (e.g.
+    ``autocast=off,bf16``, ``matmul_precision=highest,high``), each knob's current value first."""
+    knobs: dict[str, list[str]] = {}
+    for change in (finding.get("evidence") or {}).get("changes") or []:
+        for k, values in (change.get("knobs") or {}).items():
+            knobs.setdefault(str(k), [str(v) for v in values])
+    return knobs
 
 
 def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> dict[str, Any]:
-
+    """Run ``command``, then sweep what its ``input_bound`` finding names (or, for a job that is not
+    input-bound, what its ``low_mfu`` finding can apply with no code change), and measure the best."""
     check_template(command, {})
     resolve_command(command)
     if os.path.exists(out_dir) and os.listdir(out_dir):
@@ -92,24 +106,37 @@ def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> 
     if base.steps == 0:
         doc["message"] = f"the job made no training steps ({base.error or base.status}; log: {base.log})"
         return doc
-    finding = _input_bound(base.run_dir)
+    found = _findings(base.run_dir)
+    finding = found.get("input_bound")
+    if finding is not None:
+        knobs = candidates(finding)
+        current = _input_current(finding, knobs)
+        if not knobs:
+            doc["finding"] = finding
+            doc["message"] = (
+                "the loader could not be modelled (no DataLoader measurements, e.g. a tf.data pipeline); "
+                "measure its knobs with: holoprof sweep --set num_parallel_calls=1,autotune -- COMMAND"
+            )
+            return doc
+    else:
+        finding = found.get("low_mfu")
+        knobs = mfu_candidates(finding) if finding is not None else {}
+        current = {k: v[0] for k, v in knobs.items()}
+        if finding is None or not knobs:
+            doc["finding"] = finding
+            doc["message"] = _nothing_to_tune(finding)
+            return doc
     doc["finding"] = finding
-    if finding is None:
-        doc["message"] = (
-            "the job is not input-bound (it waits for data less than 5% of a step, or less than a saving "
-            "this run can measure: 1% of the step and the noise of its mean step): nothing to tune"
-        )
-        return doc
-    knobs = candidates(finding)
-    if not knobs:
-        doc["message"] = (
-            "the loader could not be modelled (no DataLoader measurements, e.g. a tf.data pipeline); measure "
-            "its knobs with: holoprof sweep --set num_parallel_calls=1,autotune -- COMMAND"
-        )
-        return doc
     if progress is not None:
         progress("sweeping " + ", ".join(k + "=" + ",".join(v) for k, v in knobs.items()))
     result = sweep(command, {}, os.path.join(out_dir, "sweep"), steps, None, None, None, knobs)
+    doc["sweep"] = result.to_dict()
+    doc["measured"] = measured_finding(finding, result, current)
+    return doc
+
+
+def _input_current(finding: dict[str, Any], knobs: dict[str, list[str]]) -> dict[str, str]:
+    """The job's own configuration, in the sweep's terms."""
     current = {"num_workers": str(int(finding["evidence"].get("num_workers") or 0))}
     if "pin_memory" in knobs:
         current["pin_memory"] = "false"
@@ -117,6 +144,17 @@ def tune(command: list[str], out_dir: str, steps: int, progress: Any = None) -> 
         current["omp_wait_policy"] = "default"
     if "persistent_workers" in knobs:
         current["persistent_workers"] = "false"
-    doc["sweep"] = result.to_dict()
-    doc["measured"] = measured_finding(finding, result, current)
-    return doc
+    return current
+
+
+def _nothing_to_tune(low_mfu: dict[str, Any] | None) -> str:
+    if low_mfu is None:
+        return (
+            "the job is not input-bound (it waits for data less than 5% of a step, or less than a saving "
+            "this run can measure: 1% of the step and the noise of its mean step) and its MFU gives no "
+            "change worth measuring: nothing to tune"
+        )
+    return (
+        f"the job is not input-bound; {low_mfu.get('title')}, and the changes that finding names need "
+        f"code changes: {low_mfu.get('recommendation')}"
+    )
