@@ -112,8 +112,18 @@ def _header(doc: dict[str, Any]) -> str:
     return (
         f"<h1>{esc(run.get('name') or 'holoprof report')} <span class='badge {esc(status)}'>"
         f"{esc(status_txt)}</span></h1>"
-        '<div class="kv">' + "".join(f"<div>{k}</div><div>{v}</div>" for k, v in kv) + "</div>"
-        '<div class="kpis" id="kpis">'
+        '<div class="kv">'
+        + "".join(f"<div>{k}</div><div>{v}</div>" for k, v in kv)
+        + "</div>"
+        + _kpi_tiles(kpis, "kpis")
+    )
+
+
+def _kpi_tiles(kpis: list[tuple[str, str, str]], element_id: str = "") -> str:
+    """Headline numbers as tiles: (label, value, hint)."""
+    ident = f' id="{element_id}"' if element_id else ""
+    return (
+        f'<div class="kpis"{ident}>'
         + "".join(
             f"<div class='kpi'><div class='l'>{esc(label)}</div><div class='v'>{esc(v)}</div>"
             + (f"<div class='h'>{esc(hint)}</div>" if hint else "")
@@ -592,12 +602,12 @@ def _memory(doc: dict[str, Any]) -> str:
     cats = mem.get("categories") or {}
     if not mem:
         return ""
-    parts = ["<section><h2>Memory</h2><div class='tiles'>"]
+    tiles = []
     if mem.get("peak_bytes") is not None:
-        parts.append(f"<div class='tile'><b>{esc(fmt_bytes(mem['peak_bytes']))}</b><span>peak</span></div>")
+        tiles.append(("peak", fmt_bytes(mem["peak_bytes"]), ""))
     if mem.get("device"):
-        parts.append(f"<div class='tile'><b>{esc(mem['device'])}</b><span>device</span></div>")
-    parts.append("</div>")
+        tiles.append(("device", str(mem["device"]), ""))
+    parts = ["<section><h2>Memory</h2>", _kpi_tiles(tiles)]
     if cats:
         items = _memory_categories(mem)
         parts.append("<h3>Categories at the step with the peak</h3>")
@@ -729,16 +739,12 @@ def _compute(doc: dict[str, Any]) -> str:
         parts.append(f"<p class='muted'>FLOPs not counted: {esc(c['why'])}</p>")
     else:
         tiles = [
-            (fmt_flops(c.get("flops_per_step")), f"per step ({c.get('dtype') or '?'})"),
-            (fmt_flops(c.get("achieved_flops_per_s"), "FLOP/s"), "achieved"),
-            (fmt_flops(c.get("peak_flops_per_s"), "FLOP/s"), "peak"),
-            (fmt_pct(c["mfu"]) if c.get("mfu") is not None else "n/a", "MFU"),
+            (f"FLOPs per step ({c.get('dtype') or '?'})", fmt_flops(c.get("flops_per_step")), ""),
+            ("achieved", fmt_flops(c.get("achieved_flops_per_s"), "FLOP/s"), ""),
+            ("peak", fmt_flops(c.get("peak_flops_per_s"), "FLOP/s"), ""),
+            ("MFU", fmt_pct(c["mfu"]) if c.get("mfu") is not None else "n/a", ""),
         ]
-        parts.append(
-            "<div class='tiles'>"
-            + "".join(f"<div class='tile'><b>{esc(v)}</b><span>{esc(k)}</span></div>" for v, k in tiles)
-            + "</div>"
-        )
+        parts.append(_kpi_tiles(tiles))
         by_phase = ", ".join(
             f"{esc(k)} {esc(fmt_flops(v))}" for k, v in (c.get("flops_by_phase") or {}).items() if v
         )
