@@ -34,7 +34,10 @@ def test_the_users_buffer_size_is_kept_and_an_old_torch_gets_a_small_one() -> No
     assert buffer_setting(env, "2.4.1") == {
         "buffer": SMALL_BUFFER, "set_by": "holoprof", "variable": "TORCH_NCCL_TRACE_BUFFER_SIZE",
     }  # fmt: skip
-    assert env == {"TORCH_NCCL_TRACE_BUFFER_SIZE": str(SMALL_BUFFER)}
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == str(SMALL_BUFFER)
+    assert buffer_setting(env, "2.4.1")["set_by"] == "holoprof"  # in a child process: still holoprof's
+    env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "1000"  # changed since: the user's
+    assert buffer_setting(env, "2.4.1")["set_by"] == "user"
 
 
 DUMP_JOB = """

@@ -38,6 +38,10 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   A hook the job registers later (``register_comm_hook``, ``_register_builtin_comm_hook``) is not
   displaced: it runs inside the recording wrapper instead of the default.
 
+When the job imports torch, before it can make a process group, the size of torch's own flight
+recorder is settled (:func:`holoprof.collect.flight_recorder.buffer_setting`: the user's kept, torch's
+default kept, a small one turned on where torch has none); the hang watchdog reads that recorder.
+
 The layer sampler (``holoprof.collect.layers``) is installed with this collector: it timestamps when
 each parameter's gradient is produced during a few sampled steps, the input of ``holoprof whatif``.
 """

@@ -33,6 +33,9 @@ from typing import Any
 ENV_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 #: Entries turned on where torch records none by default (torch < 2.6).
 SMALL_BUFFER = 256
+#: Set with the buffer size holoprof sets, so that the job's child processes do not take it for the
+#: user's.
+MARK = "HOLOPROF_FR_BUFFER_SET"
 #: torch's own default from 2.6 on.
 TORCH_DEFAULT = 2000
 #: The dumps tried, the gloo/generic recorder's and NCCL's (a CUDA build's), in that order.
@@ -53,11 +56,13 @@ def buffer_setting(environ: dict[str, str] | Any, torch_version: str) -> dict[st
                 size = int(value)
             except ValueError:
                 size = 0  # torch reads no number as its default; say what was set
-            return {"buffer": size, "set_by": "user", "variable": name}
+            ours = environ.get(MARK) == f"{name}={value}"  # a parent process's agent set it
+            return {"buffer": size, "set_by": "holoprof" if ours else "user", "variable": name}
     if _version(torch_version) >= (2, 6):
         return {"buffer": TORCH_DEFAULT, "set_by": "torch"}
     # older torch reads only the NCCL name, and records only NCCL's collectives
     environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(SMALL_BUFFER)
+    environ[MARK] = f"TORCH_NCCL_TRACE_BUFFER_SIZE={SMALL_BUFFER}"
     return {"buffer": SMALL_BUFFER, "set_by": "holoprof", "variable": "TORCH_NCCL_TRACE_BUFFER_SIZE"}
 
 
