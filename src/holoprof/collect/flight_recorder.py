@@ -172,8 +172,10 @@ def _norm(op: str) -> str:
 def summarize(entries: list[dict[str, Any]], ring_entry: list[Any] | None) -> dict[str, Any]:
     """``{entries, backend, last_completed: {op, seq, pg}, in_flight: [{op, seq, pg, state,
     input_sizes}], matches_ring}`` of a dump's entries; ``matches_ring`` (when this process waits in a
-    collective of holoprof's ring, ``[group, seq, op, ...]``) says whether the recorder's oldest
-    collective in flight on that group is the same one, ``ring`` giving holoprof's when it is not."""
+    collective of holoprof's ring, ``[group, seq, op, ...]``) says whether the recorder has that
+    collective (same group, sequence number and op) in flight, ``ring`` giving holoprof's when not,
+    and ``seq_offset`` when the recorder has one collective of that op in flight on that group,
+    numbered differently (by the collectives torch ran from C++, which the ring does not see)."""
     entries = sorted(entries, key=lambda e: int(e.get("time_created_ns") or 0))
     out: dict[str, Any] = {"entries": len(entries)}
     backends = sorted(
@@ -197,9 +199,13 @@ def summarize(entries: list[dict[str, Any]], ring_entry: list[Any] | None) -> di
         out["in_flight_more"] = len(flying) - MAX_IN_FLIGHT
     if ring_entry is not None:
         group, seq, op = str(ring_entry[0]), int(ring_entry[1]), str(ring_entry[2])
-        mine = next((_brief(e) for e in flying if _brief(e)["pg"] == group), None)
-        same = mine is not None and mine["seq"] == seq and _norm(mine["op"]) == _norm(op)
+        same = any(
+            b["pg"] == group and b["seq"] == seq and _norm(b["op"]) == _norm(op) for b in map(_brief, flying)
+        )
         out["matches_ring"] = same
         if not same:
             out["ring"] = {"op": op, "seq": seq, "pg": group}
+            alike = [b for b in map(_brief, flying) if b["pg"] == group and _norm(b["op"]) == _norm(op)]
+            if len(alike) == 1:  # the same op in flight, numbered apart (collectives issued from C++)
+                out["seq_offset"] = alike[0]["seq"] - seq
     return out
