@@ -150,6 +150,7 @@ def test_the_html_report_stays_bounded(hosts_run: tuple[Path, HostsTotals, dict[
     assert section.count("data-host=") == MAX_HOSTS
     assert f"… {HOSTS - MAX_HOSTS} more hosts" in section
     assert "over 12 hosts" in section  # the spread of each figure over every host
+    assert "over 12 hosts: the job's lines are its total (the sum over the hosts)" in page
 
 
 def test_the_chrome_trace_has_every_rank_and_host(
