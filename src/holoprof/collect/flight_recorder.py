@@ -53,9 +53,9 @@ def buffer_setting(environ: dict[str, str] | Any, torch_version: str) -> dict[st
         value = environ.get(name)
         if value is not None and value.strip():
             try:
-                size = int(value)
+                size: int | None = int(value)
             except ValueError:
-                size = 0  # torch reads no number as its default; say what was set
+                size = None  # not a number: whatever torch makes of it, the dump says
             ours = environ.get(MARK) == f"{name}={value}"  # a parent process's agent set it
             return {"buffer": size, "set_by": "holoprof" if ours else "user", "variable": name}
     if _version(torch_version) >= (2, 6):
