@@ -29,6 +29,7 @@ BENCHES = [
     "bench_whatif.py",  # what-if predictions against tc-limited veth links (needs root, iproute2)
     "bench_input_model.py",  # input-pipeline model: predicted against measured step, 0/1/2 workers
     "bench_serve.py",  # holoprof serve: /metrics over 100 runs, 1,050 idle connections
+    "bench_flight_recorder.py",  # torch's flight recorder on and off: a gloo DDP loop, one collective
 ]
 
 

@@ -126,6 +126,56 @@ def test_api_report_is_the_same_on_dask_for_a_generated_run(synth: str, client: 
     _same_report(duck, dask)
 
 
+def _asof_totals(rows: list[tuple[str, int, int, float]]) -> dict[int, float]:
+    """At each instant a launcher sampled: the sum of every launcher's latest sample, a launcher
+    counted from its first sample until three of its intervals after its last (what
+    resources.summary's job.* figures are)."""
+    times: dict[tuple[str, int], list[int]] = {}
+    for host, pid, ts, _ in rows:
+        times.setdefault((host, pid), []).append(ts)
+    until = {k: max(t) + 3 * ((max(t) - min(t)) // (len(t) - 1)) for k, t in times.items()}
+    latest: dict[tuple[str, int], float] = {}
+    out: dict[int, float] = {}
+    for host, pid, ts, v in sorted(rows, key=lambda r: r[2]):
+        latest[(host, pid)] = v
+        out[ts] = sum(x for k, x in latest.items() if min(times[k]) <= ts < until[k])
+    return out
+
+
+def test_the_hosts_job_totals_are_the_same_on_dask(client: Any, tmp_path: Path) -> None:
+    """Four hosts, and a second launcher on node00 sampling half an interval later, that stops before
+    the others: the job's RSS in ``resources.summary`` is, at each instant, the sum of every
+    launcher's latest sample while it samples, on both engines."""
+    from holoprof.bench.synth_hosts import generate_hosts_run
+    from holoprof.store.chunks import write_chunk
+
+    out = str(tmp_path / "run")
+    generate_hosts_run(out, 4, 2, 10, samples_per_host=20)
+    run = holoprof.load(out)
+    (t0, t1, n), *_ = run.rows("SELECT min(ts_ns), max(ts_ns), count(DISTINCT ts_ns) FROM samples")
+    half = (t1 - t0) // (n - 1) // 2
+    ts = [t0 + half + i * 2 * half for i in range(12)]  # starts later and ends earlier than the others
+    rows = {"host": ["node00"] * 12, "pid": [999] * 12, "rank": [-1] * 12, "ts_ns": ts,
+            "name": ["job.rss_bytes"] * 12, "value": [1e9 + i for i in range(12)], "target_pid": [-1] * 12}  # fmt: skip
+    write_chunk(out, "samples", rows, seq=0, writer=("node00", 999))
+    samples = holoprof.load(out).rows(
+        "SELECT host, pid, ts_ns, value FROM samples WHERE name = 'job.rss_bytes' AND target_pid = -1"
+    )
+    want = _asof_totals(samples)
+    assert len(want) == 20 + 12
+    # the second launcher no longer counts at the end: the four hosts' samples only
+    assert want[t1] == pytest.approx(sum(v for _, pid, t, v in samples if t == t1 and pid != 999), rel=1e-12)
+    assert want[ts[-1]] > 1e9 + sum(v for _, pid, t, v in samples if t == max(x for x in want if x < ts[-1]))
+    duck = holoprof.report(out)
+    dask = holoprof.report(out, engine="dask", scheduler=client)
+    rss = duck["resources"]["summary"]["job.rss_bytes"]
+    assert rss["mean"] == pytest.approx(sum(want.values()) / len(want), abs=1e-3)
+    assert rss["max"] == pytest.approx(max(want.values()), abs=1e-3)
+    assert rss["last"] == pytest.approx(want[max(want)], abs=1e-3)
+    assert dask["resources"] == duck["resources"]
+    _same_report(duck, dask)
+
+
 def test_a_run_of_threads_that_dropped_spans_is_the_same_on_dask(client: Any, tmp_path: Path) -> None:
     """Four threads each marking 3,000 steps into a buffer of 100 spans: the exact counts, the kept
     steps of every loop thread and the warning are the same on both engines."""

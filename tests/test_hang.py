@@ -72,6 +72,17 @@ def test_a_rank_held_before_an_all_reduce_is_named_while_the_job_runs(tmp_path: 
     assert ev["ranks"]["1"]["state"] == "elsewhere" and ev["ranks"]["1"]["last_seq"] == 11
     assert 'HANG_SLEEP_S", "20")))  # the hang' in ev["stacks"]["1"], ev["stacks"]["1"]
     assert "all_reduce" in ev["stacks"]["0"]
+    # torch's flight recorder (on by default in torch 2.6+, gloo's too) says the same as holoprof's ring:
+    # rank 0 is in the all_reduce #12 of group 0, rank 1 completed #11 and has nothing in flight
+    fr = ev["flight_recorder"]
+    assert fr["0"]["in_flight"][0] == {
+        "op": "all_reduce", "seq": 12, "pg": "0", "state": "scheduled", "input_sizes": [[]],
+    }, fr["0"]  # fmt: skip
+    assert fr["0"]["matches_ring"] is True and fr["0"]["last_completed"]["seq"] == 11
+    assert fr["0"]["backend"] == "gloo" and fr["0"]["set_by"] == "torch" and fr["0"]["entries"] == 12
+    assert fr["1"]["in_flight"] == [] and "matches_ring" not in fr["1"]
+    assert fr["1"]["last_completed"] == {"op": "all_reduce", "seq": 11, "pg": "0"}
+    assert "failures" not in fr["0"] and "failures" not in fr["1"]
     assert "rank 1" in f["title"] and "all_reduce #12" in f["title"]
     text = io.StringIO()
     render(doc, file=text)
@@ -100,6 +111,7 @@ def test_a_rank_held_before_an_all_reduce_is_named_while_the_job_runs(tmp_path: 
     assert ev["status"] == "resolved" and ev["hung_s"] > 10, ev
     assert ev["stuck_ranks"] == [1] and ev["collective"]["seq"] == 12
     assert "time.sleep" in ev["stacks"]["1"] and "resolved" in f["title"]
+    assert ev["flight_recorder"]["0"]["in_flight"][0]["seq"] == 12  # as the watchdog saw it, kept
 
 
 def test_a_rank_that_exits_early_is_named_as_dead(tmp_path: Path) -> None:
@@ -121,6 +133,8 @@ def test_a_rank_that_exits_early_is_named_as_dead(tmp_path: Path) -> None:
         ]
         assert ev["ranks"]["1"]["state"] == "died" and "ended" in ev["ranks"]["1"]["reason"]
         assert ev["collective"]["seq"] == 12 and ev["collective"]["op"] == "all_reduce"
+        fr = ev["flight_recorder"]["0"]  # torch's record of rank 0: waiting in that all_reduce
+        assert fr["in_flight"][0]["seq"] == 12 and fr["matches_ring"] is True, fr
         assert "ended" in f["recommendation"]
         # the job is killed, as a scheduler kills a job that stops making progress
         rank0 = next(p for p in doc["processes"] if p["rank"] == 0)

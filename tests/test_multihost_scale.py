@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,43 @@ def test_each_hosts_resources_equal_what_was_written(
     assert spread["min"] == pytest.approx(min(means.values()), abs=1e-3)
 
 
+def test_the_job_wide_figures_are_the_hosts_total_and_mean(
+    hosts_run: tuple[Path, HostsTotals, dict[str, Any]],
+) -> None:
+    """``resources.summary``: the job's RSS is the sum over the hosts at each instant, a machine's CPU
+    the mean over the hosts; the terminal says which."""
+    run, totals, doc = hosts_run
+    res = doc["resources"]
+    assert res["hosts_combined"] == {"hosts": HOSTS, "job.*": "sum", "host.*": "mean", "gpu.*": "mean"}
+    # once aligned, every host samples at the same instants: each instant's sum over the hosts
+    rows = holoprof.load(run).rows(
+        "SELECT name, ts_ns, sum(value), avg(value), count(*) FROM samples WHERE target_pid = -1 GROUP BY name, ts_ns"
+    )
+    per: dict[str, dict[int, tuple[float, float]]] = {}
+    for name, ts, total, mean, n in rows:
+        assert n == HOSTS
+        per.setdefault(name, {})[ts] = (total, mean)
+    rss, cpu = res["summary"]["job.rss_bytes"], res["summary"]["host.cpu_percent"]
+    assert rss["mean"] == pytest.approx(
+        sum(w["job.rss_bytes"]["mean"] for w in totals.samples.values()), rel=1e-12
+    )
+    assert rss["max"] == pytest.approx(max(t for t, _ in per["job.rss_bytes"].values()), abs=1e-3)
+    assert rss["last"] == pytest.approx(per["job.rss_bytes"][max(per["job.rss_bytes"])][0], abs=1e-3)
+    assert rss["max"] > 5 * max(h["job_rss_bytes"]["max"] for h in res["hosts"])  # a total, not a host's
+    assert cpu["mean"] == pytest.approx(
+        statistics.mean(h["cpu_percent"]["mean"] for h in res["hosts"]), abs=1e-3
+    )
+    assert cpu["max"] == pytest.approx(max(m for _, m in per["host.cpu_percent"].values()), abs=1e-3)
+    series = res["series"]["job.rss_bytes"]
+    assert len(series) == 30 and series[0][1] == pytest.approx(
+        per["job.rss_bytes"][min(per["job.rss_bytes"])][0], abs=1e-3
+    )
+    out = io.StringIO()
+    render(doc, file=out, width=160)
+    text = " ".join(out.getvalue().split())
+    assert "memory RSS (job, sum of 12 hosts)" in text and "network in (host, mean of 12 hosts)" in text
+
+
 def test_a_host_whose_clock_is_off_is_aligned(hosts_run: tuple[Path, HostsTotals, dict[str, Any]]) -> None:
     run, totals, doc = hosts_run
     clocks = {c["host"]: c for c in doc["run"]["host_clocks"]}
@@ -112,6 +150,7 @@ def test_the_html_report_stays_bounded(hosts_run: tuple[Path, HostsTotals, dict[
     assert section.count("data-host=") == MAX_HOSTS
     assert f"… {HOSTS - MAX_HOSTS} more hosts" in section
     assert "over 12 hosts" in section  # the spread of each figure over every host
+    assert "over 12 hosts: the job's lines are its total (the sum over the hosts)" in page
 
 
 def test_the_chrome_trace_has_every_rank_and_host(

@@ -12,6 +12,9 @@ them while the job runs or after, with the processes table (which ranks exist, w
   collective sequence), it died (its process ended while the others wait), or it wrote nothing
   (its Python could not run, or it has no agent);
 * ``stacks``: each rank's stacks as its watchdog last took them;
+* ``flight_recorder``: each rank's summary of torch's flight recorder when its watchdog last looked
+  (:mod:`holoprof.collect.flight_recorder`): its last completed collective, those in flight, and
+  whether the one it waits in is the one holoprof's ring names (``matches_ring``);
 * ``status``: ``ongoing`` (the job still runs and is stuck), ``resolved`` (the job moved on: a
   hang of ``hung_s`` seconds) or ``killed`` (the job ended while stuck: its scheduler killed it).
 """
@@ -57,6 +60,7 @@ def _episode(doc: dict[str, Any]) -> dict[str, Any] | None:
             "waiting_in": doc.get("waiting_in"),
             "stacks": doc.get("stacks") or "",
             "seqs": doc.get("seqs") or {},
+            "flight_recorder": doc.get("flight_recorder"),
         }
     eps = doc.get("episodes") or []
     if not eps:
@@ -69,6 +73,7 @@ def _episode(doc: dict[str, Any]) -> dict[str, Any] | None:
         "waiting_in": e.get("waiting_in"),
         "stacks": e.get("stacks") or "",
         "seqs": e.get("seqs") or {},
+        "flight_recorder": e.get("flight_recorder"),
     }
 
 
@@ -157,6 +162,11 @@ def hang_section(run: Run, ctx: dict[str, Any]) -> tuple[dict[str, Any], list[Fi
         ],
         "ranks": ranks,
         "stacks": {str(r): e["stacks"] for r, (_, e) in sorted(eps.items()) if e["stacks"]},
+        "flight_recorder": {
+            str(r): e["flight_recorder"]
+            for r, (_, e) in sorted(eps.items())
+            if isinstance(e["flight_recorder"], dict)
+        },
     }
     return section, [_finding(section)]
 
@@ -258,6 +268,7 @@ def _finding(sec: dict[str, Any]) -> Finding:
                 "mismatch",
                 "ranks",
                 "stacks",
+                "flight_recorder",
             )
         },
         recommendation=rec,

@@ -193,8 +193,9 @@ def _launcher_losses(run: Run) -> tuple[int, list[str]]:
 
 
 def _resources_doc(res: Resources, processes: list[dict[str, Any]]) -> dict[str, Any]:
-    """The job-wide samples (all hosts pooled), then each host's (``hosts``, with its ranks) and how
-    the hosts differ (``host_spread``)."""
+    """The job-wide samples (the hosts combined at each instant: ``job.*`` summed, ``host.*`` and
+    ``gpu.*`` averaged, as ``hosts_combined`` says), then each host's (``hosts``, with its ranks) and
+    how the hosts differ (``host_spread``)."""
     doc: dict[str, Any] = {}
     for name, s in res.stats.items():
         doc[name] = {"mean": round(s.mean, 3), "max": round(s.max, 3), "last": round(s.last, 3)}
@@ -205,6 +206,7 @@ def _resources_doc(res: Resources, processes: list[dict[str, Any]]) -> dict[str,
     return {
         "summary": doc,
         "series": {k: [[round(t, 3), round(v, 3)] for t, v in pts] for k, pts in res.series.items()},
+        "hosts_combined": {"hosts": len(res.hosts), "job.*": "sum", "host.*": "mean", "gpu.*": "mean"},
         "hosts": hosts_doc(res.hosts, {h: sorted(r) for h, r in ranks.items()}),
         "host_spread": host_spread(res.hosts),
     }

@@ -2,8 +2,9 @@
 host's own figures (CPU, memory, network, GPU) in a run of several hosts.
 
 The job-wide samples (``target_pid = -1``) come from each host's launcher (:mod:`holoprof.collect.system`):
-``host.*`` for the whole machine, ``job.*`` for the job's processes on it. :func:`resources` pools
-the hosts (its series are means over all hosts' samples); :func:`host_resources` keeps them apart.
+``host.*`` for the whole machine, ``job.*`` for the job's processes on it. :func:`resources` combines
+the hosts at each instant (``job.*``: the job's total, the sum over the hosts; ``host.*`` and
+``gpu.*``: the mean over the hosts); :func:`host_resources` keeps them apart.
 Every time is already on the reference host's clock: the run's reader takes each host's clock offset
 off its rows (:mod:`holoprof.store.clocks`)."""
 
@@ -69,27 +70,55 @@ class Resources:
 
 
 def _resources_agg(points: int, window: tuple[int, int] | None) -> Aggregation:
-    """The job-wide samples (``target_pid = -1``; within ``window``, ns): per series (``part`` 0) its
-    mean, maximum, last value and count, then (``part`` 1) its mean in each of ``points`` buckets of
-    ``width`` ns from the first sample, ``t0``. The samples are few next to the spans: the last stage
-    holds all of them (on one worker under Dask), so every mean is taken over all of a series at once.
-    Of several hosts' samples at the last instant, ``last`` is the largest: the same on every read."""
+    """The job-wide samples (``target_pid = -1``; within ``window``, ns), each host's (each launcher's:
+        ``host``, ``pid``) combined into one figure per instant at which any host sampled: ``job.*`` the
+        sum of every host's latest sample (the job's total), the others (``host.*``, ``gpu.*``) their mean
+        over the hosts. A host counts from its first sample of a series until three of its sampling
+    intervals after its last (3 s for a single sample): in a live run every host that still samples
+    counts, a host whose launcher ended long before the others does not. The sum is carried
+        as a running sum of each host's changes (a host's new sample replaces its last one), in exact
+        decimals (6 places), so one host's figures are its samples, and both engines get the same digits.
+
+        Then per series (``part`` 0) the mean, maximum, last value and count of those instants' figures,
+        and (``part`` 1) their mean in each of ``points`` buckets of ``width`` ns from the first instant,
+        ``t0``. The samples are few next to the spans: the last stage holds all of them (on one worker
+        under Dask)."""
     where = " AND ts_ns BETWEEN $lo AND $hi" if window is not None else ""
     return Aggregation(
         name="resources",
         table="samples",
-        columns=("ts_ns", "name", "value", "target_pid"),
-        chunk=f"SELECT name, ts_ns, value FROM {{t}} WHERE target_pid = -1{where}",
-        final="""WITH w AS (
+        columns=("host", "pid", "ts_ns", "name", "value", "target_pid"),
+        chunk=f"SELECT host, pid, name, ts_ns, value FROM {{t}} WHERE target_pid = -1 AND isfinite(value){where}",
+        final="""WITH s AS (
+                SELECT host, pid, name, ts_ns, CAST(value AS DECIMAL(38, 6)) AS v FROM {t}),
+            ev AS (
+                SELECT name, ts_ns, 0 AS kind,
+                       v - coalesce(lag(v) OVER src, 0) AS dv,
+                       CASE WHEN lag(v) OVER src IS NULL THEN 1 ELSE 0 END AS dk
+                FROM s WINDOW src AS (PARTITION BY host, pid, name ORDER BY ts_ns, v)
+                UNION ALL
+                SELECT name,
+                       max(ts_ns) + coalesce(3 * ((max(ts_ns) - min(ts_ns)) // nullif(count(*) - 1, 0)), 3000000000),
+                       1, -arg_max(v, struct_pack(t := ts_ns, v := v)), -1
+                FROM s GROUP BY host, pid, name),
+            tot AS (
+                SELECT name, ts_ns, kind, sum(dv) OVER w AS sv, sum(dk) OVER w AS k
+                FROM ev WINDOW w AS (PARTITION BY name ORDER BY ts_ns)),
+            p AS (
+                SELECT name, ts_ns,
+                       any_value(CASE WHEN name LIKE 'job.%' THEN CAST(sv AS DOUBLE)
+                                      ELSE CAST(sv AS DOUBLE) / k END) AS value
+                FROM tot WHERE kind = 0 GROUP BY name, ts_ns),
+            w AS (
                 SELECT min(ts_ns) AS t0, greatest(1, (max(ts_ns) - min(ts_ns)) // greatest(1, $points - 1) + 1) AS width
-                FROM {t})
+                FROM p)
             SELECT 0 AS part, name, NULL::BIGINT AS b, favg(value) AS mean, max(value) AS mx,
-                   arg_max(value, struct_pack(t := ts_ns, v := value)) AS last, count(*) AS n, any_value(w.t0) AS t0, any_value(w.width) AS width
-            FROM {t}, w GROUP BY name
+                   arg_max(value, ts_ns) AS last, count(*) AS n, any_value(w.t0) AS t0, any_value(w.width) AS width
+            FROM p, w GROUP BY name
             UNION ALL
             SELECT 1, name, (ts_ns - w.t0) // w.width AS b, favg(value), NULL, NULL, NULL, any_value(w.t0),
                    any_value(w.width)
-            FROM {t}, w GROUP BY name, b""",
+            FROM p, w GROUP BY name, b""",
         order="part, name, b",
         params={"points": points, **({"lo": window[0], "hi": window[1]} if window is not None else {})},
     )
@@ -98,8 +127,8 @@ def _resources_agg(points: int, window: tuple[int, int] | None) -> Aggregation:
 def resources(
     run: Run, points: int = 60, window: tuple[int, int] | None = None, engine: Engine | None = None
 ) -> Resources:
-    """Summary of job-wide samples (``target_pid = -1``), optionally within a time window (ns), on
-    ``engine`` (DuckDB by default).
+    """Summary of job-wide samples (``target_pid = -1``; the hosts combined: :func:`_resources_agg`),
+    optionally within a time window (ns), on ``engine`` (DuckDB by default).
 
     Means are taken with compensated summation (DuckDB's ``favg``): a plain sum's last bit depends on
     the order rows are added in, which differs between engines and threads, and can move a mean

@@ -38,6 +38,10 @@ What is patched (each original kept, each patch undone by ``uninstall``):
   A hook the job registers later (``register_comm_hook``, ``_register_builtin_comm_hook``) is not
   displaced: it runs inside the recording wrapper instead of the default.
 
+When the job imports torch, before it can make a process group, the size of torch's own flight
+recorder is settled (:func:`holoprof.collect.flight_recorder.buffer_setting`: the user's kept, torch's
+default kept, a small one turned on where torch has none); the hang watchdog reads that recorder.
+
 The layer sampler (``holoprof.collect.layers``) is installed with this collector: it timestamps when
 each parameter's gradient is produced during a few sampled steps, the input of ``holoprof whatif``.
 """
@@ -45,6 +49,7 @@ each parameter's gradient is produced during a few sampled steps, the input of `
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from types import ModuleType
 from typing import Any
@@ -52,6 +57,7 @@ from typing import Any
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.agent.setup import post_import_finder
 from holoprof.collect.comm_functional import FunctionalCollectives, sent_bytes
+from holoprof.collect.flight_recorder import buffer_setting
 from holoprof.collect.hangs import CollectiveRing, HangWatch, completed, group_name
 from holoprof.collect.waits import CARVED, note_wait
 
@@ -118,6 +124,8 @@ class CommCollector(Collector):
         try:
             dist = getattr(torch, "distributed", None)
             if dist is not None and dist.is_available():
+                # before the job can make a process group: torch reads the buffer size once, then
+                self.watch.flight.setting = buffer_setting(os.environ, str(torch.__version__))
                 self._patch(torch, dist)
         except Exception as exc:
             self.agent.fail(self, exc)

@@ -13,8 +13,9 @@ stuck when it has been in one collective for longer than the hang time-out, or i
 step for that long; the time-out is ``max(hang_timeout_s, 20 × the median step)`` (option
 ``hang_timeout_s``, ``holoprof run --hang-timeout``; 0 turns the watchdog off). While stuck it writes
 ``<run>/<host>-<pid>/hang-<pid>.json`` (atomically; again every few seconds while it lasts) with its
-ring buffer's open and last collectives, the last sequence number of each group and every thread's
-Python stack; once the process moves on (a step ends, the collective completes) the file says when
+ring buffer's open and last collectives, the last sequence number of each group, every thread's
+Python stack and a summary of torch's own flight recorder (:mod:`holoprof.collect.flight_recorder`:
+what torch's backend says is in flight, checked against the ring); once the process moves on (a step ends, the collective completes) the file says when
 it resolved, and at exit whether it ended while stuck. The report combines the files of all ranks
 into the ``hang`` finding (:mod:`holoprof.analyze.hang`).
 
@@ -32,6 +33,7 @@ import time
 from typing import Any
 
 from holoprof.agent.core import Agent, now_ns
+from holoprof.collect.flight_recorder import FlightRecorder
 
 #: Collectives kept per process (the last ones, completed or not).
 RING_SIZE = 256
@@ -110,6 +112,7 @@ class HangWatch:
     def __init__(self, agent: Agent, ring: CollectiveRing) -> None:
         self.agent = agent
         self.ring = ring
+        self.flight = FlightRecorder()  # torch's own record of the collectives, read when stuck
         opt = agent.options.get("hang_timeout_s", DEFAULT_TIMEOUT_S)
         self.timeout_s = float(opt) if isinstance(opt, (int, float)) and not isinstance(opt, bool) else 300.0
         self.reset()
@@ -196,11 +199,13 @@ class HangWatch:
                 "step": ep["step"],
                 "stacks": ep.get("stacks", ""),
                 "seqs": ep.get("seqs", {}),
+                "flight_recorder": ep.get("flight_recorder"),
             }
         )
         del self._episodes[:-EPISODES_KEPT]
         for old in self._episodes[:-STACKS_KEPT]:
             old.pop("stacks", None)
+            old.pop("flight_recorder", None)
         self._write("resolved", now)
 
     def finish(self) -> None:
@@ -245,6 +250,9 @@ class HangWatch:
                 waiting_in=_entry_doc(entry, a) if entry is not None else None,
                 stacks=stacks_text(a),
             )
+            if state != "ended" or "flight_recorder" not in ep:  # at exit: the last one taken
+                ep["flight_recorder"] = self.flight.summary(entry)
+            doc["flight_recorder"] = ep["flight_recorder"]
             ep["stacks"] = doc["stacks"]
             ep["seqs"] = doc["seqs"]
         path = os.path.join(a.folder, f"{HANG_PREFIX}{a.pid}.json")

@@ -259,10 +259,17 @@ def _charts(doc: dict[str, Any]) -> str:
             "phases</p><div class='chart' data-chart='ranks'></div></section>"
         )
     if any(len(v or []) >= 2 for v in ((doc.get("resources") or {}).get("series") or {}).values()):
+        hosts = int(((doc.get("resources") or {}).get("hosts_combined") or {}).get("hosts") or 0)
+        combined = (
+            f"; over {hosts} hosts: the job's lines are its total (the sum over the hosts), the host "
+            "lines the mean over the hosts"
+            if hosts >= 2
+            else ""
+        )
         parts.append(
             "<section><h2>Resources over time</h2><p class='muted'>downsampled: means over equal time "
-            "buckets of the job-wide samples; host lines (dashed) start hidden: click a legend entry to "
-            "show or hide a line</p><div class='charts' data-chart='resources'></div></section>"
+            f"buckets of the job-wide samples{combined}; host lines (dashed) start hidden: click a legend "
+            "entry to show or hide a line</p><div class='charts' data-chart='resources'></div></section>"
         )
     return "".join(parts)
 

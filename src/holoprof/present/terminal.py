@@ -342,7 +342,12 @@ def _resources(doc: dict[str, Any]) -> Table | None:
     t.add_column("max", justify="right", no_wrap=True)
     t.add_column("over time", no_wrap=True, overflow="crop")
 
+    hosts = int((doc["resources"].get("hosts_combined") or {}).get("hosts") or 0)
+
     def row(label: str, key: str, fmt: Any) -> None:
+        if hosts >= 2:  # say how the hosts are combined: the job's total, a machine's mean
+            how = f"sum of {hosts} hosts" if key.startswith("job.") else f"mean of {hosts} hosts"
+            label = f"{label[:-1]}, {how})" if label.endswith(")") else f"{label} ({how})"
         if key in s:
             spark = sparkline([v for _, v in series.get(key, [])], 40)
             t.add_row(label, fmt(s[key]["mean"]), fmt(s[key]["max"]), Text(spark, style="cyan"))
