@@ -2,7 +2,12 @@
 
     python spawn_loader.py [BATCHES] [CONTEXT]
 
-CONTEXT: how the workers start, "spawn" (default) or "forkserver".
+CONTEXT: how the workers start, "spawn" (default) or "forkserver". For counting a worker's
+instructions (``bench_startup.py --instructions``): SPAWN_LOADER_EXECUTABLE starts the workers with
+that program in place of the interpreter (a valgrind wrapper), SPAWN_LOADER_EXIT_AT_INIT=1 makes each
+worker leave at once from its init function (the program's counts end there) and the training process
+report as soon as both have, and SPAWN_LOADER_KEEP=N keeps N more objects alive in every process
+(the garbage collector's clock moved by as many objects, as an agent's own would).
 
 Prints one JSON line: first_batch_s (from iter() to the first batch: the workers' start, torch's
 import in them included), loop_s (all BATCHES batches), worker_start_s (per worker, from the
@@ -37,6 +42,8 @@ def count_full_gc(phase: str, info: dict) -> None:
 gc.callbacks.append(count_full_gc)  # in each worker too: it loads this module before torch
 
 import torch  # noqa: E402
+
+KEPT = [[] for _ in range(int(os.environ.get("SPAWN_LOADER_KEEP", "0")))]
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 
@@ -60,12 +67,20 @@ def init_worker(worker_id: int) -> None:
     # the parent reads these files once the loop is over
     with open(os.path.join(os.environ["SPAWN_LOADER_OUT"], f"worker{worker_id}"), "w") as f:
         f.write(f"{process_age_s()} {time.process_time()} {FULL_GC['n']} {FULL_GC['cpu_s']}")
+    if os.environ.get("SPAWN_LOADER_EXIT_AT_INIT"):
+        import posix
+
+        posix._exit(0)  # the interpreter's own exit: nothing more runs in the worker
 
 
 def main() -> None:
     batches = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     context = sys.argv[2] if len(sys.argv) > 2 else "spawn"
     out = os.environ["SPAWN_LOADER_OUT"]
+    if os.environ.get("SPAWN_LOADER_EXECUTABLE"):
+        import multiprocessing
+
+        multiprocessing.get_context(context).set_executable(os.environ["SPAWN_LOADER_EXECUTABLE"])
     loader = DataLoader(
         Squares(),
         batch_size=64 // batches,
@@ -75,6 +90,12 @@ def main() -> None:
     )
     t0 = time.perf_counter()
     it = iter(loader)
+    if os.environ.get("SPAWN_LOADER_EXIT_AT_INIT"):
+        while not all(os.path.exists(os.path.join(out, f"worker{w}")) for w in range(2)):
+            time.sleep(0.5)
+        time.sleep(1)  # the files' contents
+        print(json.dumps({"exited_at_init": True}), flush=True)
+        os._exit(0)
     next(it)
     t1 = time.perf_counter()
     n = 1 + sum(1 for _ in it)
