@@ -7,13 +7,17 @@ worker started with "spawn".
    added time per process is the difference of the medians (and of the means); every traced child
    must be in the run afterwards, ended (its row's end time set at its exit).
 2. Spawned DataLoader workers: alternating plain and traced runs of a DataLoader with 2 workers
-   started with "spawn" and a few batches; the time from iter() to the first batch (the workers'
-   start, torch's import in them included) and each worker's own start (from the kernel's start of
-   its process to its init function) and CPU time until then, median of the runs.
+   started with "spawn" (or "forkserver") and a few batches; the time from iter() to the first batch
+   (the workers' start, torch's import in them included) and each worker's own start (from the
+   kernel's start of its process to its init function) and CPU time until then, and that CPU time
+   less the worker's full garbage collections (whose number is the garbage collector's clock: a few
+   thousand objects more or less add or spare one, tens of milliseconds); medians of the runs, the
+   median of the adjacent pairs' differences and the difference of the minima.
 
 CPU times are given beside wall times: on a shared machine they move much less.
 
     python benchmarks/bench_startup.py [--procs 100] [--code "import json"] [--loader-pairs 7]
+                                       [--loader-context spawn|forkserver]
 
 holoprof's modules are byte-compiled first, as an installed package is (a checkout run with
 PYTHONDONTWRITEBYTECODE would compile them again in every process).
@@ -29,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHORT = os.path.join(HERE, "workloads", "short_processes.py")
@@ -80,33 +85,117 @@ def short_processes(tmp: str, procs: int, code: str) -> None:
     print("| target | ≤ 10 ms added per process |\n")
 
 
-def spawn_workers(tmp: str, pairs: int) -> None:
-    first: dict[str, list[float]] = {"plain": [], "traced": []}
-    start: dict[str, list[float]] = {"plain": [], "traced": []}
-    cpu: dict[str, list[float]] = {"plain": [], "traced": []}
+def _median_ms(xs: list[float]) -> float:
+    return 1e3 * statistics.median(xs)
+
+
+def spawn_workers(tmp: str, pairs: int, context: str) -> None:
+    """Alternating plain and traced runs of the DataLoader workload; per run, its two workers' mean."""
+    keys = ("first", "start", "cpu", "cpu_less_gc", "full_gc")
+    runs: dict[str, dict[str, list[float]]] = {k: {key: [] for key in keys} for k in ("plain", "traced")}
+    load = [os.getloadavg()[0]]
     for i in range(pairs):
         for kind in ("plain", "traced") if i % 2 == 0 else ("traced", "plain"):
-            out = os.path.join(tmp, f"loader-{kind}-{i}")
+            out = os.path.join(tmp, f"loader-{context}-{kind}-{i}")
             os.makedirs(out)
             env = {**os.environ, "SPAWN_LOADER_OUT": out, "OMP_NUM_THREADS": "1"}
-            job = [sys.executable, LOADER]
+            job = [sys.executable, LOADER, "8", context]
             if kind == "traced":
                 job = [*HOLOPROF, "run", "--no-report", "--out", os.path.join(out, "run"), "--", *job]
             res = _json_line(job, env)
-            first[kind].append(res["first_batch_s"])
-            start[kind].extend(res["worker_start_s"])
-            cpu[kind].extend(res["worker_cpu_s"])
-    fp, ft = statistics.median(first["plain"]), statistics.median(first["traced"])
-    sp, st = statistics.median(start["plain"]), statistics.median(start["traced"])
-    cp, ct = statistics.median(cpu["plain"]), statistics.median(cpu["traced"])
-    print("## Agent start-up: DataLoader workers started with spawn\n")
-    print(f"`python benchmarks/bench_startup.py --loader-pairs {pairs}`\n")
-    print(f"{pairs} plain and {pairs} traced runs, alternating; 2 workers each, 8 batches.\n")
-    print("| measure | plain | traced | added |\n| --- | --- | --- | --- |")
-    print(f"| iter() to first batch, median | {_ms(fp)} | {_ms(ft)} | {_ms(ft - fp)} |")
-    print(f"| a worker's start to its init function, median | {_ms(sp)} | {_ms(st)} | {_ms(st - sp)} |")
-    print(f"| a worker's CPU time until its init function, median | {_ms(cp)} | {_ms(ct)} | {_ms(ct - cp)} |")
-    print("| target | | | ≤ 10 ms per worker |\n")
+            r = runs[kind]
+            r["first"].append(res["first_batch_s"])
+            r["start"].append(statistics.mean(res["worker_start_s"]))
+            r["cpu"].append(statistics.mean(res["worker_cpu_s"]))
+            less = [c - g for c, g in zip(res["worker_cpu_s"], res["worker_full_gc_cpu_s"], strict=True)]
+            r["cpu_less_gc"].append(statistics.mean(less))
+            r["full_gc"].append(statistics.mean(res["worker_full_gc"]))
+        load.append(os.getloadavg()[0])
+    p, t = runs["plain"], runs["traced"]
+    print(f"## Agent start-up: DataLoader workers started with {context}\n")
+    print(
+        f"`python benchmarks/bench_startup.py --procs 0 --loader-pairs {pairs} --loader-context {context}`\n"
+    )
+    print(
+        f"{pairs} plain and {pairs} traced runs, alternating; 2 workers each, 8 batches; per run, the mean of "
+        f"its two workers; load average {min(load):.1f}–{max(load):.1f}.\n"
+    )
+    print("| measure | plain | traced | added (medians) | added (median of pairs) | added (minima) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    rows = [
+        ("iter() to first batch", "first"),
+        ("a worker's start to its init function", "start"),
+        ("a worker's CPU time until its init function", "cpu"),
+        ("the same less its full garbage collections", "cpu_less_gc"),
+    ]
+    for label, key in rows:
+        mp, mt = _median_ms(p[key]), _median_ms(t[key])
+        pair = _median_ms([b - a for a, b in zip(p[key], t[key], strict=True)])
+        low = 1e3 * (min(t[key]) - min(p[key]))
+        print(f"| {label} | {mp:.1f} ms | {mt:.1f} ms | {mt - mp:+.1f} ms | {pair:+.1f} ms | {low:+.1f} ms |")
+    gp, gt = statistics.median(p["full_gc"]), statistics.median(t["full_gc"])
+    print(
+        f"| full garbage collections until the init function, median | {gp:g} | {gt:g} | {gt - gp:+g} | | |"
+    )
+    print(
+        f"| ratio traced/plain, CPU until init (medians) | | {statistics.median(t['cpu']) / statistics.median(p['cpu']):.3f} | | | |"
+    )
+    print("| target | | | ≤ 10 ms per worker | | |\n")
+
+
+VALGRIND = """#!/bin/sh
+exec valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file={out}/cg.%p {python} "$@" 2>>{out}/valgrind.log
+"""
+
+
+def _worker_instructions(out: str, job: list[str], env: dict[str, str]) -> float:
+    """The mean of the instructions the two workers of one run of ``job`` executed until their init
+    function (the two largest counts: the run may start another process, the resource tracker)."""
+    wrapper = os.path.join(out, "python-under-valgrind")
+    with open(wrapper, "w") as f:
+        f.write(VALGRIND.format(out=out, python=sys.executable))
+    os.chmod(wrapper, 0o755)
+    env = {**env, "SPAWN_LOADER_EXECUTABLE": wrapper, "SPAWN_LOADER_EXIT_AT_INIT": "1"}
+    subprocess.run(job, capture_output=True, text=True, check=True, env=env)
+    counts: list[int] = []
+    for _ in range(120):  # each worker's counts are written as it exits
+        counts = []
+        for name in os.listdir(out):
+            if name.startswith("cg."):
+                with open(os.path.join(out, name)) as f:
+                    counts += [int(line.split()[1]) for line in f if line.startswith("summary:")]
+        if len(counts) >= 2:
+            break
+        time.sleep(0.5)
+    return statistics.mean(sorted(counts)[-2:])
+
+
+def worker_instructions(tmp: str, context: str, keep: int) -> None:
+    """Instructions of a spawned worker until its init function (valgrind's cachegrind): plain, plain
+    with ``keep`` more objects alive (one full garbage collection more, as in the traced worker), traced.
+    Counts move by about 0.1% from run to run, where CPU time moves by 10% on a shared machine."""
+    got: dict[str, float] = {}
+    for kind, extra in (
+        ("plain", {}),
+        (f"plain, {keep} objects more", {"SPAWN_LOADER_KEEP": str(keep)}),
+        ("traced", {}),
+    ):
+        out = os.path.join(tmp, f"instructions-{len(got)}")
+        os.makedirs(out)
+        env = {**os.environ, "SPAWN_LOADER_OUT": out, "OMP_NUM_THREADS": "1", **extra}
+        job = [sys.executable, LOADER, "8", context]
+        if kind == "traced":
+            job = [*HOLOPROF, "run", "--no-report", "--out", os.path.join(out, "run"), "--", *job]
+        got[kind] = _worker_instructions(out, job, env)
+    base = got["plain"]
+    print(f"## Agent start-up: instructions of a DataLoader worker started with {context}\n")
+    print(
+        f"`python benchmarks/bench_startup.py --procs 0 --loader-pairs 0 --instructions --loader-context {context}`\n"
+    )
+    print("| worker until its init function | instructions | added |\n| --- | --- | --- |")
+    for kind, n in got.items():
+        print(f"| {kind} | {n / 1e9:.3f} G | {(n - base) / 1e6:+.0f} M ({100 * (n - base) / base:+.2f}%) |")
+    print()
 
 
 def main() -> None:
@@ -114,6 +203,15 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=100)
     ap.add_argument("--code", default="import json")
     ap.add_argument("--loader-pairs", type=int, default=7, help="0: skip the DataLoader part")
+    ap.add_argument("--loader-context", default="spawn", choices=("spawn", "forkserver"))
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count a worker's instructions under valgrind (minutes)",
+    )
+    ap.add_argument(
+        "--keep", type=int, default=3000, help="objects kept alive in the --instructions control run"
+    )
     args = ap.parse_args()
     # lazy: the package's own folder, to byte-compile it
     import holoprof
@@ -123,7 +221,9 @@ def main() -> None:
         if args.procs > 0:
             short_processes(tmp, args.procs, args.code)
         if args.loader_pairs > 0:
-            spawn_workers(tmp, args.loader_pairs)
+            spawn_workers(tmp, args.loader_pairs, args.loader_context)
+        if args.instructions:
+            worker_instructions(tmp, args.loader_context, args.keep)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import holoprof
-from conftest import run_python, traced
+from conftest import main_process, run_python, traced
 from holoprof.collect import io_native
 
 #: What a process must not pay for at start-up unless it loads it itself: frameworks, the store's
@@ -112,3 +112,118 @@ def test_a_spawned_child_that_imports_torch_defers_the_gc_reset_to_its_first_for
     assert run.proc.returncode == 0, run.proc.stderr
     got = json.loads(run.proc.stdout.strip().splitlines()[-1])
     assert got["armed"] and not got["done"], got  # a collection waits for the child's first fork
+
+
+SPAWN_LOADER = """
+import json, multiprocessing as mp, os, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+TRAINING_MODULES = {training!r}
+
+
+class Files(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        with open(f"data-{{i}}.bin", "rb") as f:
+            return torch.tensor([float(len(f.read()))])
+
+
+def collectors(tag):
+    agent = sys.modules["holoprof.agent.core"].get_agent()
+    with open(f"{{tag}}-{{os.getpid()}}.json", "w") as f:
+        json.dump({{"collectors": sorted(type(c).__name__ for c in agent.collectors),
+                   "modules": sorted(m for m in TRAINING_MODULES if m in sys.modules)}}, f)
+
+
+def train(steps):
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.ones(2, 1)).sum().backward()
+        opt.step()
+
+
+def worker_init(_):
+    collectors("worker")
+
+
+def not_a_worker():
+    collectors("child")
+    train(2)
+
+
+if __name__ == "__main__":
+    for i in range(4):
+        with open(f"data-{{i}}.bin", "wb") as f:
+            f.write(b"x" * 1000 * (i + 1))
+    loader = DataLoader(Files(), batch_size=2, num_workers=2, multiprocessing_context="spawn",
+                        worker_init_fn=worker_init)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x in loader:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    # a spawned child that is no worker, started while this process marks the workers it starts (another
+    # thread while a DataLoader starts its workers): it gets the training collectors before it trains
+    os.environ["HOLOPROF_LOADER_WORKERS"] = str(os.getpid())
+    p = mp.get_context("spawn").Process(target=not_a_worker)
+    p.start()
+    p.join()
+    print("exit", p.exitcode)
+"""
+#: the training-step collectors' modules, which a DataLoader worker has no use for
+TRAINING_MODULES = (
+    "holoprof.collect.torch.collector",
+    "holoprof.collect.torch.forward",
+    "holoprof.collect.torch.optimizer",
+    "holoprof.collect.memory",
+    "holoprof.collect.flops",
+    "holoprof.collect.compile",
+    "holoprof.collect.comm",
+)
+
+
+def test_a_spawned_dataloader_worker_installs_no_training_collector_and_records_its_io(
+    tmp_path: Path,
+) -> None:
+    """A DataLoader worker started with "spawn" installs its batch fetches, I/O and checkpoint collectors
+    only, and its reads, fetches and role are in the run; a spawned child that is no worker still gets
+    every collector (timings: benchmarks/bench_startup.py)."""
+    (tmp_path / "job.py").write_text(SPAWN_LOADER.format(training=TRAINING_MODULES))
+    run = traced(tmp_path, "job.py")
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert "exit 0" in run.proc.stdout, run.proc.stdout
+
+    workers = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("worker-*.json")}
+    assert len(workers) == 2, workers
+    for got in workers.values():
+        assert got["modules"] == [], f"training collectors loaded in a worker: {got}"
+        assert "LoaderWorkerCollector" in got["collectors"] and "IoCollector" in got["collectors"], got
+        assert not {"TorchCollector", "MemoryCollector", "FlopCollector", "CommCollector"} & set(
+            got["collectors"]
+        )
+    (child,) = [json.loads(p.read_text()) for p in tmp_path.glob("child-*.json")]
+    assert {"TorchCollector", "MemoryCollector", "FlopCollector"} <= set(child["collectors"]), child
+    assert "LoaderWorkerCollector" not in child["collectors"], child
+
+    loaded = holoprof.load(run.run_dir)
+    roles = dict(loaded.rows("SELECT pid, max(role) FROM processes GROUP BY pid"))
+    assert {roles[pid] for pid in workers} == {"dataloader_worker"}, roles
+    # each worker's reads of the files it loaded, and its fetch spans
+    reads: dict[int, int] = {}
+    for pid, path, counters in loaded.rows("SELECT pid, path, counters FROM io_file_totals"):
+        if pid in workers and Path(path).name.startswith("data-"):
+            reads[pid] = reads.get(pid, 0) + json.loads(counters)["POSIX_BYTES_READ"]
+    assert sum(reads.values()) == 1000 + 2000 + 3000 + 4000, reads
+    fetches = loaded.rows("SELECT pid, count(*) FROM spans WHERE kind = 'op' AND name = 'fetch' GROUP BY pid")
+    assert sum(n for pid, n in fetches if pid in workers) == 2, fetches
+    # the training process and the child that is no worker train with every collector
+    steps = {p["pid"]: p["steps"] for p in run.report["processes"]}
+    assert steps[main_process(run.report)["pid"]] == 2, run.report["processes"]
+    child_pids = [p["pid"] for p in run.report["processes"] if p["role"] == "child" and p["steps"] == 2]
+    assert len(child_pids) == 1, run.report["processes"]

@@ -109,6 +109,9 @@ ENV_RUN_DIR: Final = "HOLOPROF_RUN_DIR"  # the gate: no agent starts unless it i
 ENV_OPTIONS: Final = "HOLOPROF_OPTIONS"  # JSON object of agent options
 ENV_LAUNCHER_PID: Final = "HOLOPROF_LAUNCHER_PID"  # pid of `holoprof run`; its direct child is "main"
 ENV_BOOT_DIR: Final = "HOLOPROF_BOOT_DIR"  # the directory holding our sitecustomize (for chaining)
+#: set by a traced process to its pid while a DataLoader starts its workers (empty otherwise): a
+#: worker started with "spawn" installs only the collectors a worker needs (collect.torch.worker)
+ENV_LOADER_WORKERS: Final = "HOLOPROF_LOADER_WORKERS"
 #: tests: "<collector>[:<entry point>]" makes that collector raise there (agent.core.fault_point)
 ENV_FAULT: Final = "HOLOPROF_FAULT_INJECT"
 

@@ -134,13 +134,13 @@ def reset_gc_clock(_module: ModuleType | None = None) -> None:
     """
     if not gc.isenabled():
         return
-    if _loading_from_parent():
+    if loading_from_parent():
         _collect_before_first_fork()
     else:
         gc.collect()
 
 
-def _loading_from_parent() -> bool:
+def loading_from_parent() -> bool:
     """Whether this is a multiprocessing child still unpickling its process object (multiprocessing
     marks the current process ``_inheriting`` meanwhile)."""
     mp = sys.modules.get("multiprocessing.process")

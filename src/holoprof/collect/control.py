@@ -32,7 +32,6 @@ from typing import Any
 from holoprof.agent.core import Agent, Collector, StepTracker, ThreadLoop
 from holoprof.collect.deep_profile import DeepProfiler
 from holoprof.collect.io_collector import io_trace_job
-from holoprof.collect.memory import memory_snapshot_handler
 from holoprof.store import mailbox
 
 #: How long a task for the next step boundary waits before it runs on the writer thread instead.
@@ -111,13 +110,21 @@ def _deep_profile(job: Job) -> None:
     job.collector.deep.arm(job)
 
 
+def _memory_snapshot(job: Job) -> None:
+    # lazy: the memory collector (and the torch collector it reads) load when a snapshot is asked for,
+    # not at every process's first flush (a DataLoader worker started with "spawn" has neither)
+    from holoprof.collect.memory import memory_snapshot_handler
+
+    memory_snapshot_handler(job)
+
+
 #: Action handlers in this process. Actions of :data:`holoprof.store.mailbox.ACTION_SPECS` without a
 #: handler here fail with "not available yet in this version".
 ACTIONS: dict[str, Handler] = {
     "stacks": _stacks,
     "deep-profile": _deep_profile,
     "io-trace": io_trace_job,
-    "memory-snapshot": memory_snapshot_handler,
+    "memory-snapshot": _memory_snapshot,
 }
 
 

@@ -8,7 +8,9 @@ worker included, so it does only what cannot wait: the process's agent (its row,
 writer thread), the I/O collector (the files the process reads from its first line on) and the knobs
 that must be set before a framework loads. A framework's collectors are imported and installed when
 the job imports the framework (a post-import hook), the control mailbox's reader at the first flush
-(:data:`COLLECTORS`). ``benchmarks/bench_startup.py`` measures what is left.
+(:data:`COLLECTORS`). A DataLoader worker started with "spawn" installs at ``import torch`` only what a
+worker records (:data:`IN_LOADER_WORKER`): never the training-step collectors.
+``benchmarks/bench_startup.py`` measures what is left.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from holoprof import model
 from holoprof.agent import core
 from holoprof.agent.core import Agent, Collector
-from holoprof.agent.setup import OPTION_GC_RESET, post_import_finder, reset_gc_clock
+from holoprof.agent.setup import OPTION_GC_RESET, loading_from_parent, post_import_finder, reset_gc_clock
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (loaded in every traced process)
 if TYPE_CHECKING:
@@ -90,6 +92,16 @@ COLLECTORS: list[tuple[str, tuple[str, ...], str | None]] = [
     ("holoprof.collect.io_collector:IoCollector", AT_START, None),  # the process's first read on
 ]
 
+#: In a DataLoader worker started with "spawn" (:func:`loader_worker_start`), what it installs at
+#: ``import torch`` in place of the collectors of :data:`COLLECTORS` named here: its batch fetches for
+#: the torch collector, the checkpoint collector itself (a dataset's ``torch.load``). The others
+#: hooked on torch (the training-step collectors) are left out: a worker never trains
+#: (:mod:`holoprof.collect.torch.worker`).
+IN_LOADER_WORKER: dict[str, str] = {
+    "holoprof.collect.torch:TorchCollector": "holoprof.collect.torch.worker:LoaderWorkerCollector",
+    "holoprof.collect.checkpoints:CheckpointCollector": "holoprof.collect.checkpoints:CheckpointCollector",
+}
+
 
 def _build(agent: Agent, target: str) -> Collector | None:
     """The collector ``target`` ("module:Class") for ``agent``; None when disabled or failing."""
@@ -120,19 +132,53 @@ def default_collectors(agent: Agent) -> list[Collector]:
     return [c for c in built if c is not None]
 
 
-def install_now(agent: Agent, targets: list[str]) -> None:
-    """Build and install the collectors ``targets`` in a running agent (the deferred ones)."""
+def install_now(agent: Agent, targets: list[str]) -> list[Collector]:
+    """Build and install the collectors ``targets`` in a running agent (the deferred ones); returns them."""
     if agent._stopped:
-        return  # holoprof.stop() came first
+        return []  # holoprof.stop() came first
+    installed = []
     for target in targets:
         c = _build(agent, target)
         if c is None:
             continue
         agent.collectors.append(c)
+        installed.append(c)
         try:
             c.install()
         except Exception as exc:
             agent.fail(c, exc)
+    return installed
+
+
+def loader_worker_start() -> bool:
+    """Whether this process is a DataLoader worker started with "spawn" that imports torch now: its
+    parent marked the workers it was starting with its pid (``HOLOPROF_LOADER_WORKERS``), and
+    multiprocessing is loading what the parent sent."""
+    return os.environ.get(model.ENV_LOADER_WORKERS) == str(os.getppid()) and loading_from_parent()
+
+
+def install_in_loader_worker(agent: Agent, targets: list[str]) -> None:
+    """Install what a DataLoader worker needs of the collectors ``targets`` (:data:`IN_LOADER_WORKER`);
+    the rest, in place of those swapped, only if the process's target is not torch's worker loop."""
+    # lazy: a DataLoader worker's side of the torch collector, only in such a worker
+    from holoprof.collect.torch.worker import unless_loader_worker
+
+    replacements: list[Collector] = []  # installed in place of another collector
+    for target in targets:
+        light = IN_LOADER_WORKER.get(target)
+        if light is not None:
+            built = install_now(agent, [light])
+            if light != target:
+                replacements.extend(built)
+
+    def not_a_worker() -> None:
+        for c in replacements:
+            c.uninstall()
+            if c in agent.collectors:
+                agent.collectors.remove(c)
+        install_now(agent, [t for t in targets if IN_LOADER_WORKER.get(t) != t])
+
+    unless_loader_worker(not_a_worker)
 
 
 def defer_collectors(agent: Agent) -> None:
@@ -149,17 +195,20 @@ def defer_collectors(agent: Agent) -> None:
             by_module.setdefault(name, []).append(target)
     done: set[str] = set()  # a collector hooked on two modules (tensorflow, keras) is installed once
 
-    def installer(targets: list[str]) -> Any:
+    def installer(targets: list[str], module: str = "") -> Any:
         def install(_module: ModuleType | None = None) -> None:
             todo = [t for t in targets if t not in done]
             done.update(todo)
-            install_now(agent, todo)
+            if module == "torch" and loader_worker_start():
+                install_in_loader_worker(agent, todo)
+            else:
+                install_now(agent, todo)
 
         return install
 
     finder = post_import_finder()
     for name, targets in by_module.items():
-        finder.add(name, installer(targets))
+        finder.add(name, installer(targets, name))
     if at_flush:
         agent.deferred.append(installer(at_flush))
 

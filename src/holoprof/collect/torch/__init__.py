@@ -19,6 +19,8 @@ installed in this order by :class:`~holoprof.collect.torch.collector.TorchCollec
   fetchers: an ``op`` span ``fetch`` per batch, in the training process and in every DataLoader
   worker.
 * :mod:`.distributed` — ``torch.distributed.init_process_group``: the rank.
+* :mod:`.worker` — ``_MultiProcessingDataLoaderIter.__init__``: the workers it starts are marked as
+  such; a worker started with "spawn" installs only its batch fetches (:mod:`.fetch`).
 
 :mod:`.state` holds what they share (the open phase, the pending batch wait, the loaders' roles and
 epochs); :mod:`.device` the device time per phase.
@@ -32,6 +34,21 @@ measured with CUDA events recorded at the phase boundaries and resolved on the w
 device is never synchronized.
 """
 
-from holoprof.collect.torch.collector import TorchCollector
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from holoprof.collect.torch.collector import TorchCollector
 
 __all__ = ["TorchCollector"]
+
+
+def __getattr__(name: str) -> type[TorchCollector]:
+    """``TorchCollector``, imported on first use: a DataLoader worker imports only :mod:`.worker`
+    and :mod:`.fetch` of this package, not the training-step patches."""
+    if name == "TorchCollector":
+        # lazy: the whole collector, only where it is installed (not in a DataLoader worker)
+        from holoprof.collect.torch.collector import TorchCollector
+
+        return TorchCollector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

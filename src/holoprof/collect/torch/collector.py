@@ -15,6 +15,7 @@ from holoprof.collect.torch.distributed import install_distributed
 from holoprof.collect.torch.forward import install_forward
 from holoprof.collect.torch.optimizer import OptimizerPhases
 from holoprof.collect.torch.state import TorchState
+from holoprof.collect.torch.worker import mark_worker_starts
 from holoprof.collect.torch.zero_grad import install_zero_grad
 
 
@@ -71,6 +72,7 @@ class TorchCollector(Collector):
         self._optimizer.install(optim_mod)
         install_zero_grad(self, st, torch, optim_mod)
         self._loader.install(torch, dl_mod)
+        mark_worker_starts(self, dl_mod)
         install_distributed(self, torch)
         self.agent.pollers.append(self._poll_device)
         self.agent.info["torch"] = {"patched": True}

@@ -9,21 +9,18 @@ model turns into CPU per step and the share of a core the training thread got; a
 time during the wait (``proc_wait_cpu_ns``): less the waiting thread's own, what the process's other
 threads burnt meanwhile (torch's idle OpenMP threads spin there).
 
-The dataset fetchers (``_MapDatasetFetcher.fetch``, ``_IterableDatasetFetcher.fetch``) record an
-``op`` span ``fetch`` per batch with its thread CPU time (``cpu_ns``) and time spent waiting for a
-CPU (``runq_ns``), in the training process and in every DataLoader worker.
+The dataset fetchers record an ``op`` span ``fetch`` per batch (:mod:`holoprof.collect.torch.fetch`),
+in the training process and in every DataLoader worker.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from types import ModuleType
 from typing import Any
 
 from holoprof.agent.core import Collector, now_ns
+from holoprof.collect.torch.fetch import FetchSpans, RunQueue
 from holoprof.collect.torch.state import TorchState
 from holoprof.collect.util import usable_cores
 
@@ -31,47 +28,29 @@ thread_time_ns = time.thread_time_ns
 process_time_ns = time.process_time_ns
 
 
-class _RunQueue(threading.local):
-    """This thread's time spent runnable but waiting for a CPU (Linux ``schedstat``), in ns: a fetch
-    that waited for a core is told from one that waited for a file or a sleep. One ``pread`` of a file
-    kept open per thread (a few microseconds); 0 where the kernel does not provide it."""
-
-    fd = -1
-    pid = 0
-
-    def wait_ns(self) -> int:
-        try:
-            if self.fd < 0 or self.pid != os.getpid():  # a forked child: the file is its parent's thread's
-                self.fd, self.pid = os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.getpid()
-            return int(os.pread(self.fd, 128, 0).split()[1])
-        except (OSError, ValueError, IndexError):
-            return 0
-
-
 class LoaderPhases:
-    """The loaders seen so far, the length of their current iterators and the process whose worker
-    SIGTERM handler is set, and the patches that record batch waits and fetches; :meth:`reset`
-    forgets them (after fork)."""
+    """The loaders seen so far and the length of their current iterators, and the patches that record
+    batch waits and fetches (:class:`FetchSpans`); :meth:`reset` forgets them (after fork)."""
 
     def __init__(self, col: Collector, st: TorchState) -> None:
         self.col = col
         self.st = st
         self.torch: ModuleType | None = None
+        self.fetches = FetchSpans(col)
         self.reset()
 
     def reset(self) -> None:
-        self.term_pid = 0  # the process whose DataLoader-worker SIGTERM handler is set
+        self.fetches.reset()
         self.seen_loaders: set[int] = set()
         self.iter_len: dict[int, tuple[int, int]] = {}  # loader key -> (iterator id, batches)
 
     def install(self, torch: ModuleType, dl_mod: ModuleType) -> None:
         """Patch ``_BaseDataLoaderIter.__next__`` (of ``torch.utils.data.dataloader``), then the fetchers."""
         self.torch = torch
-        runq = _RunQueue()
-        self._install_next(dl_mod, runq)
-        self._install_fetch(runq)
+        self._install_next(dl_mod, self.fetches.runq)
+        self.fetches.install(torch)
 
-    def _install_next(self, dl_mod: ModuleType, runq: _RunQueue) -> None:
+    def _install_next(self, dl_mod: ModuleType, runq: RunQueue) -> None:
         col, st = self.col, self.st
         agent = col.agent
         steps = agent.steps
@@ -122,56 +101,6 @@ class LoaderPhases:
                     agent.fail(col, exc)
 
         col._set(base_iter, "__next__", __next__)
-
-    def _install_fetch(self, runq: _RunQueue) -> None:
-        """One batch's loading work, in the training process and in DataLoader workers."""
-        import torch.utils.data._utils.fetch as fetch_mod  # lazy: torch loads only when the job imports it
-
-        col = self.col
-        agent = col.agent
-        span = agent.span
-
-        def wrap_fetch(orig: Any) -> Any:
-            def fetch(self_: Any, possibly_batched_index: Any) -> Any:
-                if not col.enabled:
-                    return orig(self_, possibly_batched_index)
-                if self.term_pid != os.getpid():
-                    self.worker_sigterm()
-                t0, c0, q0 = now_ns(), thread_time_ns(), runq.wait_ns()
-                try:
-                    return orig(self_, possibly_batched_index)
-                finally:
-                    try:
-                        attrs = {"cpu_ns": thread_time_ns() - c0, "runq_ns": runq.wait_ns() - q0}
-                        span("op", "fetch", t0, now_ns(), -1, attrs)
-                    except Exception as exc:
-                        agent.fail(col, exc)
-
-            fetch.__wrapped__ = orig  # type: ignore[attr-defined]
-            return fetch
-
-        for cls_name in ("_MapDatasetFetcher", "_IterableDatasetFetcher"):
-            fcls = getattr(fetch_mod, cls_name, None)
-            if fcls is not None and "fetch" in vars(fcls):
-                col._set(fcls, "fetch", wrap_fetch(fcls.fetch))
-
-    # -- helpers (called from the patches) ---------------------------------------------------------
-    def worker_sigterm(self) -> None:
-        """In a DataLoader worker, flush what it recorded when its parent ends it with SIGTERM.
-
-        PyTorch's workers answer SIGTERM with a C handler that calls ``_exit(0)`` at once: that is how
-        the parent's multiprocessing ends persistent workers at exit, and the worker's records were
-        lost. A Python handler does the same exit through ``os._exit``, which flushes first."""
-        self.term_pid = os.getpid()
-        data = getattr(self.torch, "utils", None)
-        info = getattr(getattr(data, "data", None), "get_worker_info", None)
-        if info is None or info() is None or threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_term(signum: int, frame: Any) -> None:
-            os._exit(0)  # as PyTorch's own handler; the agent's os._exit flushes before it exits
-
-        signal.signal(signal.SIGTERM, on_term)
 
     def new_loader(self, it: Any, key: int, t0: int) -> None:
         """A loader's first batch: an ``op`` span ``dataloader`` with its settings and the machine."""

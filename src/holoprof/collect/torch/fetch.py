@@ -1,0 +1,104 @@
+"""One batch's loading work: the dataset fetchers (``_MapDatasetFetcher.fetch``,
+``_IterableDatasetFetcher.fetch``) record an ``op`` span ``fetch`` per batch with its thread CPU time
+(``cpu_ns``) and time spent waiting for a CPU (``runq_ns``), in the training process and in every
+DataLoader worker.
+
+The worker's side of the torch collector: a DataLoader worker started with "spawn" installs this
+alone (:mod:`holoprof.collect.torch.worker`), the training process with the rest of the collector
+(:mod:`holoprof.collect.torch.dataloader`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from types import ModuleType
+from typing import Any
+
+from holoprof.agent.core import Collector, now_ns
+
+thread_time_ns = time.thread_time_ns
+
+
+class RunQueue(threading.local):
+    """This thread's time spent runnable but waiting for a CPU (Linux ``schedstat``), in ns: a fetch
+    that waited for a core is told from one that waited for a file or a sleep. One ``pread`` of a file
+    kept open per thread (a few microseconds); 0 where the kernel does not provide it."""
+
+    fd = -1
+    pid = 0
+
+    def wait_ns(self) -> int:
+        try:
+            if self.fd < 0 or self.pid != os.getpid():  # a forked child: the file is its parent's thread's
+                self.fd, self.pid = os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.getpid()
+            return int(os.pread(self.fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+
+class FetchSpans:
+    """The fetchers' patches of collector ``col``, and the process whose DataLoader-worker SIGTERM
+    handler is set (:meth:`reset` forgets it, after fork)."""
+
+    def __init__(self, col: Collector, runq: RunQueue | None = None) -> None:
+        self.col = col
+        self.runq = runq or RunQueue()
+        self.torch: ModuleType | None = None
+        self.term_pid = 0
+
+    def reset(self) -> None:
+        self.term_pid = 0
+
+    def install(self, torch: ModuleType) -> None:
+        """Patch the dataset fetchers of ``torch.utils.data``."""
+        import torch.utils.data._utils.fetch as fetch_mod  # lazy: torch loads only when the job imports it
+
+        self.torch = torch
+        col = self.col
+        agent = col.agent
+        span = agent.span
+        runq = self.runq
+
+        def wrap_fetch(orig: Any) -> Any:
+            def fetch(self_: Any, possibly_batched_index: Any) -> Any:
+                if not col.enabled:
+                    return orig(self_, possibly_batched_index)
+                if self.term_pid != os.getpid():
+                    self.worker_sigterm()
+                t0, c0, q0 = now_ns(), thread_time_ns(), runq.wait_ns()
+                try:
+                    return orig(self_, possibly_batched_index)
+                finally:
+                    try:
+                        attrs = {"cpu_ns": thread_time_ns() - c0, "runq_ns": runq.wait_ns() - q0}
+                        span("op", "fetch", t0, now_ns(), -1, attrs)
+                    except Exception as exc:
+                        agent.fail(col, exc)
+
+            fetch.__wrapped__ = orig  # type: ignore[attr-defined]
+            return fetch
+
+        for cls_name in ("_MapDatasetFetcher", "_IterableDatasetFetcher"):
+            fcls = getattr(fetch_mod, cls_name, None)
+            if fcls is not None and "fetch" in vars(fcls):
+                col._set(fcls, "fetch", wrap_fetch(fcls.fetch))
+
+    def worker_sigterm(self) -> None:
+        """In a DataLoader worker, flush what it recorded when its parent ends it with SIGTERM.
+
+        PyTorch's workers answer SIGTERM with a C handler that calls ``_exit(0)`` at once: that is how
+        the parent's multiprocessing ends persistent workers at exit, and the worker's records were
+        lost. A Python handler does the same exit through ``os._exit``, which flushes first."""
+        self.term_pid = os.getpid()
+        data = getattr(self.torch, "utils", None)
+        info = getattr(getattr(data, "data", None), "get_worker_info", None)
+        if info is None or info() is None or threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_term(signum: int, frame: Any) -> None:
+            os._exit(0)  # as PyTorch's own handler; the agent's os._exit flushes before it exits
+
+        signal.signal(signal.SIGTERM, on_term)
