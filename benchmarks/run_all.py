@@ -16,6 +16,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = [
     "bench_overhead.py",  # always-on overhead on a CPU training loop (issue: foundation)
+    "bench_step_cost.py",  # what holoprof adds to a 6 ms step, measured inside one traced process
     "bench_hotpath.py",  # cost per span, per module call, agent memory bound
     "bench_startup.py",  # ms added per short Python process and per spawned DataLoader worker
     "bench_report_scale.py",  # report on 10M generated spans
