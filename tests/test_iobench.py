@@ -93,7 +93,7 @@ def test_cold_cache_is_verified_or_explained(large_file: tuple[Path, int]) -> No
     else:
         assert any("warm" in w for w in result.warnings)
     iobench.evict([(str(path), path.stat().st_size)])
-    if iobench._MINCORE.available and iobench._fs_type(str(path)) not in ("tmpfs", "ramfs"):
+    if iobench._MINCORE.available and iobench.fs_type(str(path)) not in ("tmpfs", "ramfs"):
         assert iobench.resident_fraction([(str(path), path.stat().st_size)]) == pytest.approx(0.0, abs=0.05)
 
 
