@@ -73,11 +73,14 @@ class PhaseState(threading.local):
     thread's native id, read once (``threading.get_native_id`` is a system call on every call).
     A forked child gets a fresh one (``Agent._init_process_state``), so no id outlives a fork.
     ``waits``: the communication the thread waited for inside its open phase, (start, end, call) —
-    see :mod:`holoprof.collect.waits`."""
+    see :mod:`holoprof.collect.waits`. ``fetch``: a dataset fetch made inside the thread's batch
+    wait, whose span the wait records with its own CPU readings (:mod:`holoprof.collect.torch.fetch`)."""
 
     active: str | None = None
     waits: list[tuple[int, int, str]] | None = None
     loop: ThreadLoop | None = None
+    #: a dataset fetch inside this thread's batch wait: (start, end), recorded by the wait's end
+    fetch: tuple[int, int] | None = None
 
     def __init__(self) -> None:
         self.tid = threading.get_native_id()

@@ -36,7 +36,7 @@ class LoaderPhases:
         self.col = col
         self.st = st
         self.torch: ModuleType | None = None
-        self.fetches = FetchSpans(col)
+        self.fetches = FetchSpans(col, nested=True)
         self.reset()
 
     def reset(self) -> None:
@@ -91,6 +91,10 @@ class LoaderPhases:
                     t1 = now_ns()
                     cpu = (thread_time_ns() - c0, pc0, c0, runq.wait_ns() - q0, q0, process_time_ns() - pc0)
                     st.pending_dw = (t0, t1, key, cpu)
+                    if t.fetch is not None:  # the fetch inside this wait, with the wait's readings
+                        f0, f1 = t.fetch
+                        t.fetch = None
+                        agent.span("op", "fetch", f0, f1, -1, {"cpu_ns": cpu[0], "runq_ns": cpu[3]})
                     if stop:
                         st.end_epoch(key, t1)
                     else:

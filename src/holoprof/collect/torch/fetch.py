@@ -43,9 +43,11 @@ class FetchSpans:
     """The fetchers' patches of collector ``col``, and the process whose DataLoader-worker SIGTERM
     handler is set (:meth:`reset` forgets it, after fork)."""
 
-    def __init__(self, col: Collector, runq: RunQueue | None = None) -> None:
+    def __init__(self, col: Collector, runq: RunQueue | None = None, nested: bool = False) -> None:
         self.col = col
         self.runq = runq or RunQueue()
+        #: the batch wait's patch records a fetch made inside it (the training process's, not a worker's)
+        self.nested = nested
         self.torch: ModuleType | None = None
         self.term_pid = 0
 
@@ -62,12 +64,24 @@ class FetchSpans:
         span = agent.span
         runq = self.runq
 
+        tls = agent.tls
+
         def wrap_fetch(orig: Any) -> Any:
             def fetch(self_: Any, possibly_batched_index: Any) -> Any:
                 if not col.enabled:
                     return orig(self_, possibly_batched_index)
                 if self.term_pid != os.getpid():
                     self.worker_sigterm()
+                if self.nested and tls.active == "data_wait":
+                    # inside the batch wait of this thread (no workers): the wait reads the thread's
+                    # CPU and run queue around it and records this span with them, four system calls
+                    # fewer per batch; the fetch is nearly all of the wait (the sampler's next index
+                    # and the wrapper's own bookkeeping are the rest)
+                    t0 = now_ns()
+                    try:
+                        return orig(self_, possibly_batched_index)
+                    finally:
+                        tls.fetch = (t0, now_ns())
                 t0, c0, q0 = now_ns(), thread_time_ns(), runq.wait_ns()
                 try:
                     return orig(self_, possibly_batched_index)
