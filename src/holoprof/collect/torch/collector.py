@@ -6,9 +6,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from holoprof.agent.core import Agent, Collector
-from holoprof.agent.setup import post_import_finder
+from holoprof.agent.core import Agent
 from holoprof.collect.torch.backward import install_backward
+from holoprof.collect.torch.base import TorchImportCollector
 from holoprof.collect.torch.dataloader import LoaderPhases
 from holoprof.collect.torch.device import DeviceTimes
 from holoprof.collect.torch.distributed import install_distributed
@@ -28,27 +28,13 @@ def torch_state(agent: Agent) -> TorchState | None:
     return None
 
 
-class TorchCollector(Collector):
-    name = "torch"
-    default_fault = "forward"
-
+class TorchCollector(TorchImportCollector):
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
         self._state = TorchState(agent)
         self._device = DeviceTimes(agent)
         self._optimizer = OptimizerPhases(self, self._state, self._device)
         self._loader = LoaderPhases(self, self._state)
-
-    def install(self) -> None:
-        post_import_finder().add("torch", self._on_torch)
-
-    def _on_torch(self, torch: ModuleType) -> None:
-        if not self.enabled:
-            return
-        try:
-            self._patch(torch)
-        except Exception as exc:
-            self.agent.fail(self, exc)
 
     def after_fork_child(self) -> None:
         self._state.reset()

@@ -28,31 +28,20 @@ from typing import Any
 
 from holoprof import model
 from holoprof.agent.core import Agent, Collector
-from holoprof.agent.setup import post_import_finder
+from holoprof.collect.torch.base import TorchImportCollector
 from holoprof.collect.torch.fetch import FetchSpans
 
 
-class LoaderWorkerCollector(Collector):
+class LoaderWorkerCollector(TorchImportCollector):
     """The torch collector of a DataLoader worker started with "spawn": the batch fetches only."""
-
-    name = "torch"
-    default_fault = "forward"
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent)
         self.fetches = FetchSpans(self)
 
-    def install(self) -> None:
-        post_import_finder().add("torch", self._on_torch)
-
-    def _on_torch(self, torch: ModuleType) -> None:
-        if not self.enabled:
-            return
-        try:
-            self.fetches.install(torch)
-            self.agent.info["torch"] = {"patched": True, "loader_worker": True}
-        except Exception as exc:
-            self.agent.fail(self, exc)
+    def _patch(self, torch: ModuleType) -> None:
+        self.fetches.install(torch)
+        self.agent.info["torch"] = {"patched": True, "loader_worker": True}
 
     def after_fork_child(self) -> None:
         self.fetches.reset()
