@@ -66,7 +66,9 @@ dist.destroy_process_group()
 """
 
 
-def per_call(n: int, buffer: str | None) -> float:
+def job_env(buffer: str | None) -> dict[str, str]:
+    """This environment with one OpenMP thread and the flight recorder's buffer set to ``buffer``
+    (None: torch's default)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -75,6 +77,11 @@ def per_call(n: int, buffer: str | None) -> float:
     env["OMP_NUM_THREADS"] = "1"
     if buffer is not None:
         env["TORCH_FR_BUFFER_SIZE"] = buffer
+    return env
+
+
+def per_call(n: int, buffer: str | None) -> float:
+    env = job_env(buffer)
     out = subprocess.run(
         [sys.executable, "-c", ONE, str(n)], env=env, capture_output=True, text=True, timeout=600, check=True
     ).stdout
@@ -88,14 +95,7 @@ def free_port() -> int:
 
 
 def one(script: str, steps: int, buffer: str | None) -> tuple[float, float]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-    }
-    env["OMP_NUM_THREADS"] = "1"
-    if buffer is not None:
-        env["TORCH_FR_BUFFER_SIZE"] = buffer
+    env = job_env(buffer)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_port()), script, str(steps)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)

@@ -39,8 +39,8 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from holoprof.agent.core import Agent, Collector, now_ns
-from holoprof.agent.setup import post_import_finder
+from holoprof.agent.core import Agent, now_ns
+from holoprof.collect.torch.base import TorchImportCollector
 from holoprof.collect.torch.collector import torch_state
 from holoprof.collect.torch.state import TorchState
 from holoprof.collect.util import process_created_ns
@@ -161,7 +161,7 @@ def unavailable(torch: ModuleType) -> str:
     return ""
 
 
-class FlopCollector(Collector):
+class FlopCollector(TorchImportCollector):
     """Counts the FLOPs of step :data:`COUNT_STEP`, once per process."""
 
     name = "flops"
@@ -194,23 +194,18 @@ class FlopCollector(Collector):
     def install(self) -> None:
         if self.mode_opt == "off":
             return
-        post_import_finder().add("torch", self._on_torch)
+        super().install()
 
-    def _on_torch(self, torch: ModuleType) -> None:
-        if not self.enabled:
+    def _patch(self, torch: ModuleType) -> None:
+        import torch.optim.optimizer as optim_mod  # lazy: torch is loaded by the job
+
+        self.torch = torch
+        self.state = torch_state(self.agent)
+        if self.state is None:
+            self.agent.info["flops"] = {"why": "the torch collector is not running"}
             return
-        try:
-            import torch.optim.optimizer as optim_mod  # lazy: torch is loaded by the job
-
-            self.torch = torch
-            self.state = torch_state(self.agent)
-            if self.state is None:
-                self.agent.info["flops"] = {"why": "the torch collector is not running"}
-                return
-            self._handles.append(optim_mod.register_optimizer_step_post_hook(self._opt_post))
-            self.state.observers.append(self)
-        except Exception as exc:
-            self.agent.fail(self, exc)
+        self._handles.append(optim_mod.register_optimizer_step_post_hook(self._opt_post))
+        self.state.observers.append(self)
 
     def after_fork_child(self) -> None:
         # a forked child (a DataLoader worker) does not train; a mode entered by the parent's thread

@@ -49,13 +49,13 @@ from types import ModuleType
 from typing import Any
 
 from holoprof import model
-from holoprof.agent.core import Agent, Collector
-from holoprof.agent.setup import post_import_finder
+from holoprof.agent.core import Agent
 from holoprof.collect.memory_accounts import CATEGORIES, TensorAccounts, tensors_in
 from holoprof.collect.memory_hooks import ForwardTracker
 from holoprof.collect.memory_phases import PhaseSnapshots
 from holoprof.collect.memory_process import rss_bytes
 from holoprof.collect.memory_schedule import EVERY, MODES, is_sampled
+from holoprof.collect.torch.base import TorchImportCollector
 from holoprof.collect.torch.collector import torch_state
 
 #: The report's note when several threads of a process train: reading the tensors of a model while
@@ -66,7 +66,7 @@ SEVERAL_LOOPS_NOTE = (
 )
 
 
-class MemoryCollector(Collector):
+class MemoryCollector(TorchImportCollector):
     """The hooks (:class:`ForwardTracker`), the counts (:class:`TensorAccounts`) and the snapshots
     (:class:`PhaseSnapshots`), driven by the optimizer's step hooks."""
 
@@ -88,15 +88,7 @@ class MemoryCollector(Collector):
     def install(self) -> None:
         if self.mode == "off" and not self.stop_after:
             return
-        post_import_finder().add("torch", self._on_torch)
-
-    def _on_torch(self, torch: ModuleType) -> None:
-        if not self.enabled:
-            return
-        try:
-            self._setup(torch)
-        except Exception as exc:
-            self.agent.fail(self, exc)
+        super().install()
 
     def after_fork_child(self) -> None:
         # A forked child (a DataLoader worker) does not train: no hooks fire there that matter.
@@ -110,7 +102,7 @@ class MemoryCollector(Collector):
         self.tracker.disarm()
         super().uninstall()
 
-    def _setup(self, torch: ModuleType) -> None:
+    def _patch(self, torch: ModuleType) -> None:
         import torch.optim.optimizer as optim_mod  # lazy: torch is loaded by the job, never by the agent
 
         self.tracker.setup(torch)
