@@ -23,6 +23,7 @@ reads is Dynamo's, the same with every backend.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ from holoprof.collect.compile import parse_reason, recompile_record
 from holoprof.collect.flops import cuda_device
 from holoprof.errors import HoloprofError
 from holoprof.knobspec import parse_value
-from holoprof.launch.peak import cpu_peaks
+from holoprof.launch.peak import cache_key, cpu_model, cpu_peaks
 
 SCRIPT = str(Path(__file__).resolve().parent / "framework_scripts" / "flops_models.py")
 MODELS = ("mlp", "cnn", "gpt")
@@ -154,36 +155,77 @@ def test_the_knob_sets_the_matmul_precision(runs: dict[str, tuple[TracedRun, dic
     assert runs["mlp"][0].report["compute"]["matmul_precision"] == "highest"
 
 
+def _given_peaks(tmp: Path, fp32: float, bf16: float) -> dict[str, str]:
+    """A machine cache of CPU peaks (``XDG_CACHE_HOME`` under ``tmp``) that says this CPU's bf16
+    GEMMs peak at ``bf16`` and its fp32 ones at ``fp32``, for every thread count: the environment of a
+    job whose ``low_mfu`` finding must not depend on how this machine's measured peaks compare."""
+    import torch
+
+    cache = tmp / "cache"
+    entries = {
+        cache_key(cpu_model(), dtype, threads, torch.__version__): {
+            "device": "cpu", "cpu_model": cpu_model(), "dtype": dtype, "threads": threads,
+            "peak_flops_per_s": peak, "n": 512, "reps": 1, "torch": torch.__version__,
+            "measured_at": "given by the test",
+        }
+        for dtype, peak in (("float32", fp32), ("bfloat16", bf16))
+        for threads in range(1, (os.cpu_count() or 1) + 1)
+    }  # fmt: skip
+    (cache / "holoprof").mkdir(parents=True)
+    (cache / "holoprof" / "peak-flops.json").write_text(json.dumps(entries))
+    return {"XDG_CACHE_HOME": str(cache)}
+
+
 def test_tune_measures_what_low_mfu_can_apply(tmp_path: Path) -> None:
     """A job that is not input-bound: tune sweeps the low_mfu finding's no-code-change knobs (bf16
-    autocast where this CPU's measured bf16 peak is higher), the job as it is first, or says that
-    the changes named need code."""
+    autocast, the job as it is first) and measures the best. The peaks are given
+    (a bf16 peak twice the fp32 one, far above what the GPT reaches), as a CPU with bf16 units has
+    them: whether this machine's own measured peaks fire the finding is up to its CPU and its load."""
+    env = _env(tmp_path, _given_peaks(tmp_path, fp32=1e12, bf16=2e12))
     proc = run_holoprof(
         "tune", "--steps", "8", "--out", str(tmp_path / "t"), "--json", "--", sys.executable, SCRIPT, "gpt",
-        cwd=tmp_path, env=_env(tmp_path), timeout=300,
+        cwd=tmp_path, env=env, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     f = doc["finding"]
+    assert f is not None, doc
     assert f["id"] == "low_mfu", doc
     knobs = {k: v for c in f["evidence"]["changes"] for k, v in (c.get("knobs") or {}).items()}
-    if not knobs:
-        assert "need code changes" in doc["message"] and "sweep" not in doc
-        return
     assert knobs == {"autocast": ["off", "bf16"]}  # no TF32 on a CPU
     assert doc["sweep"]["knobs"] == knobs
     rows = {r["label"]: r for r in doc["sweep"]["rows"]}
     assert set(rows) == {"autocast=off", "autocast=bf16"} and all(r["steps"] == 8 for r in rows.values())
     dtypes = {
-        label: json.loads(run_holoprof("report", r["run_dir"], "--json", cwd=tmp_path).stdout)["compute"][
-            "dtype"
-        ]
+        label: json.loads(run_holoprof("report", r["run_dir"], "--json", cwd=tmp_path, env=env).stdout)[
+            "compute"
+        ]["dtype"]
         for label, r in rows.items()
     }
     assert dtypes == {"autocast=off": "float32", "autocast=bf16": "bfloat16"}
     assert (
         doc["measured"]["gain_kind"] == "measured" and doc["measured"]["gain_basis"]["this"] == "autocast=off"
     )
+
+
+def test_tune_says_when_low_mfu_names_no_knob(tmp_path: Path) -> None:
+    """A CPU whose bf16 peak is below its fp32 one: no knob can raise the MFU, so tune sweeps nothing
+    and says why (nothing to tune, or the changes the finding names need code)."""
+    env = _env(tmp_path, _given_peaks(tmp_path, fp32=1e12, bf16=5e11))
+    proc = run_holoprof(
+        "tune", "--steps", "8", "--out", str(tmp_path / "t"), "--json", "--", sys.executable, SCRIPT, "gpt",
+        cwd=tmp_path, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert "sweep" not in doc and "measured" not in doc, doc
+    f = doc["finding"]
+    if f is None:
+        assert "nothing to tune" in doc["message"]
+    else:
+        assert f["id"] == "low_mfu" and "need code changes" in doc["message"]
+        assert all(not c.get("knobs") for c in f["evidence"]["changes"])
+    assert "autocast" not in doc["message"]
 
 
 def test_traced_gpt_computes_what_untraced_does(

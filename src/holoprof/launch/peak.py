@@ -90,6 +90,11 @@ def cache_path() -> str:
     return os.path.join(base, "holoprof", CACHE_FILE)
 
 
+def cache_key(model: str, dtype: str, threads: int, torch_version: str) -> str:
+    """The machine cache's key of one peak: CPU model, dtype, thread count and torch version."""
+    return f"{model}|{dtype}|{threads}|torch {torch_version}"
+
+
 def _load_cache(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
@@ -145,7 +150,7 @@ def cpu_peaks(python: str, dtypes: list[str], threads: int, torch_version: str =
     cache = _load_cache(path)
 
     def key(d: str) -> str:
-        return f"{model}|{d}|{threads}|torch {torch_version}"
+        return cache_key(model, d, threads, torch_version)
 
     found: dict[str, dict[str, Any]] = {}
     for d in dtypes:
