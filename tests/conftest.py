@@ -219,6 +219,17 @@ TIMING_MODULES = frozenset(
 TIMING = "timing"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile holoprof's modules once, before any test: the jobs and commands the tests start run
+    with PYTHONDONTWRITEBYTECODE (so that no job writes beside the sources it is traced reading), and
+    without compiled modules each of those thousands of processes would compile what it imports anew.
+    Only the controller compiles (xdist's workers start after it)."""
+    if not hasattr(session.config, "workerinput"):
+        import compileall
+
+        compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "src" / "holoprof"), quiet=1)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadfile`` (``make test``: ``-n 2``), with the TIMING_MODULES as one unit that runs
