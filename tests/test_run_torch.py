@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -212,3 +213,39 @@ def test_torch_profiler_with_stack_works_inside_a_traced_job(tmp_path) -> None: 
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "profiled" in proc.stdout
     assert report_json(str(tmp_path / "run"))["steps"]["count"] == 3
+
+
+def test_after_its_first_waits_a_thread_reads_its_clocks_on_pairs_of_waits(tmp_path: Path) -> None:
+    """The batch wait's CPU and run-queue readings (system calls) are taken on every one of a thread's
+    first READ_ALL waits, then on two consecutive waits in every READ_EVERY; the input model pairs only
+    consecutive waits, so what the training thread did between two waits is still one step's."""
+    from holoprof import load
+    from holoprof.analyze.input_model import _data_waits, _MainThread
+    from holoprof.analyze.steps import step_processes
+    from holoprof.collect.torch.dataloader import READ_ALL, READ_EVERY
+
+    batches = READ_ALL + 6 * READ_EVERY
+    run = traced(tmp_path, sys.executable, script("train.py"), "--epochs", "1", "--batches", str(batches))
+    assert run.proc.returncode == 0, run.proc.stderr
+    r = load(run.run_dir)
+    rows = r.rows(
+        """SELECT json_extract(attrs, '$.wait_n'), json_extract(attrs, '$.cpu_ns') FROM spans
+           WHERE kind = 'phase' AND name IN ('data_wait', 'eval') AND json_exists(attrs, '$.loader')
+           ORDER BY start_ns"""
+    )  # every batch wait of the thread: the training loader's and, after them, the evaluation's
+    assert len(rows) > batches
+    read = [int(n) for n, cpu in rows if cpu is not None]
+    assert read == [n for n in range(len(rows)) if n < READ_ALL or n % READ_EVERY < 2]
+    assert all(n is None for n, cpu in rows if cpu is None)
+    fetches = r.rows("SELECT json_extract(attrs, '$.cpu_ns') FROM spans WHERE kind = 'op' AND name = 'fetch'")
+    # a fetch has its wait's readings; the wait that ends each loader's epoch (StopIteration) fetched none
+    assert len(fetches) >= batches and len(read) - 2 <= sum(c is not None for (c,) in fetches) <= len(read)
+    # the training thread's CPU between two waits, from the sampled pairs alone: one step's compute
+    (main,) = step_processes(r)
+    vals = _data_waits(r, main)
+    late = [v for v in vals if v[8] >= READ_ALL]
+    thread = _MainThread.of(late)
+    assert len(thread.compute_cpu) == len(late) // 2
+    walls = sorted((b[0] - a[1]) / 1e9 for a, b in itertools.pairwise(vals) if b[8] == a[8] + 1)
+    cpu = sorted(thread.compute_cpu)
+    assert 0.2 * walls[len(walls) // 2] < cpu[len(cpu) // 2] < 2.0 * walls[len(walls) // 2], (cpu, walls)

@@ -81,6 +81,8 @@ class PhaseState(threading.local):
     loop: ThreadLoop | None = None
     #: a dataset fetch inside this thread's batch wait: (start, end), recorded by the wait's end
     fetch: tuple[int, int] | None = None
+    #: the thread's batch waits so far (which of them read the CPU clocks: :mod:`holoprof.collect.torch.dataloader`)
+    batch_waits: int = 0
 
     def __init__(self) -> None:
         self.tid = threading.get_native_id()

@@ -137,12 +137,14 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
 def _data_waits(run: Run, main: ProcKey) -> list[tuple[int, ...]]:
     """The training loop's data waits in time order, those with their CPU measured: (start, end, CPU
     of the waiting thread, CPU of the process, CPU of the thread so far, its run-queue wait during the
-    wait, its run-queue wait so far, CPU of the process's other threads during the wait or -1)."""
+    wait, its run-queue wait so far, CPU of the process's other threads during the wait or -1, the
+    wait's number in its thread or -1 where the run does not say: every wait read its clocks)."""
     rows = run.rows(
         """SELECT start_ns, end_ns, json_extract(attrs, '$.cpu_ns'), json_extract(attrs, '$.proc_cpu_ns'),
                   coalesce(json_extract(attrs, '$.thread_cpu_ns'), 0), coalesce(json_extract(attrs, '$.runq_ns'), 0),
                   coalesce(json_extract(attrs, '$.thread_runq_ns'), 0),
-                  coalesce(json_extract(attrs, '$.proc_wait_cpu_ns'), -1)
+                  coalesce(json_extract(attrs, '$.proc_wait_cpu_ns'), -1),
+                  coalesce(json_extract(attrs, '$.wait_n'), -1)
            FROM spans WHERE kind = 'phase' AND name = 'data_wait' AND host = ? AND pid = ? AND step >= 0
            ORDER BY start_ns""",
         [main.host, main.pid],
@@ -163,14 +165,16 @@ class _MainThread:
     @classmethod
     def of(cls, vals: list[tuple[int, ...]]) -> _MainThread:
         waits = [v[:4] for v in vals]
+        # consecutive waits of the thread (after its first ones, only pairs of waits read the clocks)
+        pairs = [(a, b) for a, b in itertools.pairwise(vals) if a[8] < 0 or b[8] == a[8] + 1]
         # the training thread between two waits: its CPU, and its time runnable but without a core
         own = [
             (b[4] - a[4] - a[2], b[6] - a[6] - a[5])
-            for a, b in itertools.pairwise(vals)
+            for a, b in pairs
             if b[4] and a[4] and b[4] - a[4] >= a[2] and b[6] - a[6] >= a[5]
         ]
         # CPU of the training process between the end of one wait and the start of the next: compute
-        compute_cpu = [(b[3] - a[3] - a[2]) / NS for a, b in itertools.pairwise(waits) if b[3] >= a[3] + a[2]]
+        compute_cpu = [(b[3] - a[3] - a[2]) / NS for a, b in pairs if b[3] >= a[3] + a[2]]
         main_wait_cpu = [w[2] / NS for w in waits]
         # the process's other threads while the training thread waited (torch's idle threads spinning)
         spin = [max(0, v[7] - v[2]) / NS for v in vals[WARMUP_STEPS:] or vals if v[7] >= 0]

@@ -9,8 +9,15 @@ model turns into CPU per step and the share of a core the training thread got; a
 time during the wait (``proc_wait_cpu_ns``): less the waiting thread's own, what the process's other
 threads burnt meanwhile (torch's idle OpenMP threads spin there).
 
+Those readings are system calls (six per batch, a few microseconds each inside a training loop), so
+a thread's first :data:`READ_ALL` batch waits take them all, and after that two consecutive waits in
+every :data:`READ_EVERY` (a pair: what the thread did between two waits is a difference of readings of
+consecutive waits); a wait with readings carries its number among the thread's waits (``wait_n``).
+The model takes medians over the waits read.
+
 The dataset fetchers record an ``op`` span ``fetch`` per batch (:mod:`holoprof.collect.torch.fetch`),
-in the training process and in every DataLoader worker.
+in the training process and in every DataLoader worker; a fetch inside a batch wait has the wait's
+readings, when it took them.
 """
 
 from __future__ import annotations
@@ -26,6 +33,11 @@ from holoprof.collect.util import usable_cores
 
 thread_time_ns = time.thread_time_ns
 process_time_ns = time.process_time_ns
+
+#: a thread's first batch waits, which all read the CPU clocks and the run queue
+READ_ALL = 64
+#: after those, the first two waits of every this many read them
+READ_EVERY = 8
 
 
 class LoaderPhases:
@@ -72,9 +84,14 @@ class LoaderPhases:
                 steps.just_updated = False
                 if key in st.train_loaders:
                     steps.loader_opener(t0)
-                pc0 = process_time_ns()
-                c0 = thread_time_ns()
-                q0 = runq.wait_ns()
+                n = t.batch_waits
+                t.batch_waits = n + 1
+                if n < READ_ALL or n % READ_EVERY < 2:
+                    pc0 = process_time_ns()
+                    c0 = thread_time_ns()
+                    q0 = runq.wait_ns()
+                else:
+                    n = -1
             except Exception as exc:
                 agent.fail(col, exc)
                 return orig_next(it)
@@ -89,12 +106,16 @@ class LoaderPhases:
                 t.active = None
                 try:
                     t1 = now_ns()
-                    cpu = (thread_time_ns() - c0, pc0, c0, runq.wait_ns() - q0, q0, process_time_ns() - pc0)
+                    cpu = None
+                    if n >= 0:
+                        c1, q1 = thread_time_ns(), runq.wait_ns()
+                        cpu = (c1 - c0, pc0, c0, q1 - q0, q0, process_time_ns() - pc0, n)
                     st.pending_dw = (t0, t1, key, cpu)
                     if t.fetch is not None:  # the fetch inside this wait, with the wait's readings
                         f0, f1 = t.fetch
                         t.fetch = None
-                        agent.span("op", "fetch", f0, f1, -1, {"cpu_ns": cpu[0], "runq_ns": cpu[3]})
+                        fattrs = None if cpu is None else {"cpu_ns": cpu[0], "runq_ns": cpu[3]}
+                        agent.span("op", "fetch", f0, f1, -1, fattrs)
                     if stop:
                         st.end_epoch(key, t1)
                     else:

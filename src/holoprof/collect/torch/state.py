@@ -14,8 +14,9 @@ from typing import Any, Protocol
 from holoprof.agent.core import Agent
 
 #: A batch wait not yet named: (start, end, loader, (cpu, process cpu at start, thread cpu at start,
-#: run-queue wait, at start, process cpu during the wait)).
-Pending = tuple[int, int, int, tuple[int, int, int, int, int, int]]
+#: run-queue wait, at start, process cpu during the wait, the wait's number in its thread), or None
+#: for a wait that read no clock).
+Pending = tuple[int, int, int, tuple[int, int, int, int, int, int, int] | None]
 
 
 class ForwardObserver(Protocol):
@@ -162,15 +163,15 @@ class TorchState:
         t0, t1, key, cpu = pend
         if label is None or (label == "data_wait" and key in self.eval_loaders):
             label = "eval" if key in self.eval_loaders else "data_wait"
-        attrs = {
-            "loader": key,
-            "cpu_ns": cpu[0],
-            "proc_cpu_ns": cpu[1],
-            "thread_cpu_ns": cpu[2],
-            "runq_ns": cpu[3],
-            "thread_runq_ns": cpu[4],
-            "proc_wait_cpu_ns": cpu[5],
-        }
+        attrs: dict[str, int] = {"loader": key}
+        if cpu is not None:
+            attrs["cpu_ns"] = cpu[0]
+            attrs["proc_cpu_ns"] = cpu[1]
+            attrs["thread_cpu_ns"] = cpu[2]
+            attrs["runq_ns"] = cpu[3]
+            attrs["thread_runq_ns"] = cpu[4]
+            attrs["proc_wait_cpu_ns"] = cpu[5]
+            attrs["wait_n"] = cpu[6]
         self.agent.span("phase", label, t0, t1, self.agent.steps.index, attrs)
 
     def end_epoch(self, key: int, t1: int) -> None:
