@@ -1,6 +1,7 @@
 """A small 2-rank job on gloo for the hang watchdog (run under torchrun).
 
-HANG_RANK sleeps HANG_SLEEP_S seconds before its all_reduce at step HANG_STEP (the others wait in it);
+HANG_RANK sleeps HANG_SLEEP_S seconds before its all_reduce at step HANG_STEP (the others wait in it),
+or until the file HANG_WAKE_FILE exists;
 DEAD_RANK exits there instead. On gloo the others would fail at once on the closed connection, so the
 dying rank leaves a child holding its connections open (DEAD_LINGER_S seconds): the others wait for
 a peer that is gone, as they do on NCCL.
@@ -30,7 +31,10 @@ for step in range(int(os.environ.get("HANG_STEPS", "6"))):
         assert p.grad is not None
         dist.all_reduce(p.grad)
     if rank == hang_rank and step == hang_step:
-        time.sleep(float(os.environ.get("HANG_SLEEP_S", "20")))  # the hang
+        wake = os.environ.get("HANG_WAKE_FILE")  # the test ends the hang early once it has seen it
+        until = time.monotonic() + float(os.environ.get("HANG_SLEEP_S", "20"))
+        while time.monotonic() < until and not (wake and os.path.exists(wake)):
+            time.sleep(0.1)  # the hang
     if rank == int(os.environ.get("DEAD_RANK", "-1")) and step == hang_step:
         linger = ["sleep", os.environ.get("DEAD_LINGER_S", "60")]
         out = subprocess.DEVNULL
