@@ -54,11 +54,12 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from holoprof.agent.core import Agent, Collector, now_ns
+from holoprof.agent.core import Agent, now_ns
 from holoprof.agent.setup import post_import_finder
 from holoprof.collect.comm_functional import FunctionalCollectives, sent_bytes
 from holoprof.collect.flight_recorder import buffer_setting
 from holoprof.collect.hangs import CollectiveRing, HangWatch, completed, group_name
+from holoprof.collect.torch.base import TorchImportCollector
 from holoprof.collect.waits import CARVED, note_wait
 
 #: The patched calls, and the parameter holding what this rank sends (a tensor or a list of tensors).
@@ -94,7 +95,7 @@ class _Nesting(threading.local):
     depth = 0
 
 
-class CommCollector(Collector):
+class CommCollector(TorchImportCollector):
     name = "comm"
     default_fault = "collective"
 
@@ -115,28 +116,21 @@ class CommCollector(Collector):
 
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
-        post_import_finder().add("torch", self._on_torch)
+        super().install()
         self.agent.pollers.append(self.watch.poll)
 
-    def _on_torch(self, torch: ModuleType) -> None:
-        if not self.enabled:
-            return
-        try:
-            dist = getattr(torch, "distributed", None)
-            if dist is not None and dist.is_available():
-                # before the job can make a process group: torch reads the buffer size once, then
-                self.watch.flight.setting = buffer_setting(os.environ, str(torch.__version__))
-                self._patch(torch, dist)
-        except Exception as exc:
-            self.agent.fail(self, exc)
-        try:
-            # lazy: loaded only when this runs, not when the agent starts
-            from holoprof.collect.layers import LayerSampler
+    def _patch(self, torch: ModuleType) -> None:
+        """The job imported torch: patch its collectives, then attach the per-layer sampler."""
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available():
+            # before the job can make a process group: torch reads the buffer size once, then
+            self.watch.flight.setting = buffer_setting(os.environ, str(torch.__version__))
+            self._patch_dist(torch, dist)
+        # lazy: loaded only when this runs, not when the agent starts
+        from holoprof.collect.layers import LayerSampler
 
-            self._sampler = LayerSampler(self.agent, self)
-            self._sampler.attach(torch)
-        except Exception as exc:
-            self.agent.fail(self, exc)
+        self._sampler = LayerSampler(self.agent, self)
+        self._sampler.attach(torch)
 
     def after_fork_child(self) -> None:
         self._nest = _Nesting()
@@ -233,7 +227,7 @@ class CommCollector(Collector):
             self.agent.dropped += 1
 
     # -- the patches -------------------------------------------------------------------------------
-    def _patch(self, torch: ModuleType, dist: Any) -> None:
+    def _patch_dist(self, torch: ModuleType, dist: Any) -> None:
         compiler = getattr(torch, "compiler", None)
         self._is_compiling = getattr(compiler, "is_compiling", None) or _never
         self._dist = dist
