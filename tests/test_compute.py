@@ -176,18 +176,25 @@ def _given_peaks(tmp: Path, fp32: float, bf16: float) -> dict[str, str]:
     return {"XDG_CACHE_HOME": str(cache)}
 
 
+def _tune_gpt(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    """``holoprof tune --steps 8 --json`` of the GPT: its JSON answer."""
+    proc = run_holoprof(
+        "tune", "--steps", "8", "--out", str(tmp / "t"), "--json", "--", sys.executable, SCRIPT, "gpt",
+        cwd=tmp, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
 def test_tune_measures_what_low_mfu_can_apply(tmp_path: Path) -> None:
     """A job that is not input-bound: tune sweeps the low_mfu finding's no-code-change knobs (bf16
     autocast, the job as it is first) and measures the best. The peaks are given
     (a bf16 peak twice the fp32 one, far above what the GPT reaches), as a CPU with bf16 units has
     them: whether this machine's own measured peaks fire the finding is up to its CPU and its load."""
     env = _env(tmp_path, _given_peaks(tmp_path, fp32=1e12, bf16=2e12))
-    proc = run_holoprof(
-        "tune", "--steps", "8", "--out", str(tmp_path / "t"), "--json", "--", sys.executable, SCRIPT, "gpt",
-        cwd=tmp_path, env=env, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+    doc = _tune_gpt(tmp_path, env)
     f = doc["finding"]
     assert f is not None, doc
     assert f["id"] == "low_mfu", doc
@@ -212,12 +219,7 @@ def test_tune_says_when_low_mfu_names_no_knob(tmp_path: Path) -> None:
     """A CPU whose bf16 peak is below its fp32 one: no knob can raise the MFU, so tune sweeps nothing
     and says why (nothing to tune, or the changes the finding names need code)."""
     env = _env(tmp_path, _given_peaks(tmp_path, fp32=1e12, bf16=5e11))
-    proc = run_holoprof(
-        "tune", "--steps", "8", "--out", str(tmp_path / "t"), "--json", "--", sys.executable, SCRIPT, "gpt",
-        cwd=tmp_path, env=env, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+    doc = _tune_gpt(tmp_path, env)
     assert "sweep" not in doc and "measured" not in doc, doc
     f = doc["finding"]
     if f is None:
