@@ -17,7 +17,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from holoprof.agent.core import Collector, now_ns
+from holoprof.agent.core import Agent, Collector, now_ns
 
 thread_time_ns = time.thread_time_ns
 
@@ -25,15 +25,20 @@ thread_time_ns = time.thread_time_ns
 class RunQueue(threading.local):
     """This thread's time spent runnable but waiting for a CPU (Linux ``schedstat``), in ns: a fetch
     that waited for a core is told from one that waited for a file or a sleep. One ``pread`` of a file
-    kept open per thread (a few microseconds); 0 where the kernel does not provide it."""
+    kept open per thread (a few microseconds); 0 where the kernel does not provide it. The process is
+    the agent's (``agent.pid``, set again in a forked child): ``os.getpid`` is a system call."""
 
     fd = -1
     pid = 0
 
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
     def wait_ns(self) -> int:
         try:
-            if self.fd < 0 or self.pid != os.getpid():  # a forked child: the file is its parent's thread's
-                self.fd, self.pid = os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.getpid()
+            pid = self.agent.pid
+            if self.fd < 0 or self.pid != pid:  # a forked child: the file is its parent's thread's
+                self.fd, self.pid = os.open("/proc/thread-self/schedstat", os.O_RDONLY), pid
             return int(os.pread(self.fd, 128, 0).split()[1])
         except (OSError, ValueError, IndexError):
             return 0
@@ -45,7 +50,7 @@ class FetchSpans:
 
     def __init__(self, col: Collector, runq: RunQueue | None = None, nested: bool = False) -> None:
         self.col = col
-        self.runq = runq or RunQueue()
+        self.runq = runq or RunQueue(col.agent)
         #: the batch wait's patch records a fetch made inside it (the training process's, not a worker's)
         self.nested = nested
         self.torch: ModuleType | None = None
@@ -70,7 +75,7 @@ class FetchSpans:
             def fetch(self_: Any, possibly_batched_index: Any) -> Any:
                 if not col.enabled:
                     return orig(self_, possibly_batched_index)
-                if self.term_pid != os.getpid():
+                if self.term_pid != agent.pid:
                     self.worker_sigterm()
                 if self.nested and tls.active == "data_wait":
                     # inside the batch wait of this thread (no workers): the wait reads the thread's
@@ -106,7 +111,7 @@ class FetchSpans:
         PyTorch's workers answer SIGTERM with a C handler that calls ``_exit(0)`` at once: that is how
         the parent's multiprocessing ends persistent workers at exit, and the worker's records were
         lost. A Python handler does the same exit through ``os._exit``, which flushes first."""
-        self.term_pid = os.getpid()
+        self.term_pid = self.col.agent.pid
         data = getattr(self.torch, "utils", None)
         info = getattr(getattr(data, "data", None), "get_worker_info", None)
         if info is None or info() is None or threading.current_thread() is not threading.main_thread():
