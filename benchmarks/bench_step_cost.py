@@ -9,7 +9,7 @@ shared VM (memory layout, neighbours), which a ratio of whole runs cannot resolv
 
 Prints, per part of the step (data, zero_grad, forward and loss, backward, optimizer step), the
 median over runs of (median "on" step − median "off" step), and the agent's own threads' CPU time
-over the loop. Hook handles stay in place in both modes: the figure is a lower bound.
+over the loop. holoprof's optimizer step hooks are switched with the patches.
 """
 
 from __future__ import annotations

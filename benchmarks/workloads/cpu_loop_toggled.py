@@ -6,9 +6,9 @@ machine), and the CPU time of the agent's own threads.
     holoprof run -- python cpu_loop_toggled.py [BLOCKS] [BLOCK_STEPS] [WIDTH] [BATCH] [WARMUP]
 
 With BLOCK_STEPS 1 the mode changes every step (on, off, off, on, ...): a drift of the machine
-cancels. Hook handles (the optimizer's step hooks) stay in place in both modes, so "off" is an
-upper bound of the untraced step and the difference a lower bound of what holoprof adds.
-``TOGGLE_ONLY=NAME`` switches one collector's patches only.
+cancels. holoprof's global optimizer step hooks (the torch, memory and FLOP collectors') are taken
+out of torch's hook tables in "off" and put back in "on", like the patches. ``TOGGLE_ONLY=NAME``
+switches one collector's patches only (and no hook).
 
 Prints one JSON line: for each step with holoprof's patches ("on") and without ("off"), its seconds
 and those of its parts (data, zero_grad, forward and loss, backward, optimizer step), the loop's wall
@@ -63,9 +63,30 @@ def switches():
     return list(out.values())
 
 
+def hooks():
+    """holoprof's entries in torch's global optimizer step hook tables: [(table, key, hook)]."""
+    if os.environ.get("TOGGLE_ONLY"):
+        return []
+    import torch.optim.optimizer as om
+
+    tables = (om._global_optimizer_pre_hooks, om._global_optimizer_post_hooks)
+    return [
+        (t, k, fn)
+        for t in tables
+        for k, fn in list(t.items())
+        if getattr(fn, "__module__", "").startswith("holoprof")
+    ]
+
+
 def set_mode(sw, on):
-    for obj, attr, patched, orig in sw:
+    patches, hooked = sw
+    for obj, attr, patched, orig in patches:
         setattr(obj, attr, patched if on else orig)
+    for table, key, fn in hooked:
+        if on:
+            table[key] = fn
+        else:
+            table.pop(key, None)
 
 
 def other_threads_cpu_s():
@@ -89,7 +110,7 @@ sw = None
 it = iter(loader)
 for i in range(steps):
     if i == warmup:
-        sw = switches()
+        sw = (switches(), hooks())
         cpu0, t_loop = other_threads_cpu_s(), time.perf_counter()
     mode = "on"
     if i >= warmup:
@@ -119,7 +140,8 @@ print(
             "off": times["off"],
             "loop_s": loop_s,
             "agent_threads_cpu_s": other_threads_cpu_s() - cpu0,
-            "patches": len(sw),
+            "patches": len(sw[0]),
+            "hooks": len(sw[1]),
         }
     )
 )
