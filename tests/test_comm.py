@@ -223,6 +223,7 @@ def test_slow_rank_is_named_the_straggler_with_its_gain(straggler_run: TracedRun
     assert abs(excess["data_wait"]) + abs(excess["other"]) < 0.25 * excess["compute"], ev
     assert abs(f["estimated_gain"] - gain) <= 0.25 * gain, (f["estimated_gain"], gain, ev)
     assert f["gain_kind"] == "predicted" and f["gain_basis"]["inputs"]["gain_s_per_step"] > 0
+    assert "network" not in f["recommendation"], f  # one host: no network to speak of
     # the others' exposed communication is mostly the wait for rank 1: not advice about the network
     for c in (f for f in doc["findings"] if f["id"] == "communication_bound"):
         assert c["evidence"]["straggler_rank"] == 1 and "rank 1" in c["title"], c
@@ -231,6 +232,32 @@ def test_slow_rank_is_named_the_straggler_with_its_gain(straggler_run: TracedRun
             assert word not in c["recommendation"], word
     waits = {r["rank"]: r["wait_s"] for r in doc["communication"]["per_rank"]}
     assert waits[1] < waits[0] and waits[1] < waits[2], waits
+
+
+@pytest.mark.parametrize("hosts", [("vm", "vm", "vm", "vm"), ("a", "a", "b", "b")])
+def test_a_straggler_names_the_network_only_where_the_ranks_crossed_one(hosts: tuple[str, ...]) -> None:
+    """Rank 3 computes 2 ms longer in every step and the others wait for it at their collectives: the
+    finding says no faster network shortens that wait only when the ranks ran on several hosts."""
+    import numpy as np
+
+    from holoprof.analyze.steps import ProcKey
+    from holoprof.analyze.stragglers import RankSteps, find_straggler, straggler_finding
+
+    n = 40
+    rng = np.random.default_rng(0)
+    compute = 0.010 + rng.uniform(0, 2e-4, (4, n))
+    compute[3] += 0.002
+    wait = compute.max(axis=0) - compute  # the others wait at the collective for the slowest
+    parts = {"compute": compute, "data_wait": np.full((4, n), 1e-4), "communication": wait + 5e-4}
+    parts["other"] = np.full((4, n), 1e-4)
+    parts["step"] = sum(parts[p] for p in ("compute", "data_wait", "communication", "other"))
+    keys = [ProcKey(host=h, pid=100 + r, rank=r, tid=100 + r) for r, h in enumerate(hosts)]
+    rs = RankSteps(keys=keys, steps=np.arange(n), parts=parts, counts=[n] * 4)
+    s = find_straggler(rs)
+    assert s is not None and keys[s.index].rank == 3
+    rec = straggler_finding(rs, s).recommendation
+    assert ("no faster network" in rec) == (len(set(hosts)) > 1), rec
+    assert "rank 3" in rec
 
 
 def test_the_rank_step_table_shows_the_slow_rank_in_every_step(straggler_run: TracedRun) -> None:

@@ -341,6 +341,12 @@ def straggler_finding(rs: RankSteps, s: Straggler) -> Finding:
         "job_step_mean_s": round(s.job_step_s, 6),
         "steps": s.steps,
     }
+    # the network is named only where the ranks crossed one (advice fits the machine)
+    comm = (
+        "no faster network or gradient compression shortens"
+        if len({k.host for k in rs.keys}) > 1
+        else "no change to the communication itself shortens"
+    )
     return Finding(
         id="straggler",
         severity=severity_of_gain(gain),
@@ -355,8 +361,7 @@ def straggler_finding(rs: RankSteps, s: Straggler) -> Finding:
             f"find out why {who} is slower: "
             + _WHY[where].format(host=key.host)
             + ". The other ranks wait for it at their collectives: that wait is their exposed "
-            "communication, which no faster network or gradient compression shortens; compare the "
-            "ranks in the report's stragglers table and heatmap"
+            f"communication, which {comm}; compare the ranks in the report's stragglers table and heatmap"
         ),
         estimated_gain=gain,
         threshold={
