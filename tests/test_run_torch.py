@@ -218,7 +218,8 @@ def test_torch_profiler_with_stack_works_inside_a_traced_job(tmp_path) -> None: 
 def test_after_its_first_waits_a_thread_reads_its_clocks_on_pairs_of_waits(tmp_path: Path) -> None:
     """The batch wait's CPU and run-queue readings (system calls) are taken on every one of a thread's
     first READ_ALL waits, then on two consecutive waits in every READ_EVERY; the input model pairs only
-    consecutive waits, so what the training thread did between two waits is still one step's."""
+    consecutive waits, so what the training thread did between two waits is still one step's, and
+    weighs each later pair by the READ_EVERY pairs of waits it stands for."""
     from holoprof import load
     from holoprof.analyze.input_model import _data_waits, _MainThread
     from holoprof.analyze.steps import step_processes
@@ -245,7 +246,7 @@ def test_after_its_first_waits_a_thread_reads_its_clocks_on_pairs_of_waits(tmp_p
     vals = _data_waits(r, main)
     late = [v for v in vals if v[8] >= READ_ALL]
     thread = _MainThread.of(late)
-    assert len(thread.compute_cpu) == len(late) // 2
+    assert len(thread.compute_cpu) == READ_EVERY * (len(late) // 2)  # each pair stands for READ_EVERY
     walls = sorted((b[0] - a[1]) / 1e9 for a, b in itertools.pairwise(vals) if b[8] == a[8] + 1)
     cpu = sorted(thread.compute_cpu)
     assert 0.2 * walls[len(walls) // 2] < cpu[len(cpu) // 2] < 2.0 * walls[len(walls) // 2], (cpu, walls)

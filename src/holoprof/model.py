@@ -26,6 +26,12 @@ REPORT_SCHEMA_FILE: Final = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "schema", "report.schema.json"
 )
 
+#: A training thread's batch waits read the CPU clocks and the run queue on its first READ_ALL waits,
+#: then on the first two of every READ_EVERY (``wait_n`` in their attributes): the input model weighs
+#: each of those later readings by the waits it stands for.
+BATCH_WAITS_READ_ALL: Final = 64
+BATCH_WAITS_READ_EVERY: Final = 8
+
 # --- span kinds ------------------------------------------------------------------------------------
 if TYPE_CHECKING:
     SpanKind = Literal["stage", "epoch", "step", "phase", "op", "io", "comm", "checkpoint", "user"]

@@ -35,6 +35,7 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from holoprof import model
 from holoprof.analyze.stats import WARMUP_STEPS, mean_interval, steady
 from holoprof.analyze.steps import ProcKey, StepStats
 from holoprof.store.reader import Run
@@ -164,9 +165,15 @@ class _MainThread:
 
     @classmethod
     def of(cls, vals: list[tuple[int, ...]]) -> _MainThread:
-        waits = [v[:4] for v in vals]
-        # consecutive waits of the thread (after its first ones, only pairs of waits read the clocks)
-        pairs = [(a, b) for a, b in itertools.pairwise(vals) if a[8] < 0 or b[8] == a[8] + 1]
+        # consecutive waits of the thread (after its first ones, only pairs of waits read the clocks),
+        # each pair as many times as the pairs of waits it stands for
+        pairs = [
+            (a, b)
+            for a, b in itertools.pairwise(vals)
+            if a[8] < 0 or b[8] == a[8] + 1
+            for _ in range(_stands_for(a[8], model.BATCH_WAITS_READ_EVERY))
+        ]
+        waits = [v for v in vals for _ in range(_stands_for(v[8], model.BATCH_WAITS_READ_EVERY // 2))]
         # the training thread between two waits: its CPU, and its time runnable but without a core
         own = [
             (b[4] - a[4] - a[2], b[6] - a[6] - a[5])
@@ -177,8 +184,14 @@ class _MainThread:
         compute_cpu = [(b[3] - a[3] - a[2]) / NS for a, b in pairs if b[3] >= a[3] + a[2]]
         main_wait_cpu = [w[2] / NS for w in waits]
         # the process's other threads while the training thread waited (torch's idle threads spinning)
-        spin = [max(0, v[7] - v[2]) / NS for v in vals[WARMUP_STEPS:] or vals if v[7] >= 0]
+        spin = [max(0, v[7] - v[2]) / NS for v in waits[WARMUP_STEPS:] or waits if v[7] >= 0]
         return cls(own, compute_cpu, main_wait_cpu, spin)
+
+
+def _stands_for(n: int, later: int) -> int:
+    """How many batch waits (or pairs of waits) the reading of wait number ``n`` stands for: one among
+    a thread's first waits (each read), ``later`` after them (read in pairs, one in every few)."""
+    return 1 if n < model.BATCH_WAITS_READ_ALL else later
 
 
 def _fetches(run: Run, main: ProcKey, workers: int) -> list[tuple[int, int, int]]:
@@ -197,13 +210,21 @@ def _fetches(run: Run, main: ProcKey, workers: int) -> list[tuple[int, int, int]
     else:
         fetch = run.rows(
             """SELECT (f.end_ns - f.start_ns), json_extract(f.attrs, '$.cpu_ns'),
-                      coalesce(json_extract(f.attrs, '$.runq_ns'), 0) FROM spans f
+                      coalesce(json_extract(f.attrs, '$.runq_ns'), 0),
+                      coalesce(json_extract(f.attrs, '$.wait_n'), -1) FROM spans f
                WHERE f.kind = 'op' AND f.name = 'fetch' AND f.host = ? AND f.pid = ? AND EXISTS (
                  SELECT 1 FROM spans w WHERE w.kind = 'phase' AND w.name = 'data_wait' AND w.host = f.host
                    AND w.pid = f.pid AND w.step >= 0 AND f.start_ns >= w.start_ns AND f.end_ns <= w.end_ns)""",
             [main.host, main.pid],
         )
-    return [(int(w), int(c), int(q)) for w, c, q in fetch if c is not None]
+    # a fetch read inside a sampled batch wait stands for the waits that one does (workers: every fetch)
+    half = model.BATCH_WAITS_READ_EVERY // 2
+    return [
+        (int(r[0]), int(r[1]), int(r[2]))
+        for r in fetch
+        if r[1] is not None
+        for _ in range(_stands_for(int(r[3]) if len(r) > 3 else -1, half))
+    ]
 
 
 def _inputs(

@@ -13,7 +13,7 @@ Those readings are system calls (six per batch, a few microseconds each inside a
 a thread's first :data:`READ_ALL` batch waits take them all, and after that two consecutive waits in
 every :data:`READ_EVERY` (a pair: what the thread did between two waits is a difference of readings of
 consecutive waits); a wait with readings carries its number among the thread's waits (``wait_n``).
-The model takes medians over the waits read.
+The model takes medians over the waits read, each later one weighed by the waits it stands for.
 
 The dataset fetchers record an ``op`` span ``fetch`` per batch (:mod:`holoprof.collect.torch.fetch`),
 in the training process and in every DataLoader worker; a fetch inside a batch wait has the wait's
@@ -26,6 +26,7 @@ import time
 from types import ModuleType
 from typing import Any
 
+from holoprof import model
 from holoprof.agent.core import Collector, now_ns
 from holoprof.collect.torch.fetch import FetchSpans, RunQueue
 from holoprof.collect.torch.state import TorchState
@@ -35,9 +36,9 @@ thread_time_ns = time.thread_time_ns
 process_time_ns = time.process_time_ns
 
 #: a thread's first batch waits, which all read the CPU clocks and the run queue
-READ_ALL = 64
+READ_ALL = model.BATCH_WAITS_READ_ALL
 #: after those, the first two waits of every this many read them
-READ_EVERY = 8
+READ_EVERY = model.BATCH_WAITS_READ_EVERY
 
 
 class LoaderPhases:
@@ -114,7 +115,7 @@ class LoaderPhases:
                     if t.fetch is not None:  # the fetch inside this wait, with the wait's readings
                         f0, f1 = t.fetch
                         t.fetch = None
-                        fattrs = None if cpu is None else {"cpu_ns": cpu[0], "runq_ns": cpu[3]}
+                        fattrs = None if cpu is None else {"cpu_ns": cpu[0], "runq_ns": cpu[3], "wait_n": n}
                         agent.span("op", "fetch", f0, f1, -1, fattrs)
                     if stop:
                         st.end_epoch(key, t1)
