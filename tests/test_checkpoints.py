@@ -76,19 +76,3 @@ def test_bad_mtbf_is_refused(tmp_path: object) -> None:
     assert p.returncode == 2
     assert p.stderr.strip().startswith("holoprof: error:") and "--mtbf" in p.stderr
     assert "Traceback" not in p.stderr
-
-
-def test_a_noisy_run_keeps_its_checkpoint_finding() -> None:
-    """Saves inside every other step make the step times vary as much as the saves cost: that noise is
-    no floor for checkpoint_bound, whose gain is the blocked time summed from the spans; it still is
-    for a gain that compares mean steps."""
-    from holoprof.analyze.findings import MIN_GAIN, Finding, measurable
-
-    def finding(fid: str, gain: float) -> Finding:
-        return Finding(
-            id=fid, severity="medium", title=fid, evidence={}, recommendation="r", estimated_gain=gain
-        )
-
-    kept = measurable([finding("checkpoint_bound", 0.6), finding("small_file_io", 0.6)], floor=0.9)
-    assert [f.id for f in kept] == ["checkpoint_bound"]
-    assert not measurable([finding("checkpoint_bound", MIN_GAIN / 2)], floor=0.9)

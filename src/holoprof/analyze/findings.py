@@ -45,10 +45,6 @@ RISK_FINDINGS = frozenset({"memory_pressure", "hang"})
 #: Findings shown whenever their evidence exists although their gain is not predicted: a defect whose
 #: cost a sweep measures (torch.compile's graph breaks); at most low severity.
 UNPRICED_FINDINGS = frozenset({"graph_breaks"})
-#: Findings whose gain is a share of the run's time summed from its own spans (the time the steps
-#: were blocked in checkpoint saves), not a difference of mean steps: the steps' noise, which those
-#: saves cause in the first place, is no floor for it; :data:`MIN_GAIN` is.
-SUMMED_FINDINGS = frozenset({"checkpoint_bound"})
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
@@ -428,10 +424,7 @@ def gain_floor(st: StepStats | None) -> float:
 def _floor_of(f: Finding, floor: float) -> float:
     """A gain predicted by the input-pipeline model is a prediction about the steady steps the model
     measured its noise on (the steps in which the workers started again left out): its floor is that
-    noise, at least :data:`MIN_GAIN` (the model itself advises nothing below the larger of it and 5%).
-    A gain summed from the run's spans (:data:`SUMMED_FINDINGS`) has :data:`MIN_GAIN` for floor."""
-    if f.id in SUMMED_FINDINGS:
-        return MIN_GAIN
+    noise, at least :data:`MIN_GAIN` (the model itself advises nothing below the larger of it and 5%)."""
     basis = f.gain_basis or {}
     noise = (basis.get("inputs") or {}).get("noise") if basis.get("model") == "input_pipeline" else None
     return max(MIN_GAIN, float(noise)) if isinstance(noise, (int, float)) else floor
