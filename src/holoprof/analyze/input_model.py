@@ -203,7 +203,7 @@ def _fetches(run: Run, main: ProcKey, workers: int) -> list[tuple[int, int, int]
             return []
         fetch = run.rows(
             f"""SELECT (end_ns - start_ns), json_extract(attrs, '$.cpu_ns'),
-                       coalesce(json_extract(attrs, '$.runq_ns'), 0) FROM spans
+                       coalesce(json_extract(attrs, '$.runq_ns'), 0), -1 FROM spans
                 WHERE kind = 'op' AND name = 'fetch' AND host = ? AND pid IN ({",".join(map(str, pids))})""",
             [main.host],
         )
@@ -217,13 +217,13 @@ def _fetches(run: Run, main: ProcKey, workers: int) -> list[tuple[int, int, int]
                    AND w.pid = f.pid AND w.step >= 0 AND f.start_ns >= w.start_ns AND f.end_ns <= w.end_ns)""",
             [main.host, main.pid],
         )
-    # a fetch read inside a sampled batch wait stands for the waits that one does (workers: every fetch)
+    # a fetch read inside a sampled batch wait stands for the waits that one does (a worker's: itself)
     half = model.BATCH_WAITS_READ_EVERY // 2
     return [
-        (int(r[0]), int(r[1]), int(r[2]))
-        for r in fetch
-        if r[1] is not None
-        for _ in range(_stands_for(int(r[3]) if len(r) > 3 else -1, half))
+        (int(w), int(c), int(q))
+        for w, c, q, n in fetch
+        if c is not None
+        for _ in range(_stands_for(int(n), half))
     ]
 
 
