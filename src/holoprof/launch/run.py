@@ -34,7 +34,7 @@ from holoprof.errors import HoloprofError, printable_text
 from holoprof.launch.multinode import multi_node_hint
 from holoprof.launch.peak import ensure_peaks
 from holoprof.store import hosts, native_dumps, rundir
-from holoprof.store.chunks import write_chunk
+from holoprof.store.chunks import pyarrow_without_pandas, write_chunk
 from holoprof.store.compact import compact_run
 from holoprof.store.convert import Converter, remove_empty_staging
 from holoprof.store.reader import load
@@ -375,10 +375,13 @@ class Storage:
 
 
 def _warm_up_converter() -> None:
-    """Convert a one-row chunk before the job starts: pyarrow's lazy imports (pandas among them, when
-    installed: a second of CPU) are then paid here, not on the job's cores in the middle of its run."""
+    """Convert a one-row chunk before the job starts: pyarrow's lazy imports are then paid here, not on
+    the job's cores in the middle of its run. The launcher never hands pyarrow a pandas object, so
+    pyarrow's probe for pandas (half a second of CPU, when it is installed) is made to fail."""
     try:
         import psutil  # noqa: F401  lazy: its import paid here, before the job starts
+
+        pyarrow_without_pandas()
 
         with tempfile.TemporaryDirectory(prefix="holoprof-warm-") as d:
             write_chunk(
