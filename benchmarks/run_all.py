@@ -17,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = [
     "bench_overhead.py",  # always-on overhead on a CPU training loop (issue: foundation)
     "bench_step_cost.py",  # what holoprof adds to a 6 ms step, measured inside one traced process
+    "bench_hook_cost.py",  # a 0.5 ms step: added time by part, patches off, each optimizer hook
     "bench_hotpath.py",  # cost per span, per module call, agent memory bound
     "bench_startup.py",  # ms added per short Python process and per spawned DataLoader worker
     "bench_report_scale.py",  # report on 10M generated spans
