@@ -83,6 +83,8 @@ class PhaseState(threading.local):
     fetch: tuple[int, int] | None = None
     #: the thread's batch waits so far (which of them read the CPU clocks: :mod:`holoprof.collect.torch.dataloader`)
     batch_waits: int = 0
+    #: the thread's optimizer step in progress (:class:`holoprof.collect.torch.optimizer.StepFrame`)
+    opt: Any = None
 
     def __init__(self) -> None:
         self.tid = threading.get_native_id()

@@ -23,7 +23,9 @@ class DeviceTimes:
 
     def begin(self) -> Any:
         torch = self.torch
-        if torch is None or not torch.cuda.is_initialized():
+        # ``torch.cuda._initialized`` first: one attribute read on a CPU job's every phase, where
+        # ``is_initialized()`` (which also rules out a child forked after CUDA started) is two calls
+        if torch is None or not getattr(torch.cuda, "_initialized", True) or not torch.cuda.is_initialized():
             return None
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
