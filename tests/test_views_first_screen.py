@@ -241,6 +241,7 @@ def test_both_views_write_numbers_alike(runs: Path, browser: DevTools, tmp_path:
         ["bytes_per_step", 4], ["median_bandwidth_bytes_per_s", 43620000.0], ["gpu_util_mean_percent", 37.25],
         ["pid", 13029], ["reads", 34816], ["cpu_cores", 2.0], ["pin_memory", False], ["dataset", "Samples"],
         ["per_s", 75.5], ["files", 2051], ["world_size", 4], ["ratio", 0.5], ["other_median_s", 3.2e-05],
+        ["flops_per_step", 308330496], ["achieved_flops_per_s", 15563176178.0], ["mfu", 0.163], ["flops", 512],
     ]  # fmt: skip
     js = browser.eval(
         f"{json.dumps(cases)}.map(([k, v]) => [window.HoloViews.evidenceLabel(k), window.HoloViews.evidenceValue(k, v)])"

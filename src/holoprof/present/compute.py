@@ -10,19 +10,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from holoprof.present.palette import fmt_flops
 from holoprof.present.terminal import fmt_s, keep_whole
-
-_SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
-
-
-def fmt_flops(x: float | None, unit: str = "FLOP") -> str:
-    """``x`` FLOPs (or FLOP/s with ``unit="FLOP/s"``) with an SI prefix: "136.2 MFLOP"."""
-    if x is None:
-        return "n/a"
-    for scale, prefix in _SI:
-        if abs(x) >= scale:
-            return f"{x / scale:.1f} {prefix}{unit}"
-    return f"{x:.0f} {unit}"
 
 
 def compute_lines(c: dict[str, Any]) -> list[Text]:

@@ -28,7 +28,7 @@ from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present import charts, palette
 from holoprof.present.hosts import hosts_html
-from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value
+from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value, fmt_flops
 from holoprof.present.stragglers import stragglers_html
 from holoprof.present.summary import (
     at_most,
@@ -724,16 +724,6 @@ def _notes(doc: dict[str, Any]) -> str:
 def _scripts(doc: dict[str, Any]) -> str:
     """uPlot, the palette, the shared view code and the chart data, inline."""
     return charts.scripts(_chart_data(doc), DRAW_JS)
-
-
-def fmt_flops(x: Any, unit: str = "FLOP") -> str:
-    if x is None:
-        return "n/a"
-    x = float(x)
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f} {prefix}{unit}"
-    return f"{x:.0f} {unit}"
 
 
 def _compute(doc: dict[str, Any]) -> str:

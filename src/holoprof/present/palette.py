@@ -204,12 +204,29 @@ def fmt_number(x: float) -> str:
     return f"{round(x):,}" if abs(x) >= 1000 else f"{float(f'{x:.3g}'):g}"
 
 
+_SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
+
+
+def fmt_flops(x: float | None, unit: str = "FLOP") -> str:
+    """``x`` FLOPs (or FLOP/s with ``unit="FLOP/s"``) with an SI prefix: "136.2 MFLOP", "15.6 GFLOP/s"."""
+    if x is None:
+        return "n/a"
+    x = float(x)
+    for scale, prefix in _SI:
+        if abs(x) >= scale:
+            return f"{x / scale:.1f} {prefix}{unit}"
+    return f"{x:.0f} {unit}"
+
+
 def _trim(text: str) -> str:
     """``12.0`` -> ``12``, ``12.50`` -> ``12.5`` (as JavaScript's ``+x.toFixed(n)``)."""
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 _VALUE_RULES: tuple[tuple[re.Pattern[str], Any], ...] = (
+    (re.compile(r"(^|_)flops_per_s$"), lambda v: fmt_flops(v, "FLOP/s")),
+    (re.compile(r"(^|_)flops(_per_step)?$"), fmt_flops),
+    (re.compile(r"(^|_)mfu$"), lambda v: _trim(f"{100 * v:.1f}") + "%"),  # as the finding's title
     (re.compile(r"_bytes_per_s$"), lambda v: fmt_bytes(v) + "/s"),
     (re.compile(r"(^|_)per_s$"), lambda v: fmt_number(v) + "/s"),
     (re.compile(r"_s(_per_step)?$"), fmt_seconds),

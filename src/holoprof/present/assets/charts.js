@@ -36,6 +36,15 @@
     const a = Math.abs(n);
     return a >= 1000 ? Math.round(n).toLocaleString("en-US") : String(+n.toPrecision(3));
   }
+  // FLOPs (or FLOP/s) with an SI prefix, as holoprof.present.palette.fmt_flops
+  function fmtFlops(x, unit) {
+    unit = unit || "FLOP";
+    if (x == null || isNaN(x)) return "n/a";
+    for (const [scale, prefix] of [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "K"]]) {
+      if (Math.abs(x) >= scale) return (x / scale).toFixed(1) + " " + prefix + unit;
+    }
+    return x.toFixed(0) + " " + unit;
+  }
   const UNIT_FMT = {
     percent: (v) => +v.toFixed(Math.abs(v) < 10 ? 1 : 0) + "%",
     bytes: fmtBytes,
@@ -97,6 +106,9 @@
     if (v == null) return "–";
     if (typeof v === "boolean") return v ? "yes" : "no";
     if (typeof v !== "number") return String(v);
+    if (/(^|_)flops_per_s$/.test(k)) return fmtFlops(v, "FLOP/s");
+    if (/(^|_)flops(_per_step)?$/.test(k)) return fmtFlops(v);
+    if (/(^|_)mfu$/.test(k)) return +(v * 100).toFixed(1) + "%";
     if (/_bytes_per_s$/.test(k)) return fmtRate(v);
     if (/(^|_)per_s$/.test(k)) return fmtNum(v) + "/s";
     if (/_s(_per_step)?$/.test(k)) return fmtS(v);
