@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from holoprof.present.palette import fmt_flops
+from holoprof.present.palette import fmt_flops, fmt_mfu
 from holoprof.present.terminal import fmt_s, keep_whole
 
 
@@ -31,7 +31,7 @@ def compute_lines(c: dict[str, Any]) -> list[Text]:
     mfu = c.get("mfu")
     if mfu is not None:
         head = Text()
-        head.append(f"MFU {100 * float(mfu):.2g}%", style="bold")
+        head.append(f"MFU {fmt_mfu(float(mfu))}", style="bold")
         head.append(f" of {fmt_flops(c.get('peak_flops_per_s'), 'FLOP/s')} peak")
         lines.append(head)
     lines.append(Text(f"peak: {c.get('peak_source')}", style="dim", overflow="fold"))

@@ -28,7 +28,14 @@ from holoprof.analyze.findings import gain_label
 from holoprof.errors import HoloprofError
 from holoprof.present import charts, palette
 from holoprof.present.hosts import hosts_html
-from holoprof.present.palette import KIND_COLORS, MEMORY_COLORS, evidence_label, evidence_value, fmt_flops
+from holoprof.present.palette import (
+    KIND_COLORS,
+    MEMORY_COLORS,
+    evidence_label,
+    evidence_value,
+    fmt_flops,
+    fmt_mfu,
+)
 from holoprof.present.stragglers import stragglers_html
 from holoprof.present.summary import (
     at_most,
@@ -739,7 +746,7 @@ def _compute(doc: dict[str, Any]) -> str:
             (f"FLOPs per step ({c.get('dtype') or '?'})", fmt_flops(c.get("flops_per_step")), ""),
             ("achieved", fmt_flops(c.get("achieved_flops_per_s"), "FLOP/s"), ""),
             ("peak", fmt_flops(c.get("peak_flops_per_s"), "FLOP/s"), ""),
-            ("MFU", fmt_pct(c["mfu"]) if c.get("mfu") is not None else "n/a", ""),
+            ("MFU", fmt_mfu(c["mfu"]) if c.get("mfu") is not None else "n/a", ""),
         ]
         parts.append(_kpi_tiles(tiles))
         by_phase = ", ".join(

@@ -218,6 +218,11 @@ def fmt_flops(x: float | None, unit: str = "FLOP") -> str:
     return f"{x:.0f} {unit}"
 
 
+def fmt_mfu(f: float) -> str:
+    """Model FLOPs utilization with one decimal, as the ``low_mfu`` finding's title writes it: 16.3%."""
+    return f"{100 * f:.1f}%"
+
+
 def _trim(text: str) -> str:
     """``12.0`` -> ``12``, ``12.50`` -> ``12.5`` (as JavaScript's ``+x.toFixed(n)``)."""
     return text.rstrip("0").rstrip(".") if "." in text else text
@@ -226,7 +231,7 @@ def _trim(text: str) -> str:
 _VALUE_RULES: tuple[tuple[re.Pattern[str], Any], ...] = (
     (re.compile(r"(^|_)flops_per_s$"), lambda v: fmt_flops(v, "FLOP/s")),
     (re.compile(r"(^|_)flops(_per_step)?$"), fmt_flops),
-    (re.compile(r"(^|_)mfu$"), lambda v: _trim(f"{100 * v:.1f}") + "%"),  # as the finding's title
+    (re.compile(r"(^|_)mfu$"), fmt_mfu),
     (re.compile(r"_bytes_per_s$"), lambda v: fmt_bytes(v) + "/s"),
     (re.compile(r"(^|_)per_s$"), lambda v: fmt_number(v) + "/s"),
     (re.compile(r"_s(_per_step)?$"), fmt_seconds),

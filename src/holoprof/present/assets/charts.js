@@ -45,6 +45,8 @@
     }
     return x.toFixed(0) + " " + unit;
   }
+  // as holoprof.present.palette.fmt_mfu
+  function fmtMfu(f) { return f == null || isNaN(f) ? "–" : (f * 100).toFixed(1) + "%"; }
   const UNIT_FMT = {
     percent: (v) => +v.toFixed(Math.abs(v) < 10 ? 1 : 0) + "%",
     bytes: fmtBytes,
@@ -108,7 +110,7 @@
     if (typeof v !== "number") return String(v);
     if (/(^|_)flops_per_s$/.test(k)) return fmtFlops(v, "FLOP/s");
     if (/(^|_)flops(_per_step)?$/.test(k)) return fmtFlops(v);
-    if (/(^|_)mfu$/.test(k)) return +(v * 100).toFixed(1) + "%";
+    if (/(^|_)mfu$/.test(k)) return fmtMfu(v);
     if (/_bytes_per_s$/.test(k)) return fmtRate(v);
     if (/(^|_)per_s$/.test(k)) return fmtNum(v) + "/s";
     if (/_s(_per_step)?$/.test(k)) return fmtS(v);
@@ -545,7 +547,7 @@
   }
 
   root.HoloViews = {
-    P, esc, fmtS, fmtBytes, fmtRate, fmtPct, fmtNum, unitFmt, phaseColor, phaseLabel, phasesOf, phasesPresent,
+    P, esc, fmtS, fmtBytes, fmtRate, fmtPct, fmtNum, fmtMfu, unitFmt, phaseColor, phaseLabel, phasesOf, phasesPresent,
     phasePerStep, phaseBarHtml, gainLabel, evidenceLabel, evidenceValue, evidenceHtml, findingsHtml,
     axis, stepSpec, phaseSpec, rankSpec, resourceSpecs, seriesLabel, draw, heatmap, barSpec, ganttSpec, lineSpec, textWidth,
   };

@@ -449,7 +449,7 @@
     const kpis = [];
     if (c.flops_per_step) {
       kpis.push(kpi("FLOPs per step", fmtFlops(c.flops_per_step)), kpi("achieved", fmtFlops(c.achieved_flops_per_s, "FLOP/s")));
-      kpis.push(kpi("MFU", c.mfu == null ? "–" : fmtPct(c.mfu)));
+      kpis.push(kpi("MFU", H.fmtMfu(c.mfu)));
     }
     if (g.categories) kpis.push(kpi("goodput", fmtPct(g.fraction)));
     if (Object.keys(comp).length) kpis.push(kpi("compiling", fmtS(comp.total_s)));
