@@ -33,7 +33,9 @@ from typing import Any
 import pytest
 
 from conftest import TracedRun, run_holoprof, run_python, traced
+from holoprof.analyze.compile import recompiles_finding
 from holoprof.analyze.compute import _peak, low_mfu
+from holoprof.analyze.findings import gain_floor, measurable
 from holoprof.analyze.peaks import gpu_peak, table_dtype
 from holoprof.analyze.steps import PhaseStat, ProcKey, StepStats
 from holoprof.collect.compile import parse_reason, recompile_record
@@ -306,13 +308,44 @@ def test_graph_break_with_reason_hints_and_line(
 
 
 def test_recompilation_for_the_evaluation(compiled: tuple[TracedRun, dict[str, Any], dict[str, Any]]) -> None:
-    """The evaluation under no_grad after training recompiles (grad mode is a guard): named, timed."""
+    """The evaluation under no_grad after training recompiles (grad mode is a guard): named and timed
+    in the compile section, outside the training steps; it costs no step anything, so no finding."""
     run, _t, _u = compiled
     rec = run.report["compute"]["compile"]["recompiles"]
-    assert any("grad_mode" in r["reason"] and r["seconds"] > 0 for r in rec), rec
+    assert any("grad_mode" in r["reason"] and r["seconds"] > 0 and r["in_steps_s"] == 0 for r in rec), rec
     assert not any("holoprof/collect" in r["location"] for r in rec), "holoprof's own wrapper is not named"
-    f = next(f for f in run.report["findings"] if f["id"] == "recompiles")
-    assert f["evidence"]["recompile_s"] > 0 and 0 < f["estimated_gain"] <= 1
+    assert "recompiles" not in {f["id"] for f in run.report["findings"]}
+
+
+def _recompile_rows(in_steps_s: float, count: int = 1) -> dict[str, Any]:
+    row = {"reason": "tensor 'x' size mismatch at index 0. expected 32, actual 7", "location": "train.py:12"}
+    return {
+        "recompiles": [{**row, "frame": "forward", "count": count, "seconds": 0.5, "in_steps_s": in_steps_s}]
+    }
+
+
+def test_recompiles_inside_the_steps_are_the_findings_gain() -> None:
+    """The gain is the recompilations' time inside the training steps over the steps' total; their
+    time outside the steps (0.5 s here in all) is no gain."""
+    st = SimpleNamespace(total_s=4.0, count=100, noise=0.0)
+    f = recompiles_finding(_recompile_rows(0.4), st)  # type: ignore[arg-type]
+    assert f is not None and f.estimated_gain == pytest.approx(0.1)
+    assert f.evidence["recompile_s"] == 0.5 and f.evidence["recompile_in_steps_s"] == 0.4
+    shown = measurable([f], gain_floor(st))  # type: ignore[arg-type]
+    assert [x.severity for x in shown] == ["medium"] and "drop_last" in f.recommendation
+    outside = recompiles_finding(_recompile_rows(0.0), st)  # type: ignore[arg-type]
+    assert outside is not None and measurable([outside], gain_floor(st)) == []  # type: ignore[arg-type]
+
+
+def test_a_frame_at_the_recompile_limit_is_shown_though_its_cost_is_not_priced() -> None:
+    """A frame that reached the recompile limit runs eagerly from then on: shown at low severity even
+    when its recompilations were all outside the steps."""
+    st = SimpleNamespace(total_s=4.0, count=100, noise=0.0)
+    f = recompiles_finding(_recompile_rows(0.0, count=8), st)  # type: ignore[arg-type]
+    assert f is not None and f.evidence["frames_at_limit"] == ["forward"]
+    shown = measurable([f], gain_floor(st))  # type: ignore[arg-type]
+    assert [(x.id, x.severity) for x in shown] == [("recompiles", "low")]
+    assert "runs eagerly" in f.gain_basis["unpriced"] and "recompile_limit" in f.recommendation
 
 
 def test_compute_sections_are_the_same_on_dask(

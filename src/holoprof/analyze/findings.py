@@ -433,7 +433,8 @@ def _floor_of(f: Finding, floor: float) -> float:
 def measurable(found: list[Finding], floor: float) -> list[Finding]:
     """The findings worth showing: those whose expected gain reaches ``floor`` (:func:`gain_floor`),
     each no more severe than its gain (:func:`severity_of_gain`), with the floor in its threshold;
-    those of :data:`RISK_FINDINGS`, whatever their gain; and those whose gain a sweep measured (its
+    those of :data:`RISK_FINDINGS`, whatever their gain; those below the floor whose basis names a cost
+    it cannot price (``gain_basis["unpriced"]``), at low severity; and those whose gain a sweep measured (its
     runs compared by the sweep's own significance test: a measured "no significant gain" is an answer
     to the sweep, shown as one)."""
     out = []
@@ -449,6 +450,10 @@ def measurable(found: list[Finding], floor: float) -> list[Finding]:
             continue
         floor_f = _floor_of(f, floor)
         if f.estimated_gain < floor_f:
+            if (f.gain_basis or {}).get("unpriced"):  # a cost it names but cannot price: at most low
+                f.severity = "low"
+                f.threshold = {**f.threshold, "min_gain": round(floor_f, 4)}
+                out.append(f)
             continue
         by_gain = severity_of_gain(f.estimated_gain)
         if _SEVERITY_ORDER.get(by_gain, 3) > _SEVERITY_ORDER.get(f.severity, 3):
