@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from holoprof.analyze.findings import gain_label
+from holoprof.present.palette import evidence_label, evidence_value
 from holoprof.present.summary import top_rows
 from holoprof.present.text import printable
 
@@ -365,12 +366,6 @@ def _resources(doc: dict[str, Any]) -> Table | None:
     return keep_whole(t)
 
 
-def _evidence_value(v: Any) -> str:
-    if isinstance(v, bool) or not isinstance(v, float):
-        return str(v)
-    return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.3e}"
-
-
 def _findings(doc: dict[str, Any]) -> Group:
     items: list[Any] = []
     if not doc["findings"]:
@@ -384,7 +379,8 @@ def _findings(doc: dict[str, Any]) -> Group:
             head.append(f"  ({gain})", style="dim")
         scalars = {k: v for k, v in f["evidence"].items() if not isinstance(v, (dict, list))}
         nested = [k for k, v in f["evidence"].items() if isinstance(v, (dict, list))]
-        ev = ", ".join(f"{k}={_evidence_value(v)}" for k, v in scalars.items())
+        # named numbers with their units, as the HTML report and the dashboard write them
+        ev = "; ".join(f"{evidence_label(k)} {evidence_value(k, v)}" for k, v in scalars.items())
         if nested:
             ev += f" (and {', '.join(nested)}: see --json)"
         # indented as a block: a line that wraps keeps the indent
