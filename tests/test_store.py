@@ -180,6 +180,31 @@ def test_each_table_folder_reads_as_one_table_with_pandas_pyarrow_and_duckdb(sma
     assert {(hn, pr) for _, _, hn, pr in rows} <= {(h, p) for h, p, _, _ in rows}
 
 
+def test_a_table_with_no_rows_reads_as_an_empty_table_with_its_schema(small_run: TracedRun) -> None:
+    """io_ops has rows only with --io-trace: without it, its folder still reads, with no rows and the
+    table's columns, in pandas, pyarrow, DuckDB and holoprof's own reader."""
+    import duckdb
+    import pandas as pd
+    import pyarrow.dataset as ds
+
+    run_dir = Path(small_run.run_dir)
+    df = pd.read_parquet(run_dir / "io_ops")
+    assert len(df) == 0
+    assert list(df.columns[: len(model.COLUMNS["io_ops"])]) == list(model.column_names("io_ops"))
+    table = ds.dataset(run_dir / "io_ops", format="parquet", partitioning="hive").to_table()
+    names = list(model.column_names("io_ops"))
+    assert table.num_rows == 0 and table.schema.names[: len(names)] == names
+    glob = str(run_dir / "io_ops" / "**" / "*.parquet")
+    assert duckdb.connect().execute(
+        f"SELECT count(*) FROM read_parquet('{glob}', hive_partitioning=true)"
+    ).fetchall() == [(0,)]
+    run = holoprof.load(run_dir)
+    assert run.rows("SELECT count(*) FROM io_ops") == [(0,)]
+    # written by the launcher, in its own partition
+    (part,) = (run_dir / "io_ops").rglob("*.parquet")
+    assert int(part.parent.name.partition("=")[2]) == run.manifest["launcher_pid"]
+
+
 def test_a_part_being_written_is_invisible_to_other_readers(small_run: TracedRun, tmp_path: Path) -> None:
     import pandas as pd
 

@@ -72,8 +72,8 @@ def stop(status: str = "finished") -> str | None:
     """Stop tracing started by :func:`start`; flush everything. Returns the run directory."""
     # lazy: `import holoprof` stays light in every process; tracing loads on start()
     from holoprof.agent.core import stop_agent
+    from holoprof.launch.run import finish_tables
     from holoprof.store import rundir
-    from holoprof.store.compact import compact_run
 
     if "run_dir" not in _STATE:
         return None
@@ -102,10 +102,7 @@ def stop(status: str = "finished") -> str | None:
         pass
     run_dir: str = _STATE.pop("run_dir")
     manifest = _STATE.pop("manifest")
-    try:
-        compact_run(run_dir)
-    except Exception:
-        pass
+    finish_tables(run_dir)  # what fails there costs speed or the empty tables' schemas, nothing more
     manifest.update(end_ns=time.time_ns(), status=status, exit_code=0 if status == "finished" else 1)
     try:
         rundir.write_manifest(run_dir, manifest)

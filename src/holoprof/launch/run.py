@@ -34,7 +34,7 @@ from holoprof.errors import HoloprofError, printable_text
 from holoprof.launch.multinode import multi_node_hint
 from holoprof.launch.peak import ensure_peaks
 from holoprof.store import hosts, native_dumps, rundir
-from holoprof.store.chunks import pyarrow_without_pandas, write_chunk
+from holoprof.store.chunks import pyarrow_without_pandas, write_chunk, write_empty_tables
 from holoprof.store.compact import compact_run
 from holoprof.store.convert import Converter, remove_empty_staging
 from holoprof.store.reader import load
@@ -210,6 +210,25 @@ def import_native_dumps(run_dir: str, options: dict[str, Any] | None = None, hos
 EXIT_SEQ = 91_000_000
 
 
+def finish_tables(run_dir: str, host: str | None = None) -> list[str]:
+    """After the job, by the process that finishes the run: compact the tables of ``host``'s
+    processes (every host's with None), then give each table with no rows (``io_ops`` without
+    ``--io-trace``) a part of no rows in this process's partition, so that every table folder reads
+    as a table. Neither is needed to load the run: what failed, in words (nothing raised)."""
+    problems = []
+    try:
+        compact_run(run_dir, host=host)
+    except Exception as exc:  # compaction is an optimization; the chunks are still there
+        problems.append(f"could not compact the run ({exc}); it loads as it is")
+    try:
+        write_empty_tables(run_dir, host or os.uname().nodename, os.getpid())
+    except Exception as exc:
+        problems.append(
+            f"could not write the schemas of the tables with no rows ({exc}); the run loads as it is"
+        )
+    return problems
+
+
 def import_exit_times(run_dir: str) -> int:
     """The exit times the native library recorded for traced processes (``exit-<pid>.json``: after
     their interpreter's finalization, which their agent's final row precedes) into ``processes``: per
@@ -277,10 +296,8 @@ def run(
         manifest["storage_error"] = storage.error
         manifest["unrecorded_dropped_events"] = storage.unrecorded_dropped
     if storage.error is None:
-        try:
-            compact_run(run_dir, host=part.doc["host"] if part else None)
-        except Exception as exc:  # compaction is an optimization; the chunks are still there
-            sys.stderr.write(f"holoprof: could not compact the run ({exc}); it loads as it is\n")
+        for problem in finish_tables(run_dir, part.doc["host"] if part else None):
+            sys.stderr.write(f"holoprof: {problem}\n")
     finished = True
     try:
         if part is None:

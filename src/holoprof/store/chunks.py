@@ -133,6 +133,40 @@ def write_chunk(
         return list(pool.map(lambda kv: write(*kv), parts))
 
 
+def _has_part(folder: str) -> bool:
+    """Whether ``folder`` (a table's) holds a visible Parquet file anywhere below it."""
+    for _, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(f.endswith(".parquet") and not f.startswith(".") for f in files):
+            return True
+    return False
+
+
+def write_empty_tables(run_dir: str, host: str | None = None, pid: int | None = None) -> list[str]:
+    """Every table of ``run_dir`` that has no file yet gets one part with its schema and no rows, in
+    the partition of the process (``host``, ``pid``) that finishes the run (the launcher, an import;
+    by default the first process with a partition): each table folder of a finished run then reads as
+    a table, empty or not, with pandas, pyarrow, DuckDB or polars (``io_ops`` has rows only with
+    ``--io-trace``). Returns the paths written."""
+    import pyarrow as pa  # lazy: pyarrow loads only where chunks are written or read, not with the module
+
+    root = safeio.utf8_path(run_dir)  # pyarrow takes UTF-8 file names only
+    if host is None or pid is None:
+        found = next(
+            (layout.partition_of(d) for t in model.TABLES for d in layout.partition_dirs(root, t)), None
+        )
+        if found is None:
+            return []
+        host, pid = found
+    out = []
+    for table in model.TABLES:
+        if _has_part(os.path.join(root, table)):
+            continue
+        empty = pa.Table.from_batches([], schema=model.arrow_schema(table))
+        out.append(_write_part(empty, layout.partition_dir(root, table, host, int(pid)), 0, False, None))
+    return out
+
+
 def _array(pa: Any, values: Sequence[Any], type_: Any) -> Any:
     """``values`` as an Arrow array of ``type_``; strings holding bytes that are not UTF-8 (surrogate
     escapes: a path the job used) are stored with those bytes as ``\\xNN``, as the I/O layers do."""

@@ -41,7 +41,7 @@ from typing import Any
 
 from holoprof.errors import HoloprofError, MissingExtraError
 from holoprof.store import limits, rundir, safeio
-from holoprof.store.chunks import write_chunk
+from holoprof.store.chunks import write_chunk, write_empty_tables
 
 HOST = "darshan"
 #: the partition the import writes every rank's rows into (the ranks are pids 0 to N-1)
@@ -440,6 +440,7 @@ def import_darshan_log(log: str, out: str | None = None) -> tuple[str, list[str]
             # one part per table, all ranks' rows in it (the import is their one writer): a log of
             # 2,048 ranks reads as a few files, not a file per rank and table
             write_chunk(run_dir, table, cols, seq=seq, writer=(HOST, IMPORTER_PID))
+        write_empty_tables(run_dir, HOST, IMPORTER_PID)
         manifest = rundir.new_manifest(doc["command"], name, {})
         manifest.update(
             {

@@ -56,7 +56,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from holoprof.errors import HoloprofError, MissingExtraError
 from holoprof.store import limits, rundir, safeio
-from holoprof.store.chunks import pyarrow_without_pandas, write_chunk
+from holoprof.store.chunks import pyarrow_without_pandas, write_chunk, write_empty_tables
 from holoprof.store.compact import compact_run
 from holoprof.store.import_darshan import remove_failed_run
 from holoprof.store.layout import partition_dir, scan_dir
@@ -500,6 +500,7 @@ def import_torch_trace(
         ]
         t_min, t_max, breakdowns = _totals(_import_files(tasks, files, jobs, bar), path)
         compact_run(run_dir)
+        write_empty_tables(run_dir)
         manifest = rundir.new_manifest([f"torch-trace {path}"], name, {})
         manifest.update(
             status="imported",
