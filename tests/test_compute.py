@@ -179,7 +179,7 @@ def _given_peaks(tmp: Path, fp32: float, bf16: float) -> dict[str, str]:
 
 
 def _tune_gpt(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
-    """``holoprof tune --steps 8 --json`` of the GPT: its JSON answer."""
+    """``holoprof tune --steps 8 --json`` of the GPT (its 8 steps): its JSON answer."""
     proc = run_holoprof(
         "tune", "--steps", "8", "--out", str(tmp / "t"), "--json", "--", sys.executable, SCRIPT, "gpt",
         cwd=tmp, env=env, timeout=300,
@@ -190,12 +190,16 @@ def _tune_gpt(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     return doc
 
 
-def test_tune_measures_what_low_mfu_can_apply(tmp_path: Path) -> None:
+def test_tune_measures_what_low_mfu_can_apply(
+    runs: dict[str, tuple[TracedRun, dict[str, Any]]], tmp_path: Path
+) -> None:
     """A job that is not input-bound: tune sweeps the low_mfu finding's no-code-change knobs (bf16
-    autocast, the job as it is first) and measures the best. The peaks are given
-    (a bf16 peak twice the fp32 one, far above what the GPT reaches), as a CPU with bf16 units has
-    them: whether this machine's own measured peaks fire the finding is up to its CPU and its load."""
-    env = _env(tmp_path, _given_peaks(tmp_path, fp32=1e12, bf16=2e12))
+    autocast, the job as it is first) and measures the best. The peaks are given, as a CPU with bf16
+    units has them: whether this machine's own measured peaks fire the finding is up to its CPU and its
+    load. The fp32 peak is 5 times the GPT's own achieved rate here (an MFU of about 20%: a finding
+    whatever the load does to the tune run, from half to twice the speed), the bf16 one 10 times that."""
+    achieved = runs["gpt"][0].report["compute"]["achieved_flops_per_s"]
+    env = _env(tmp_path, _given_peaks(tmp_path, fp32=5 * achieved, bf16=50 * achieved))
     doc = _tune_gpt(tmp_path, env)
     f = doc["finding"]
     assert f is not None, doc
@@ -424,7 +428,22 @@ def test_a_cuda_step_is_measured_against_its_device(monkeypatch: pytest.MonkeyPa
     assert "matmul_precision=highest,high" in f.recommendation
     knobs = [c.get("knobs") for c in f.evidence["changes"]]
     assert {"matmul_precision": ["highest", "high"]} in knobs and {"autocast": ["off", "bf16"]} in knobs
-    assert f.estimated_gain == pytest.approx(0.9 * (1 - 67 / 989.5), abs=1e-3)
+    # the step's FLOPs at the peak take 5% of it (its MFU): bf16 shortens that part by the peaks' ratio;
+    # the forward and backward's whole 90% sped up so is the most it could gain
+    assert f.estimated_gain == pytest.approx(0.05 * (1 - 67 / 989.5), abs=1e-3)
+    bf16 = next(c for c in f.evidence["changes"] if c.get("knobs") == {"autocast": ["off", "bf16"]})
+    assert bf16["gain_upper_bound"] == pytest.approx(0.9 * (1 - 67 / 989.5), abs=1e-3)
+
+
+def test_a_step_far_below_its_peak_is_promised_little_by_a_faster_dtype() -> None:
+    """MFU 1%: the GEMMs at the peak would take 1% of the step, so bf16 (whatever its peak) can shorten
+    at most about that much of what the step spends; the finding names no dtype change."""
+    doc = {"mfu": 0.01, "dtype": "float32", "device": "cpu", "peak_flops_per_s": 100e9}
+    phases = {p: PhaseStat(0.0, 0.0, 0.0) for p in ("forward", "backward", "compute", "optimizer")}
+    phases["forward"] = PhaseStat(0.3, 0.3, 0.01)
+    phases["backward"] = PhaseStat(0.5, 0.5, 0.02)
+    st = StepStats(ProcKey("h", 1, 0, 1), 10, 0.1, 0.1, 0.1, 10, 1.0, 0, 1, phases)
+    assert low_mfu(doc, st, {"float32": 100e9, "bfloat16": 200e9}) is None
 
 
 def test_cpu_peak_is_measured_once_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,10 @@ or the CPU's GEMM peak measured on the host that ran the job for its dtype and t
 The ``low_mfu`` finding lists only the changes it can back with a number: a dtype whose peak on this
 device is higher (TF32 matmuls through ``torch.set_float32_matmul_precision``, bf16 autocast), a
 fused optimizer where the optimizer's share of the step is large, and a larger batch where the memory
-analysis found that one fits. Each one's gain is an upper bound from the step's own breakdown.
+analysis found that one fits. A faster dtype's gain is the time the step's FLOPs take at the peak
+rate (the step's MFU) sped up by the ratio of the peaks: a step far below its peak spends its time
+elsewhere (Python, small operators, memory traffic), which a faster dtype does not shorten. The
+forward and backward's whole share sped up so is the most it could be (``gain_upper_bound``).
 """
 
 from __future__ import annotations
@@ -229,8 +232,10 @@ def low_mfu(doc: dict[str, Any], st: StepStats | None, alternatives: dict[str, f
         estimated_gain=round(items[0]["gain"], 4),
         threshold={"mfu_below": LOW_MFU},
         gain_basis={
-            "model": "upper bound: the forward and backward share of the step sped up by the ratio of "
-            "the peaks, or the optimizer's whole share",
+            "model": "a faster dtype: the step's FLOPs at the peak rate (its MFU, at most the forward and "
+            "backward share) sped up by the ratio of the peaks (gain_upper_bound: that whole share sped "
+            "up so); a fused optimizer: the optimizer's whole share",
+            "mfu": round(float(mfu), 4),
             "forward_backward_share": round(_fb_share(st), 4),
             "optimizer_share": round(st.phases["optimizer"].fraction, 4),
         },
@@ -244,6 +249,8 @@ def _fb_share(st: StepStats) -> float:
 def _mfu_items(doc: dict[str, Any], st: StepStats, alternatives: dict[str, float]) -> list[dict[str, Any]]:
     peak = float(doc.get("peak_flops_per_s") or 0)
     fb = _fb_share(st)
+    # the share of the step its FLOPs take at the peak rate: what a faster dtype's peak shortens
+    at_peak = min(fb, float(doc.get("mfu") or 0))
     dtype = str(doc.get("dtype") or "")
     on_gpu = str(doc.get("device") or "").startswith("cuda")
     items: list[dict[str, Any]] = []
@@ -255,8 +262,9 @@ def _mfu_items(doc: dict[str, Any], st: StepStats, alternatives: dict[str, float
                 "let float32 matmuls use TF32: torch.set_float32_matmul_precision('high'), or with no code "
                 "change: holoprof sweep --set matmul_precision=highest,high -- COMMAND",
                 f"TF32 peak {alt / 1e12:g} TFLOP/s against {peak / 1e12:g}",
-                fb * (1 - peak / alt),
+                at_peak * (1 - peak / alt),
                 {"matmul_precision": ["highest", "high"]},
+                upper=fb * (1 - peak / alt),
             )
         )
     if dtype == "float32" and alternatives.get("bfloat16", 0) > peak:
@@ -266,8 +274,9 @@ def _mfu_items(doc: dict[str, Any], st: StepStats, alternatives: dict[str, float
                 "compute in bfloat16 under torch.autocast(device_type, dtype=torch.bfloat16), or with no "
                 "code change: holoprof sweep --set autocast=off,bf16 -- COMMAND",
                 f"bf16 peak {alt / 1e9:.1f} GFLOP/s against {peak / 1e9:.1f} for {cur}",
-                fb * (1 - peak / alt),
+                at_peak * (1 - peak / alt),
                 {"autocast": ["off", "bf16"]},
+                upper=fb * (1 - peak / alt),
             )
         )
     opt = st.phases["optimizer"].fraction
@@ -283,10 +292,15 @@ def _mfu_items(doc: dict[str, Any], st: StepStats, alternatives: dict[str, float
     return [i for i in items if i["gain"] >= MIN_GAIN]
 
 
-def _item(change: str, why: str, gain: float, knobs: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def _item(
+    change: str, why: str, gain: float, knobs: dict[str, list[str]] | None = None, upper: float | None = None
+) -> dict[str, Any]:
     """One change the finding names; ``knobs``: the ``--set`` values that apply it with no code change
-    (the current value first), which ``holoprof tune`` measures."""
+    (the current value first), which ``holoprof tune`` measures; ``upper``: the most it could gain,
+    where that differs from ``gain``."""
     item: dict[str, Any] = {"change": change, "why": why, "gain": round(max(0.0, gain), 4)}
+    if upper is not None:
+        item["gain_upper_bound"] = round(max(0.0, upper), 4)
     if knobs:
         item["knobs"] = knobs
     return item
