@@ -228,6 +228,7 @@ def test_run_list_shows_steps_and_step_time(runs: Path, server: Server, browser:
 def test_both_views_write_numbers_alike(runs: Path, browser: DevTools, tmp_path: Path) -> None:
     """The HTML report's findings are written in Python, the dashboard's by the shared script: the
     same evidence reads the same in both."""
+    from holoprof.analyze.findings import gain_label
     from holoprof.present.palette import evidence_label, evidence_value
 
     out = tmp_path / "report.html"
@@ -248,4 +249,14 @@ def test_both_views_write_numbers_alike(runs: Path, browser: DevTools, tmp_path:
     )
     py = [[evidence_label(k), evidence_value(k, v)] for k, v in cases]
     assert js == py
+    # and a finding's gain, labelled alike: an estimate with the most it could be, an upper bound
+    # alone, the input-pipeline model's prediction
+    findings = [
+        {"estimated_gain": 0.09, "gain_kind": "predicted", "gain_basis": {"gain_upper_bound": 0.28}},
+        {"estimated_gain": 0.26, "gain_kind": "predicted", "gain_basis": {"model": "x"}},
+        {"estimated_gain": 0.21, "gain_kind": "predicted", "gain_basis": {"model": "input_pipeline"}},
+    ]
+    labels = browser.eval(f"{json.dumps(findings)}.map((f) => window.HoloViews.gainLabel(f))")
+    assert labels == [gain_label(f) for f in findings]
+    assert labels[0] == "predicted: 9% of step time (at most 28%)"
     assert browser.errors() == []

@@ -380,6 +380,9 @@ def gain_label(f: dict[str, Any]) -> str:
         return "predicted: no gain on this machine" if basis.get("model") == "input_pipeline" else ""
     if basis.get("model") == "input_pipeline":
         return f"predicted by the input-pipeline model: {100 * gain:.0f}% of step time"
+    upper = basis.get("gain_upper_bound")
+    if isinstance(upper, (int, float)) and upper > gain:  # an estimate, with the most it could be
+        return f"predicted: {100 * gain:.0f}% of step time (at most {100 * upper:.0f}%)"
     return f"predicted: up to {100 * gain:.0f}% of step time"
 
 

@@ -96,6 +96,8 @@
     }
     if (!gain) return basis.model === "input_pipeline" ? "predicted: no gain on this machine" : "";
     if (basis.model === "input_pipeline") return `predicted by the input-pipeline model: ${(100 * gain).toFixed(0)}% of step time`;
+    const upper = basis.gain_upper_bound;
+    if (typeof upper === "number" && upper > gain) return `predicted: ${(100 * gain).toFixed(0)}% of step time (at most ${(100 * upper).toFixed(0)}%)`;
     return `predicted: up to ${(100 * gain).toFixed(0)}% of step time`;
   }
   // as holoprof.present.palette.evidence_label / evidence_value
