@@ -194,8 +194,9 @@ def graph_breaks_finding(doc: dict[str, Any]) -> Finding | None:
         estimated_gain=0.0,
         threshold={"graph_breaks_at_least": 1},
         gain_basis={
-            "model": "not predicted: a break costs the fusion lost across it and the Python run between "
-            "the graphs; measure the fix with a sweep"
+            "model": "not predicted",
+            "unpriced": "a break costs the fusion lost across it and the Python run between the graphs; "
+            "measure the fix with a sweep",
         },
     )
 

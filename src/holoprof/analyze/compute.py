@@ -236,7 +236,7 @@ def low_mfu(doc: dict[str, Any], st: StepStats | None, alternatives: dict[str, f
             "backward share) sped up by the ratio of the peaks (gain_upper_bound: that whole share sped "
             "up so); a fused optimizer: the optimizer's whole share",
             "mfu": round(float(mfu), 4),
-            **({"gain_upper_bound": items[0]["gain_upper_bound"]} if "gain_upper_bound" in items[0] else {}),
+            "gain_upper_bound": items[0].get("gain_upper_bound", items[0]["gain"]),
             "forward_backward_share": round(_fb_share(st), 4),
             "optimizer_share": round(st.phases["optimizer"].fraction, 4),
         },

@@ -42,9 +42,6 @@ SEVERITY_MEDIUM_GAIN = INPUT_BOUND_MEDIUM
 #: Findings that warn of a failure to come (running out of memory, a hung job) rather than promise a
 #: saving: shown whatever their gain.
 RISK_FINDINGS = frozenset({"memory_pressure", "hang"})
-#: Findings shown whenever their evidence exists although their gain is not predicted: a defect whose
-#: cost a sweep measures (torch.compile's graph breaks); at most low severity.
-UNPRICED_FINDINGS = frozenset({"graph_breaks"})
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
@@ -437,15 +434,12 @@ def measurable(found: list[Finding], floor: float) -> list[Finding]:
     """The findings worth showing: those whose expected gain reaches ``floor`` (:func:`gain_floor`),
     each no more severe than its gain (:func:`severity_of_gain`), with the floor in its threshold;
     those of :data:`RISK_FINDINGS`, whatever their gain; those below the floor whose basis names a cost
-    it cannot price (``gain_basis["unpriced"]``), at low severity; and those whose gain a sweep measured (its
+    it cannot price (``gain_basis["unpriced"]``: torch.compile's graph breaks, a frame at the recompile
+    limit), at low severity; and those whose gain a sweep measured (its
     runs compared by the sweep's own significance test: a measured "no significant gain" is an answer
     to the sweep, shown as one)."""
     out = []
     for f in found:
-        if f.id in UNPRICED_FINDINGS and f.gain_kind != "measured":
-            f.severity = "low"
-            out.append(f)
-            continue
         if f.id in RISK_FINDINGS or f.gain_kind == "measured":
             if f.gain_kind == "measured":
                 f.severity = severity_of_gain(f.estimated_gain)

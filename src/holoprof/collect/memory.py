@@ -132,9 +132,8 @@ class MemoryCollector(TorchImportCollector):
         self.tracker.disarm()
         return False
 
-    # Both run in every step: what they do on the steps nothing is measured is kept to a few reads.
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.enabled or (self.agent.steps.running > 1 and not self.single_loop()):
+        if not self.enabled or not self.single_loop():
             return
         try:
             self.accounts.see_optimizer(optimizer)
@@ -150,16 +149,14 @@ class MemoryCollector(TorchImportCollector):
             if self.fault_at:
                 self.inject("optimizer_post")
             step = self.agent.steps.index
-            mode = self.mode
-            if mode != "off" and (self.agent.steps.running <= 1 or self.single_loop()):
+            if self.mode != "off" and self.single_loop():
                 self.accounts.see_optimizer(optimizer)
-                tracker = self.tracker
-                if tracker.measure_step == step:
+                if self.tracker.measure_step == step:
                     self.snapshot("optimizer")
-                if is_sampled(step + 1, mode, self.every):
-                    tracker.arm()
-                elif mode == "sampled":
-                    tracker.disarm()
+                if is_sampled(step + 1, self.mode, self.every):
+                    self.tracker.arm()
+                elif self.mode == "sampled":
+                    self.tracker.disarm()
         except Exception as exc:
             self.hook_failed(exc)
             return

@@ -133,13 +133,13 @@ def write_chunk(
         return list(pool.map(lambda kv: write(*kv), parts))
 
 
-def _has_part(folder: str) -> bool:
-    """Whether ``folder`` (a table's) holds a visible Parquet file anywhere below it."""
-    for _, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if any(f.endswith(".parquet") and not f.startswith(".") for f in files):
-            return True
-    return False
+def _has_part(root: str, table: str) -> bool:
+    """Whether ``table`` of the run at ``root`` has a visible Parquet file in a partition folder."""
+    return any(
+        f.endswith(".parquet") and not f.startswith(".")
+        for d in layout.partition_dirs(root, table)
+        for f in os.listdir(d)
+    )
 
 
 def write_empty_tables(run_dir: str, host: str | None = None, pid: int | None = None) -> list[str]:
@@ -160,7 +160,7 @@ def write_empty_tables(run_dir: str, host: str | None = None, pid: int | None = 
         host, pid = found
     out = []
     for table in model.TABLES:
-        if _has_part(os.path.join(root, table)):
+        if _has_part(root, table):
             continue
         empty = pa.Table.from_batches([], schema=model.arrow_schema(table))
         out.append(_write_part(empty, layout.partition_dir(root, table, host, int(pid)), 0, False, None))
