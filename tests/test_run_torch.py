@@ -245,7 +245,11 @@ def test_after_its_first_waits_a_thread_reads_its_clocks_on_pairs_of_waits(tmp_p
     (main,) = step_processes(r)
     vals = _data_waits(r, main)
     late = [v for v in vals if v[8] >= READ_ALL]
-    thread = _MainThread.of(late)
+    loader = r.rows(
+        "SELECT json_extract(attrs, '$.read_every') FROM spans WHERE kind = 'op' AND name = 'dataloader'"
+    )
+    assert {int(v) for (v,) in loader} == {READ_EVERY}  # the run says how its waits were read
+    thread = _MainThread.of(late, READ_EVERY)
     assert len(thread.compute_cpu) == READ_EVERY * (len(late) // 2)  # each pair stands for READ_EVERY
     walls = sorted((b[0] - a[1]) / 1e9 for a, b in itertools.pairwise(vals) if b[8] == a[8] + 1)
     cpu = sorted(thread.compute_cpu)

@@ -6,9 +6,10 @@ machine), and the CPU time of the agent's own threads.
     holoprof run -- python cpu_loop_toggled.py [BLOCKS] [BLOCK_STEPS] [WIDTH] [BATCH] [WARMUP]
 
 With BLOCK_STEPS 1 the mode changes every step (on, off, off, on, ...): a drift of the machine
-cancels. holoprof's global optimizer step hooks (the torch, memory and FLOP collectors' and the
-layer sampler's) are taken out of torch's hook tables in "off" and put back in "on", like the patches. ``TOGGLE_ONLY=NAME``
-switches one collector's patches only (and no hook).
+cancels. holoprof's global optimizer step hooks (the torch collector's two, which call the memory
+and FLOP collectors and the layer sampler on the steps they measure) are taken out of torch's hook
+tables in "off" and put back in "on", like the patches. ``TOGGLE_ONLY=NAME`` switches one
+collector's patches only (and no hook).
 
 Prints one JSON line: for each step with holoprof's patches ("on") and without ("off"), its seconds
 and those of its parts (data, zero_grad, forward and loss, backward, optimizer step), the loop's wall

@@ -28,9 +28,12 @@ REPORT_SCHEMA_FILE: Final = os.path.join(
 
 #: A training thread's batch waits read the CPU clocks and the run queue on its first READ_ALL waits,
 #: then on the first two of every READ_EVERY (``wait_n`` in their attributes): the input model weighs
-#: each of those later readings by the waits it stands for.
+#: each of those later readings by the waits it stands for. The loader's ``dataloader`` span says the
+#: READ_EVERY its run used (``read_every``); runs recorded before it did read 2 in every
+#: BATCH_WAITS_READ_EVERY_UNSAID.
 BATCH_WAITS_READ_ALL: Final = 64
-BATCH_WAITS_READ_EVERY: Final = 8
+BATCH_WAITS_READ_EVERY: Final = 32
+BATCH_WAITS_READ_EVERY_UNSAID: Final = 8
 
 # --- span kinds ------------------------------------------------------------------------------------
 if TYPE_CHECKING:

@@ -35,27 +35,24 @@ _perf_ns = time.perf_counter_ns
 _NO_START = 1 << 62
 
 
-def _add(into: dict[str, list[int]], name: str, n: int, ns: int) -> None:
-    v = into.get(name)
-    if v is None:
-        into[name] = [n, ns]
-    else:
-        v[0] += n
-        v[1] += ns
-
-
 def _merge(into: dict[str, list[int]], more: dict[str, list[int]]) -> None:
     for name, (n, ns) in list(more.items()):
-        _add(into, name, n, ns)
+        v = into.get(name)
+        if v is None:
+            into[name] = [n, ns]
+        else:
+            v[0] += n
+            v[1] += ns
 
 
 class ThreadLoop:
     """One thread's training loop: its step in progress and its exact counts.
 
     Phases recorded while a step is open wait in ``open`` (or, after its update, in ``tail``) until the
-    step is recorded: then they count as inside steps, as the report's per-step table counts them; the
-    phases of a step that is never recorded (a half-done last step), and those after the last update when
-    the loop ends there, count as outside steps.
+    step is recorded (:meth:`holoprof.agent.core.Agent.span` counts each phase there, on the hot
+    path): then they count as inside steps, as the report's per-step table counts them; the phases of
+    a step that is never recorded (a half-done last step), and those after the last update when the
+    loop ends there, count as outside steps.
     """
 
     __slots__ = (
@@ -99,24 +96,6 @@ class ThreadLoop:
         self.tail: dict[str, list[int]] = {}  # of the step in progress, after its update
         self.tail_start = _NO_START
 
-    def phase(self, name: str, start_ns: int, end_ns: int) -> None:
-        """A phase of this thread ended (the hot path: one dictionary update, written out)."""
-        start = self.start_ns
-        if start is None or start_ns < start:
-            into = self.outside
-        elif self.pending_close:
-            into = self.tail
-            if start_ns < self.tail_start:
-                self.tail_start = start_ns
-        else:
-            into = self.open
-        v = into.get(name)
-        if v is None:
-            into[name] = [1, end_ns - start_ns]
-        else:
-            v[0] += 1
-            v[1] += end_ns - start_ns
-
     def recorded(self, start_ns: int, end_ns: int) -> None:
         """The step in progress was recorded, from ``start_ns`` to ``end_ns``."""
         if not self.steps:
@@ -126,8 +105,10 @@ class ThreadLoop:
         self.last_ns = end_ns
         _merge(self.phases, self.open)
         # what followed the update belongs to the step unless the step ended at the update
-        _merge(self.phases if end_ns > self.tail_start else self.outside, self.tail)
-        self.open, self.tail, self.tail_start = {}, {}, _NO_START
+        if self.tail:
+            _merge(self.phases if end_ns > self.tail_start else self.outside, self.tail)
+            self.tail, self.tail_start = {}, _NO_START
+        self.open = {}
 
     def discard(self) -> None:
         """The step in progress is not recorded: its phases count as outside steps."""
@@ -212,17 +193,6 @@ class StepTracker:
         return loop.index if loop is not None else 0
 
     @property
-    def just_updated(self) -> bool:
-        loop = self.tls.loop
-        return loop is not None and loop.just_updated
-
-    @just_updated.setter
-    def just_updated(self, value: bool) -> None:
-        loop = self.tls.loop
-        if loop is not None:
-            loop.just_updated = value
-
-    @property
     def last_update_ns(self) -> int:
         loop = self.tls.loop
         return loop.last_update_ns if loop is not None else 0
@@ -250,26 +220,25 @@ class StepTracker:
         if loop.start_ns is None:
             self._start(loop, t_ns)
 
-    def opener(self, t_ns: int) -> None:
-        loop = self.mine()
-        self._trains(loop)
+    def opener(self, t_ns: int, loop: ThreadLoop | None = None) -> None:
+        """An iteration's first activity (``loop``: the calling thread's, when the caller has it)."""
+        if loop is None:
+            loop = self.mine()
+        if not loop.trains:
+            self._trains(loop)
         loop.just_updated = False
         if loop.pending_close and not loop.manual:
             self.close(t_ns, loop)
         elif loop.start_ns is None:
             self._start(loop, t_ns)
 
-    def loader_opener(self, t_ns: int) -> None:
-        """A training loader's fetch: an opener in a thread that runs a loop (a thread that only
-        fetches batches for another one starts none)."""
-        loop = self.tls.loop
-        if loop is not None and loop.index >= 0:
-            self.opener(t_ns)
-
-    def update_done(self, t_ns: int) -> None:
-        """An optimizer step (or, without any optimizer, a backward pass) finished."""
-        loop = self.mine()
-        self._trains(loop)
+    def update_done(self, t_ns: int, loop: ThreadLoop | None = None) -> None:
+        """An optimizer step (or, without any optimizer, a backward pass) finished (``loop``: the calling
+        thread's, when the caller has it)."""
+        if loop is None:
+            loop = self.mine()
+        if not loop.trains:
+            self._trains(loop)
         if loop.manual:
             return
         if loop.start_ns is None:

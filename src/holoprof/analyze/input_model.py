@@ -124,7 +124,8 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     if len(vals) < 3:
         return None
     workers = int(loader.get("num_workers") or 0)
-    fetch = _fetches(run, main, workers)
+    every = int(loader.get("read_every") or model.BATCH_WAITS_READ_EVERY_UNSAID)
+    fetch = _fetches(run, main, workers, every)
     if not fetch:
         return None
     # with workers that start again at each epoch, the steps in which they do are the restart's
@@ -132,7 +133,7 @@ def measure(run: Run, main: ProcKey, st: StepStats, loader: dict[str, Any]) -> P
     steps = _steady_steps(run, main, without_restarts=workers > 0 and not loader.get("persistent_workers"))
     if len(steps) < 3:
         return None
-    return _inputs(run, main, st, loader, workers, _MainThread.of(vals), fetch, steps)
+    return _inputs(run, main, st, loader, workers, _MainThread.of(vals, every), fetch, steps)
 
 
 def _data_waits(run: Run, main: ProcKey) -> list[tuple[int, ...]]:
@@ -164,16 +165,18 @@ class _MainThread:
     spin: list[float]  # CPU of the process's other threads while the training thread waited
 
     @classmethod
-    def of(cls, vals: list[tuple[int, ...]]) -> _MainThread:
+    def of(cls, vals: list[tuple[int, ...]], every: int) -> _MainThread:
+        """From the thread's batch waits, of which two in every ``every`` read the clocks after its first
+        ones."""
         # consecutive waits of the thread (after its first ones, only pairs of waits read the clocks),
         # each pair as many times as the pairs of waits it stands for
         pairs = [
             (a, b)
             for a, b in itertools.pairwise(vals)
             if a[8] < 0 or b[8] == a[8] + 1
-            for _ in range(_stands_for(a[8], model.BATCH_WAITS_READ_EVERY))
+            for _ in range(_stands_for(a[8], every))
         ]
-        waits = [v for v in vals for _ in range(_stands_for(v[8], model.BATCH_WAITS_READ_EVERY // 2))]
+        waits = [v for v in vals for _ in range(_stands_for(v[8], every // 2))]
         # the training thread between two waits: its CPU, and its time runnable but without a core
         own = [
             (b[4] - a[4] - a[2], b[6] - a[6] - a[5])
@@ -194,9 +197,10 @@ def _stands_for(n: int, later: int) -> int:
     return 1 if n < model.BATCH_WAITS_READ_ALL else later
 
 
-def _fetches(run: Run, main: ProcKey, workers: int) -> list[tuple[int, int, int]]:
+def _fetches(run: Run, main: ProcKey, workers: int, every: int) -> list[tuple[int, int, int]]:
     """(wall, CPU, run-queue wait) in ns of every batch fetched: by the loader's workers, or without
-    workers by the training process within its data waits; [] when the workers are not found."""
+    workers by the training process within its data waits (two in every ``every`` read after the
+    first ones); [] when the workers are not found."""
     if workers > 0:
         pids = _workers_of(run, main)
         if not pids:
@@ -218,7 +222,7 @@ def _fetches(run: Run, main: ProcKey, workers: int) -> list[tuple[int, int, int]
             [main.host, main.pid],
         )
     # a fetch read inside a sampled batch wait stands for the waits that one does (a worker's: itself)
-    half = model.BATCH_WAITS_READ_EVERY // 2
+    half = every // 2
     return [
         (int(w), int(c), int(q))
         for w, c, q, n in fetch

@@ -42,7 +42,7 @@ from typing import Any
 from holoprof.agent.core import Agent, now_ns
 from holoprof.collect.torch.base import TorchImportCollector
 from holoprof.collect.torch.collector import torch_state
-from holoprof.collect.torch.state import TorchState
+from holoprof.collect.torch.state import NEVER, TorchState
 from holoprof.collect.util import process_created_ns
 
 #: The step whose FLOPs are counted (0-based): the second, after the first step's loading and compiling.
@@ -184,6 +184,7 @@ class FlopCollector(TorchImportCollector):
             self.agent.info["created_ns"] = created
 
     def reset(self) -> None:
+        self.due = NEVER  # no optimizer step to see until a count starts
         self.done = False
         self.count: FlopCount | None = None
         self.mode: Any = None
@@ -197,14 +198,12 @@ class FlopCollector(TorchImportCollector):
         super().install()
 
     def _patch(self, torch: ModuleType) -> None:
-        import torch.optim.optimizer as optim_mod  # lazy: torch is loaded by the job
-
         self.torch = torch
         self.state = torch_state(self.agent)
         if self.state is None:
             self.agent.info["flops"] = {"why": "the torch collector is not running"}
             return
-        self._handles.append(optim_mod.register_optimizer_step_post_hook(self._opt_post))
+        self.state.watch(self)  # called by the torch collector's optimizer hooks while it counts
         self.state.observers.append(self)
 
     def after_fork_child(self) -> None:
@@ -237,8 +236,13 @@ class FlopCollector(TorchImportCollector):
     def end(self, out: Any) -> None:
         pass
 
-    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    # -- StepWatcher: the optimizer step of the counted step ends the count --------------------------
+    def opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        pass
+
+    def opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.enabled or self.count is None:
+            self.watch_from(NEVER)
             return
         try:
             if self.fault_at:
@@ -265,6 +269,13 @@ class FlopCollector(TorchImportCollector):
         self.step, self.t0 = index, self.state.forward_t0 or now_ns()
         mode.__enter__()
         self.count, self.mode, self.owner = count, mode, threading.get_ident()
+        self.watch_from(index)
+
+    def watch_from(self, step: int) -> None:
+        """Have the optimizer hooks call :meth:`opt_post` from ``step`` on (:data:`NEVER`: not)."""
+        self.due = step
+        if self.state is not None:
+            self.state.rewatch()
 
     def end_count(self, partial: str = "") -> None:
         """Leave the mode (on the thread that entered it) and record what it counted."""
@@ -274,6 +285,7 @@ class FlopCollector(TorchImportCollector):
         count.active = False
         self.count = None
         self.disarm()
+        self.watch_from(NEVER)
         if threading.get_ident() == self.owner and _top_mode(self.torch) is mode:
             mode.__exit__(None, None, None)
             self.mode = None
@@ -338,10 +350,16 @@ class FlopCollector(TorchImportCollector):
             except Exception:
                 pass
         self.disarm()
+        self.watch_from(NEVER)
 
     def turn_off(self) -> None:
         self.stop_counting()
         super().turn_off()
+
+    def uninstall(self) -> None:
+        super().uninstall()
+        if self.state is not None:
+            self.state.unwatch(self)
 
     def finish(self) -> None:
         if self.count is not None:

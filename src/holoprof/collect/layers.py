@@ -21,7 +21,7 @@ from typing import Any
 
 from holoprof.agent.core import Agent, Collector, now_ns
 from holoprof.collect.torch.collector import torch_state
-from holoprof.collect.torch.state import TorchState
+from holoprof.collect.torch.state import NEVER, TorchState
 
 DEFAULT_SAMPLE_STEPS = (2, 3, 4)
 _WRAPPERS = ("DistributedDataParallel", "DataParallel")
@@ -36,22 +36,20 @@ class LayerSampler:
         self.last = max(self.sample, default=-1)
         self._torch: ModuleType | None = None
         self._state: TorchState | None = None
-        self._opt_handle: Any = None
+        self.due = NEVER  # the first step whose optimizer step it must see (TorchState.watchers)
         self._param_handles: list[Any] = []
         self.done = not self.sample
 
     def attach(self, torch: ModuleType) -> None:
         if self.done:
             return
-        # lazy: the job's framework, imported by the job, never by the agent
-        import torch.optim.optimizer as optim_mod
-
         self._torch = torch
         self._state = torch_state(self.agent)
         if self._state is None:
             self.done = True  # the forward cannot be observed without the torch collector
             return
-        self._opt_handle = optim_mod.register_optimizer_step_post_hook(self._after_optimizer)
+        self.reschedule(-1)
+        self._state.watch(self)  # called by the torch collector's optimizer hooks when due
         if 0 in self.sample:
             self._arm()
 
@@ -59,26 +57,36 @@ class LayerSampler:
         self.done = True
         self._clear_params()
         self._disarm()
-        h, self._opt_handle = self._opt_handle, None
-        if h is not None:
-            try:
-                h.remove()
-            except Exception:
-                pass
+        if self._state is not None:
+            self._state.unwatch(self)
 
-    # -- hooks -------------------------------------------------------------------------------------
-    def _after_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    # -- StepWatcher: the optimizer steps before and of each sampled step ---------------------------
+    def reschedule(self, index: int) -> None:
+        """After the optimizer step of step ``index``: the next one to see is that of the step before a
+        sampled one (it arms the observing) or of a sampled one (its gradient hooks go)."""
+        self.due = min((i for s in self.sample for i in (s - 1, s) if i > index), default=NEVER)
+        if self._state is not None:
+            self._state.rewatch()
+
+    def opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        pass
+
+    def opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        index = self.agent.steps.index
         if self.done or not self.owner.enabled:
+            self.reschedule(NEVER)
             return
         try:
             self._clear_params()  # the sampled backward (if any) is over
-            nxt = self.agent.steps.index + 1
+            nxt = index + 1
             if nxt in self.sample:
                 self._arm()
             elif nxt > self.last:
-                self.done = True  # the optimizer hook stays (removing it here would break its loop)
+                self.done = True
                 self._disarm()
+            self.reschedule(NEVER if self.done else index)
         except Exception as exc:
+            self.reschedule(NEVER)
             self.agent.fail(self.owner, exc)
 
     def _arm(self) -> None:

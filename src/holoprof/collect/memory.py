@@ -54,9 +54,10 @@ from holoprof.collect.memory_accounts import CATEGORIES, TensorAccounts, tensors
 from holoprof.collect.memory_hooks import ForwardTracker
 from holoprof.collect.memory_phases import PhaseSnapshots
 from holoprof.collect.memory_process import rss_bytes
-from holoprof.collect.memory_schedule import EVERY, MODES, is_sampled
+from holoprof.collect.memory_schedule import EVERY, MODES, is_sampled, next_sampled
 from holoprof.collect.torch.base import TorchImportCollector
 from holoprof.collect.torch.collector import torch_state
+from holoprof.collect.torch.state import NEVER
 
 #: The report's note when several threads of a process train: reading the tensors of a model while
 #: another thread updates them is not safe, so memory is measured with one training thread only.
@@ -83,6 +84,8 @@ class MemoryCollector(TorchImportCollector):
         self.tracker = ForwardTracker(self)
         self.accounts = TensorAccounts(self.tracker)
         self.snapshots = PhaseSnapshots(self, self.tracker, self.accounts)
+        #: the first step whose optimizer step the hooks must see (TorchState.watchers)
+        self.due = 0
 
     # -- install -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -100,24 +103,48 @@ class MemoryCollector(TorchImportCollector):
     def uninstall(self) -> None:
         self.tracker.pop_saved_hooks()
         self.tracker.disarm()
+        if self.tracker.state is not None:
+            self.tracker.state.unwatch(self)
         super().uninstall()
 
     def _patch(self, torch: ModuleType) -> None:
-        import torch.optim.optimizer as optim_mod  # lazy: torch is loaded by the job, never by the agent
-
         self.tracker.setup(torch)
         self.tracker.state = torch_state(self.agent)
         if self.tracker.state is None:
             self.agent.info["memory"] = {"mode": "off", "why": "the torch collector is not running"}
             return
-        self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._opt_pre))
-        self._handles.append(optim_mod.register_optimizer_step_post_hook(self._opt_post))
+        self.tracker.state.watch(self)  # called by the torch collector's optimizer hooks when due
         self.tracker.state.optimizer_observers.append(self)  # Keras's optimizers on the torch backend
         if self.mode != "off":
             self.tracker.arm()
         self.agent.info["memory"] = {"mode": self.mode, "every": self.every}
 
-    # -- optimizer hooks (always on: one call per step) -------------------------------------------
+    # -- around optimizer steps: on the steps it measures (the torch collector's hooks call these
+    # from ``due`` on: TorchState.watchers), and on every step of a Keras optimizer ---------------
+    def opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._opt_pre(optimizer, args, kwargs)
+
+    def opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self._opt_post(optimizer, args, kwargs)
+        finally:
+            self.reschedule()
+
+    def reschedule(self) -> None:
+        """The next step whose optimizer step the hooks must see: the one before the next measured
+        step (it arms the measuring), the measured step itself, or the step that ends the job
+        (``--stop-after-steps``)."""
+        step = self.agent.steps.index
+        due = NEVER
+        if self.enabled and self.mode != "off":
+            due = max(next_sampled(step + 1, self.mode, self.every) - 1, step + 1)
+        if self.stop_after:
+            due = min(due, self.stop_after - 1)
+        self.due = due
+        st = self.tracker.state
+        if st is not None:
+            st.rewatch()
+
     def single_loop(self) -> bool:
         """Whether at most one thread of the process trains. The first time more do, measuring stops for
         good (another thread's backward or optimizer writes the tensors a snapshot would read), with a

@@ -16,3 +16,16 @@ def is_sampled(step: int, mode: str, every: int = EVERY) -> bool:
     if mode != "sampled":
         return False
     return step < FIRST_STEPS or (every > 0 and step % every == 0)
+
+
+#: :func:`next_sampled` when no later step is measured.
+NO_STEP = 1 << 62
+
+
+def next_sampled(step: int, mode: str, every: int = EVERY) -> int:
+    """The first step from ``step`` on that :func:`is_sampled` measures (:data:`NO_STEP`: none)."""
+    if mode == "full" or (mode == "sampled" and step < FIRST_STEPS):
+        return step
+    if mode != "sampled" or every <= 0:
+        return NO_STEP
+    return -(-step // every) * every

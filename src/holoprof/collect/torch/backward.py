@@ -30,7 +30,7 @@ def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, 
         try:
             if col.fault_at:
                 col.inject("backward")
-            ev0 = dev.begin()
+            ev0 = dev.begin() if dev.maybe else None
         except Exception as exc:
             agent.fail(col, exc)
             return orig(*args, **kwargs)
@@ -41,20 +41,26 @@ def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, 
             t.active = None
             try:
                 t1 = now_ns()
-                steps.activity(t0)
+                loop = t.loop
+                if loop is None or loop.start_ns is None:
+                    steps.activity(t0)
+                    loop = steps.mine()
+                step = loop.index if loop.index >= 0 else steps.index
                 ready = agent.bucket_ready_ns
                 if t0 < ready < t1:
                     # DDP: from the moment the last gradient bucket was ready, backward only
                     # waited for the buckets' allreduce (exposed communication)
-                    phase_spans(agent, "backward", t0, t1, steps.index, (ready, "ddp_allreduce"), st.phase)
+                    phase_spans(agent, "backward", t0, t1, step, (ready, "ddp_allreduce"), st.phase)
                 elif t.waits is not None:  # it waited for communication (FSDP's reduce-scatters)
-                    phase_spans(agent, "backward", t0, t1, steps.index, record=st.phase)
+                    phase_spans(agent, "backward", t0, t1, step, record=st.phase)
+                elif st.compile_cuts:
+                    st.phase("backward", t0, t1, step)
                 else:
-                    st.phase("backward", t0, t1, steps.index)
+                    agent.span("phase", "backward", t0, t1, step)
                 if ev0 is not None:
-                    dev.end("backward", steps.index, t0, ev0)
+                    dev.end("backward", step, t0, ev0)
                 if update and not steps.optimizer_seen:
-                    steps.update_done(t1)  # loops with no optimizer at all
+                    steps.update_done(t1, loop)  # loops with no optimizer at all
             except Exception as exc:
                 agent.fail(col, exc)
 

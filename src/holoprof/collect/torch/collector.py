@@ -52,7 +52,7 @@ class TorchCollector(TorchImportCollector):
         import torch.utils.data.dataloader as dl_mod
 
         st, dev = self._state, self._device
-        dev.torch = torch
+        dev.use(torch)
         install_forward(self, st, dev, torch)
         install_backward(self, st, dev, torch)
         self._optimizer.install(optim_mod)

@@ -81,10 +81,13 @@ class LoaderPhases:
                 key = id(it._dataset)
                 if key not in self.seen_loaders:
                     self.new_loader(it, key, t0)
-                st.resolve_pending(None)
-                steps.just_updated = False
-                if key in st.train_loaders:
-                    steps.loader_opener(t0)
+                if st.pending:
+                    st.resolve_pending(None)
+                loop = t.loop
+                if loop is not None:
+                    loop.just_updated = False
+                    if loop.index >= 0 and key in st.train_loaders:
+                        steps.opener(t0, loop)  # a training loader's fetch in a thread that runs a loop
                 n = t.batch_waits
                 t.batch_waits = n + 1
                 if n < READ_ALL or n % READ_EVERY < 2:
@@ -111,7 +114,7 @@ class LoaderPhases:
                     if n >= 0:
                         c1, q1 = thread_time_ns(), runq.wait_ns()
                         cpu = (c1 - c0, pc0, c0, q1 - q0, q0, process_time_ns() - pc0, n)
-                    st.pending_dw = (t0, t1, key, cpu)
+                    st.pending[t.tid] = (t0, t1, key, cpu)  # named by what uses the batch
                     if t.fetch is not None:  # the fetch inside this wait, with the wait's readings
                         f0, f1 = t.fetch
                         t.fetch = None
@@ -131,7 +134,11 @@ class LoaderPhases:
     def new_loader(self, it: Any, key: int, t0: int) -> None:
         """A loader's first batch: an ``op`` span ``dataloader`` with its settings and the machine."""
         self.seen_loaders.add(key)
-        attrs: dict[str, Any] = {"loader": key, "dataset": type(it._dataset).__name__}
+        attrs: dict[str, Any] = {
+            "loader": key,
+            "dataset": type(it._dataset).__name__,
+            "read_every": READ_EVERY,
+        }
         for a in ("_num_workers", "_prefetch_factor", "_pin_memory", "_persistent_workers", "_timeout"):
             if hasattr(it, a):
                 attrs[a.lstrip("_")] = getattr(it, a)

@@ -16,7 +16,18 @@ class DeviceTimes:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.torch: ModuleType | None = None
+        #: whether CUDA can be in use at all (a torch built with it): the phases' wrappers call
+        #: :meth:`begin` only then, so a CPU-only torch pays one attribute read per phase
+        self.maybe = False
         self.reset()
+
+    def use(self, torch: ModuleType) -> None:
+        """torch is imported (and about to be patched)."""
+        self.torch = torch
+        try:
+            self.maybe = bool(torch.cuda._is_compiled())
+        except Exception:
+            self.maybe = True  # cannot tell: ask at each phase, as begin() does
 
     def reset(self) -> None:
         self.pending: list[tuple[str, int, int, Any, Any]] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 from holoprof.agent.core import Collector, now_ns
 from holoprof.collect.torch.device import DeviceTimes
-from holoprof.collect.torch.state import TorchState
+from holoprof.collect.torch.state import NEVER, TorchState
 from holoprof.collect.waits import phase_spans
 
 
@@ -63,11 +63,28 @@ class OptimizerPhases:
         col._set(optim_mod.Optimizer, "__init__", opt_init)
 
     # These run inside torch's loop over its hooks: a failure here turns the collector off
-    # (its hooks become no-ops) and leaves the hook dicts alone.
+    # (its hooks become no-ops) and leaves the hook dicts alone. The other collectors that act around
+    # optimizer steps on a few steps (TorchState.watchers) are called from here on those steps only,
+    # even when this collector is off.
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        st = self.st
+        out = self.own_pre(optimizer, args, kwargs) if self.col.enabled else None
+        if st.watch_due < NEVER:
+            index = self.steps.index
+            if index >= st.watch_due:
+                st.watchers_pre(index, optimizer, args, kwargs)
+        return out
+
+    def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        st = self.st
+        self.own_post()
+        if st.watch_due < NEVER:
+            index = self.steps.index
+            if index >= st.watch_due:
+                st.watchers_post(index, optimizer, args, kwargs)
+
+    def own_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         col, st = self.col, self.st
-        if not col.enabled:
-            return None
         f = None
         try:
             if col.fault_at:
@@ -82,13 +99,15 @@ class OptimizerPhases:
                     f.depth = -1_000_000  # nested inside another phase: not ours
                     return None
                 t0 = now_ns()
-                at, closure = self.closure_arg(optimizer, args, kwargs)
+                # torch's ``args`` start with the optimizer itself: ``step()`` alone has no closure
+                plain = len(args) < 2 and not kwargs
+                at, closure = (-1, None) if plain else self.closure_arg(optimizer, args, kwargs)
                 if closure is not None:
                     # a step that runs its own forward and backward (LBFGS, Lightning): a whole
                     # iteration, which starts here
                     st.begin_forward(True, t0)
                 f.t0 = t0
-                f.ev0 = self.dev.begin()
+                f.ev0 = self.dev.begin() if self.dev.maybe else None
                 t.active = "optimizer"
                 self.steps.optimizer_seen = True
                 if closure is not None:
@@ -101,7 +120,7 @@ class OptimizerPhases:
             self.agent.fail(col, exc)
         return None
 
-    def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def own_post(self) -> None:
         col = self.col
         t = self.st.tls
         f = t.opt
@@ -121,9 +140,17 @@ class OptimizerPhases:
                 t.active = None
                 t1 = now_ns()
                 steps = self.steps
-                steps.activity(f.t0)
-                self.end_part(f, t1)
-                steps.update_done(t1)
+                loop = t.loop
+                if loop is None or loop.start_ns is None:
+                    steps.activity(f.t0)
+                    loop = steps.mine()
+                index = loop.index if loop.index >= 0 else steps.index
+                st = self.st
+                if t.waits is None and f.ev0 is None and not st.compile_cuts and t1 > f.t0:
+                    self.agent.span("phase", "optimizer", f.t0, t1, index)  # end_part's common case
+                else:
+                    self.end_part(f, t1, index)
+                steps.update_done(t1, loop)
         except Exception as exc:
             self.forget(f)
             self.agent.fail(col, exc)
@@ -173,18 +200,27 @@ class OptimizerPhases:
                 t.active = "optimizer"
                 try:
                     f.t0 = now_ns()
-                    f.ev0 = self.dev.begin()
+                    f.ev0 = self.dev.begin() if self.dev.maybe else None
                 except Exception as exc:
                     col.agent.fail(col, exc)
 
         closure_traced.__wrapped__ = closure  # type: ignore[attr-defined]
         return closure_traced
 
-    def end_part(self, f: StepFrame, t1: int) -> None:
-        """The optimizer's phase from the start of its step (or the end of its closure) to ``t1``."""
-        t0, index = f.t0, self.steps.index
+    def end_part(self, f: StepFrame, t1: int, index: int | None = None) -> None:
+        """The optimizer's phase from the start of its step (or the end of its closure) to ``t1``, in
+        step ``index`` (default: the calling thread's)."""
+        t0 = f.t0
+        if index is None:
+            index = self.steps.index
+        st = self.st
         if t1 > t0:
-            phase_spans(self.agent, "optimizer", t0, t1, index, record=self.st.phase)
+            if st.tls.waits is not None:
+                phase_spans(self.agent, "optimizer", t0, t1, index, record=st.phase)
+            elif st.compile_cuts:
+                st.phase("optimizer", t0, t1, index)
+            else:
+                self.agent.span("phase", "optimizer", t0, t1, index)
         if f.ev0 is not None:
             self.dev.end("optimizer", index, t0, f.ev0)
             f.ev0 = None

@@ -47,6 +47,25 @@ class OptimizerObserver(Protocol):
     def step_ends(self, optimizer: Any) -> None: ...
 
 
+#: A watcher's ``due`` when it needs no optimizer step any more.
+NEVER = 1 << 62
+
+
+class StepWatcher(Protocol):
+    """Another collector that acts around optimizer steps on a few steps only (the memory collector's
+    sampled steps, the FLOP counter's step, the layer sampler's): the torch collector's own optimizer
+    step hooks call it on the steps from ``due`` on (a step index; :data:`NEVER`: none), so that
+    the steps it does not measure cost one comparison, not a hook of its own. After changing ``due``
+    it calls :meth:`TorchState.rewatch`. Each catches its own errors (a ``SystemExit`` it raises on
+    purpose goes through to the job)."""
+
+    due: int
+
+    def opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None: ...
+
+    def opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None: ...
+
+
 class TorchState:
     """One process's shared state of the torch collector; :meth:`reset` makes it fresh (after fork).
 
@@ -68,7 +87,36 @@ class TorchState:
         #: torch.compile's compilations (start, end) that ran inside a phase of the loop and are not
         #: yet cut out of it (the compile collector appends them; :meth:`phase` takes them)
         self.compile_cuts: list[tuple[int, int]] = []
+        #: the collectors called around optimizer steps from their ``due`` step on
+        self.watchers: list[StepWatcher] = []
+        #: the smallest ``due`` of the watchers: the step index from which a hook calls them
+        self.watch_due = NEVER
         self.reset()
+
+    def watch(self, watcher: StepWatcher) -> None:
+        """Call ``watcher`` around the optimizer steps of its ``due`` steps."""
+        if watcher not in self.watchers:
+            self.watchers.append(watcher)
+        self.rewatch()
+
+    def unwatch(self, watcher: StepWatcher) -> None:
+        if watcher in self.watchers:
+            self.watchers.remove(watcher)
+        self.rewatch()
+
+    def rewatch(self) -> None:
+        """A watcher's ``due`` changed."""
+        self.watch_due = min((w.due for w in self.watchers), default=NEVER)
+
+    def watchers_pre(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> None:
+        for w in list(self.watchers):
+            if w.due <= index:
+                w.opt_pre(optimizer, args, kwargs)
+
+    def watchers_post(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> None:
+        for w in list(self.watchers):
+            if w.due <= index:
+                w.opt_post(optimizer, args, kwargs)
 
     def reset(self) -> None:
         self.tls = self.agent.tls
@@ -103,18 +151,6 @@ class TorchState:
         if t1 > pos:
             span("phase", name, pos, t1, step, attrs)
 
-    @property
-    def pending_dw(self) -> Pending | None:
-        """The calling thread's batch wait not yet named."""
-        return self.pending.get(self.tls.tid)
-
-    @pending_dw.setter
-    def pending_dw(self, value: Pending | None) -> None:
-        if value is None:
-            self.pending.pop(self.tls.tid, None)
-        else:
-            self.pending[self.tls.tid] = value
-
     def claim(self) -> Pending | None:
         """The batch wait a training or eval forward of the calling thread names: its own, else one of a
         thread that runs no training loop."""
@@ -131,18 +167,28 @@ class TorchState:
     def begin_forward(self, training: bool, t0: int) -> None:
         self.forward_t0 = t0
         steps = self.agent.steps
-        steps.just_updated = False
-        pend = self.claim()
+        t = self.tls
+        loop = t.loop
+        if loop is not None:
+            loop.just_updated = False
+        pend = None
+        if self.pending:
+            pend = self.pending.pop(t.tid, None)
+            if pend is None:
+                pend = self.claim()
         if training:
             if pend is not None and pend[2] not in self.eval_loaders:
                 self.train_loaders.add(pend[2])
-                steps.opener(pend[0])
-                ended = self.unclaimed_epochs.pop(pend[2], None)
-                if ended is not None:  # its epoch ended with the batch that made it a training loader
-                    self.epoch_span(pend[2], *ended)
+                if loop is None or not loop.trains or loop.pending_close or loop.start_ns is None:
+                    steps.opener(pend[0], loop)
+                if self.unclaimed_epochs:
+                    ended = self.unclaimed_epochs.pop(pend[2], None)
+                    if ended is not None:  # its epoch ended with the batch that made it a training loader
+                        self.epoch_span(pend[2], *ended)
             else:
-                steps.opener(t0)
-            self.resolve(pend, "data_wait")
+                steps.opener(t0, loop)
+            if pend is not None:
+                self.resolve(pend, "data_wait")
         else:
             if pend is not None and pend[2] not in self.train_loaders:
                 self.eval_loaders.add(pend[2])
@@ -150,7 +196,8 @@ class TorchState:
 
     def resolve_pending(self, label: str | None) -> None:
         """Record the calling thread's batch wait not yet named (as ``label``, or as its loader says)."""
-        self.resolve(self.pending.pop(self.tls.tid, None), label)
+        if self.pending:
+            self.resolve(self.pending.pop(self.tls.tid, None), label)
 
     def resolve_all(self) -> None:
         """Record every thread's batch wait not yet named (at exit)."""

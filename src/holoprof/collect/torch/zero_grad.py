@@ -31,12 +31,13 @@ def _wrap_zero_grad(col: Collector, st: TorchState, torch: ModuleType, orig: Any
         try:
             if col.fault_at:
                 col.inject("zero_grad")
-            if steps.just_updated and st.pending_dw is None:
+            loop = t.loop
+            if loop is not None and loop.just_updated and t.tid not in st.pending:
                 pass  # `step(); zero_grad()`: the end of this iteration, not the next one's start
             elif is_grad_enabled():
                 st.begin_forward(True, t0)  # a training activity: claims the pending fetch
             else:
-                steps.opener(t0)
+                steps.opener(t0, loop)
         except Exception as exc:
             agent.fail(col, exc)
         t.active = "optimizer"
@@ -45,7 +46,9 @@ def _wrap_zero_grad(col: Collector, st: TorchState, torch: ModuleType, orig: Any
         finally:
             t.active = None
             try:
-                span("phase", "optimizer", t0, now_ns(), steps.index, {"op": "zero_grad"})
+                loop = t.loop
+                step = loop.index if loop is not None and loop.index >= 0 else steps.index
+                span("phase", "optimizer", t0, now_ns(), step, {"op": "zero_grad"})
             except Exception as exc:
                 agent.fail(col, exc)
 
