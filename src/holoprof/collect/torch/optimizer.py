@@ -67,93 +67,97 @@ class OptimizerPhases:
     # optimizer steps on a few steps (TorchState.watchers) are called from here on those steps only,
     # even when this collector is off.
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        st = self.st
-        out = self.own_pre(optimizer, args, kwargs) if self.col.enabled else None
+        col, st = self.col, self.st
+        t = st.tls
+        out = None
+        f = None
+        try:
+            if col.enabled:
+                if col.fault_at:
+                    col.inject("optimizer_pre")
+                f = t.opt
+                if f is None:
+                    f = t.opt = StepFrame()
+                f.depth += 1
+                if f.depth == 1:
+                    if t.active is not None:
+                        f.depth = -1_000_000  # nested inside another phase: not ours
+                    else:
+                        out = self.begin_step(f, t, optimizer, args, kwargs)
+        except Exception as exc:
+            self.forget(f)
+            self.agent.fail(col, exc)
         if st.watch_due < NEVER:
-            index = self.steps.index
+            loop = t.loop
+            index = loop.index if loop is not None and loop.index >= 0 else self.steps.index
             if index >= st.watch_due:
                 st.watchers_pre(index, optimizer, args, kwargs)
         return out
 
-    def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def begin_step(self, f: StepFrame, t: Any, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        """The outermost optimizer step of the thread begins: its phase opens. Returns the hook's result
+        (new arguments, with a step's closure wrapped) or None."""
         st = self.st
-        self.own_post()
+        t0 = now_ns()
+        # torch's ``args`` start with the optimizer itself: ``step()`` alone has no closure
+        plain = len(args) < 2 and not kwargs
+        at, closure = (-1, None) if plain else self.closure_arg(optimizer, args, kwargs)
+        if closure is not None:
+            # a step that runs its own forward and backward (LBFGS, Lightning): a whole
+            # iteration, which starts here
+            st.begin_forward(True, t0)
+        f.t0 = t0
+        f.ev0 = self.dev.begin() if self.dev.maybe else None
+        t.active = "optimizer"
+        self.steps.optimizer_seen = True
+        if closure is None:
+            return None
+        wrapped = self.wrap_closure(closure, f)
+        if at < 0:
+            return args, {**kwargs, "closure": wrapped}
+        return (*args[:at], wrapped, *args[at + 1 :]), kwargs
+
+    def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        col, st = self.col, self.st
+        t = st.tls
+        f = t.opt
+        if f is not None:
+            if not col.enabled:
+                self.forget(f)  # turned off between the two hooks: close what the first one opened
+            else:
+                try:
+                    if col.fault_at:
+                        col.inject("optimizer_post")
+                    f.depth -= 1
+                    if f.depth < 0:
+                        f.depth = 0
+                    elif f.depth == 0:
+                        self.end_step(f, t)
+                except Exception as exc:
+                    self.forget(f)
+                    self.agent.fail(col, exc)
+        # (f is None: no step of this thread began, the collector was off at its start)
         if st.watch_due < NEVER:
-            index = self.steps.index
+            loop = t.loop
+            index = loop.index if loop is not None and loop.index >= 0 else self.steps.index
             if index >= st.watch_due:
                 st.watchers_post(index, optimizer, args, kwargs)
 
-    def own_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        col, st = self.col, self.st
-        f = None
-        try:
-            if col.fault_at:
-                col.inject("optimizer_pre")
-            t = st.tls
-            f = t.opt
-            if f is None:
-                f = t.opt = StepFrame()
-            f.depth += 1
-            if f.depth == 1:
-                if t.active is not None:
-                    f.depth = -1_000_000  # nested inside another phase: not ours
-                    return None
-                t0 = now_ns()
-                # torch's ``args`` start with the optimizer itself: ``step()`` alone has no closure
-                plain = len(args) < 2 and not kwargs
-                at, closure = (-1, None) if plain else self.closure_arg(optimizer, args, kwargs)
-                if closure is not None:
-                    # a step that runs its own forward and backward (LBFGS, Lightning): a whole
-                    # iteration, which starts here
-                    st.begin_forward(True, t0)
-                f.t0 = t0
-                f.ev0 = self.dev.begin() if self.dev.maybe else None
-                t.active = "optimizer"
-                self.steps.optimizer_seen = True
-                if closure is not None:
-                    wrapped = self.wrap_closure(closure, f)
-                    if at < 0:
-                        return args, {**kwargs, "closure": wrapped}
-                    return (*args[:at], wrapped, *args[at + 1 :]), kwargs
-        except Exception as exc:
-            self.forget(f)
-            self.agent.fail(col, exc)
-        return None
-
-    def own_post(self) -> None:
-        col = self.col
-        t = self.st.tls
-        f = t.opt
-        if f is None:
-            return  # no step of this thread began (the collector was off at its start)
-        if not col.enabled:
-            self.forget(f)  # turned off between the two hooks: close what the first one opened
-            return
-        try:
-            if col.fault_at:
-                col.inject("optimizer_post")
-            f.depth -= 1
-            if f.depth < 0:
-                f.depth = 0
-                return
-            if f.depth == 0:
-                t.active = None
-                t1 = now_ns()
-                steps = self.steps
-                loop = t.loop
-                if loop is None or loop.start_ns is None:
-                    steps.activity(f.t0)
-                    loop = steps.mine()
-                index = loop.index if loop.index >= 0 else steps.index
-                st = self.st
-                if t.waits is None and f.ev0 is None and not st.compile_cuts and t1 > f.t0:
-                    self.agent.span("phase", "optimizer", f.t0, t1, index)  # end_part's common case
-                else:
-                    self.end_part(f, t1, index)
-                steps.update_done(t1, loop)
-        except Exception as exc:
-            self.forget(f)
-            self.agent.fail(col, exc)
+    def end_step(self, f: StepFrame, t: Any) -> None:
+        """The outermost optimizer step of the thread ended: its phase, and the update of the step."""
+        t.active = None
+        t1 = now_ns()
+        steps = self.steps
+        loop = t.loop
+        if loop is None or loop.start_ns is None:
+            steps.activity(f.t0)
+            loop = steps.mine()
+        index = loop.index if loop.index >= 0 else steps.index
+        if t.waits is None and f.ev0 is None and not self.st.compile_cuts and t1 > f.t0:
+            self.agent.span("phase", "optimizer", f.t0, t1, index)  # end_part's common case
+        else:
+            self.end_part(f, t1, index)
+        steps.update_done(t1, loop)
 
     # -- optimizer steps that take a closure -------------------------------------------------------
     def closure_arg(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[int, Any]:
