@@ -7,6 +7,7 @@ anything.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -304,11 +306,53 @@ def traced_with_agent_options(
     return proc, run_dir
 
 
+def shared(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """A folder made once per test session and shared by pytest-xdist's workers (each worker would
+    otherwise make its own copy of a run that tests of several modules read): the first to ask makes it
+    with ``make(folder)``, under a lock on the session's folder, and the others wait for it. Its
+    readers never change it (they copy a run first: :func:`copy_run`)."""
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / f"shared-{name}"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / ".made").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker failed half-way: made again
+            folder.mkdir()
+            make(folder)
+            (folder / ".made").write_text("")
+    return folder
+
+
+def shared_traced(
+    factory: pytest.TempPathFactory,
+    name: str,
+    *command: str,
+    options: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> TracedRun:
+    """:func:`traced` once per session for every worker (see :func:`shared`); the command's result is
+    kept beside the run, and each worker builds the report itself."""
+
+    def make(folder: Path) -> None:
+        p = traced(folder, *command, options=options, env=env, timeout=timeout).proc
+        result = {"args": p.args, "returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+        (folder / "proc.json").write_text(json.dumps(result))
+
+    folder = shared(factory, name, make)
+    d = json.loads((folder / "proc.json").read_text())
+    proc = subprocess.CompletedProcess(d["args"], d["returncode"], d["stdout"], d["stderr"])
+    run_dir = str(folder / "run")
+    return TracedRun(proc, run_dir, report_json(run_dir))
+
+
 @pytest.fixture(scope="session")
 def standard_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
     """The standard training script (SGD, eval and checkpoint per epoch), traced once."""
-    tmp = tmp_path_factory.mktemp("standard")
-    run = traced(tmp, script("train.py"), options=("--sample-interval", "0.2"))
+    run = shared_traced(
+        tmp_path_factory, "standard", script("train.py"), options=("--sample-interval", "0.2")
+    )
     assert run.proc.returncode == 0, run.proc.stderr
     return run
 
@@ -325,7 +369,13 @@ def standard_untraced(tmp_path_factory: pytest.TempPathFactory) -> subprocess.Co
 @pytest.fixture(scope="session")
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
     """A quick run with no framework (20 marked steps) flushed often, so it has many chunks."""
-    tmp = tmp_path_factory.mktemp("small")
-    run = traced(tmp, script("manual_steps.py"), "20", "--phases", options=("--flush-interval", "0.05"))
+    run = shared_traced(
+        tmp_path_factory,
+        "small",
+        script("manual_steps.py"),
+        "20",
+        "--phases",
+        options=("--flush-interval", "0.05"),
+    )
     assert run.proc.returncode == 0, run.proc.stderr
     return run

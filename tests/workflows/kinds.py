@@ -1,4 +1,5 @@
-"""One run of each kind that the views must show, made once per test session in one runs folder.
+"""One run of each kind that the views must show, made once per test session in one runs folder (one
+for all of pytest-xdist's workers).
 
 ``kinds(tmp_path_factory, *names)``: the runs folder, with the runs asked for (made when first asked):
 
@@ -13,13 +14,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import job_env, run_holoprof, script
+from conftest import job_env, run_holoprof, script, shared
 
 TESTS = Path(__file__).resolve().parent.parent
 _CACHE: dict[str, Any] = {}
@@ -74,12 +76,23 @@ def _make(name: str, root: Path) -> None:
 
 
 def kinds(factory: pytest.TempPathFactory, *names: str) -> Path:
-    """The runs folder holding (at least) the runs ``names``."""
-    if "root" not in _CACHE:
-        _CACHE["root"] = factory.mktemp("kinds")
-    root: Path = _CACHE["root"]
+    """The runs folder holding (at least) the runs ``names``: one folder for all of pytest-xdist's
+    workers, each run made by the first worker that asks for it (``conftest.shared``)."""
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    root = root / "kinds"
+    root.mkdir(exist_ok=True)
     for name in names:
         if name not in _CACHE:
-            _make(name, root)
+            shared(factory, f"kind-{name}", lambda folder, name=name: _make_into(name, folder, root))
             _CACHE[name] = True
     return root
+
+
+def _make_into(name: str, staging: Path, root: Path) -> None:
+    """Make run ``name`` in ``staging``, then move it into ``root`` whole: a dashboard serving ``root``
+    in another worker never lists a run half made."""
+    _make(name, staging)
+    shutil.rmtree(root / name, ignore_errors=True)  # left by a worker that failed half-way
+    os.rename(staging / name, root / name)

@@ -2,7 +2,7 @@
 
 ``pipeline(tmp_path_factory)``: ``holoprof run --sample-interval 0.1 --io-trace -- bash pipeline.sh``
 (prepare with numpy, sort and tar the prepared files, train 30 steps with PyTorch, evaluate; every
-I/O operation recorded).
+I/O operation recorded), made once for all of pytest-xdist's workers (``conftest.shared``).
 ``step_runs(tmp_path_factory)``: three runs of ``steps.py 40`` whose loops run at the same time: ``a`` and
 ``b`` identical, ``slow`` 5 ms longer per step. They run at a raised scheduling priority where the
 test may raise it (root): on a crowded machine a sleeping loop otherwise wakes up late by tens of
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import HOLOPROF, TracedRun, job_env, traced
+from conftest import HOLOPROF, TracedRun, job_env, shared_traced
 
 HERE = Path(__file__).resolve().parent
 PIPELINE_STEPS = 30
@@ -30,9 +30,8 @@ _CACHE: dict[str, Any] = {}
 
 def pipeline(factory: pytest.TempPathFactory) -> TracedRun:
     if "pipeline" not in _CACHE:
-        tmp = factory.mktemp("pipeline")
-        run = traced(
-            tmp, "bash", str(HERE / "pipeline.sh"),
+        run = shared_traced(
+            factory, "pipeline", "bash", str(HERE / "pipeline.sh"),
             options=("--sample-interval", "0.1", "--io-trace"),
             env={"PYTHON": sys.executable, "STEPS": str(PIPELINE_STEPS), "SLEEP_PER_STEP": "0.003"},
             timeout=240,
