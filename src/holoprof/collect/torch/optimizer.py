@@ -88,10 +88,7 @@ class OptimizerPhases:
             self.forget(f)
             self.agent.fail(col, exc)
         if st.watch_due < NEVER:
-            loop = t.loop
-            index = loop.index if loop is not None and loop.index >= 0 else self.steps.index
-            if index >= st.watch_due:
-                st.watchers_pre(index, optimizer, args, kwargs)
+            st.call_watchers(t, False, optimizer, args, kwargs)
         return out
 
     def begin_step(self, f: StepFrame, t: Any, optimizer: Any, args: Any, kwargs: Any) -> Any:
@@ -138,10 +135,7 @@ class OptimizerPhases:
                     self.agent.fail(col, exc)
         # (f is None: no step of this thread began, the collector was off at its start)
         if st.watch_due < NEVER:
-            loop = t.loop
-            index = loop.index if loop is not None and loop.index >= 0 else self.steps.index
-            if index >= st.watch_due:
-                st.watchers_post(index, optimizer, args, kwargs)
+            st.call_watchers(t, True, optimizer, args, kwargs)
 
     def end_step(self, f: StepFrame, t: Any) -> None:
         """The outermost optimizer step of the thread ended: its phase, and the update of the step."""

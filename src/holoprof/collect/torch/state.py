@@ -108,15 +108,19 @@ class TorchState:
         """A watcher's ``due`` changed."""
         self.watch_due = min((w.due for w in self.watchers), default=NEVER)
 
-    def watchers_pre(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def call_watchers(self, t: Any, post: bool, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Before (``post`` False) or after an optimizer step of the thread whose state is ``t``: the
+        watchers due at its step."""
+        loop = t.loop
+        index = loop.index if loop is not None and loop.index >= 0 else self.agent.steps.index
+        if index < self.watch_due:
+            return
         for w in list(self.watchers):
             if w.due <= index:
-                w.opt_pre(optimizer, args, kwargs)
-
-    def watchers_post(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> None:
-        for w in list(self.watchers):
-            if w.due <= index:
-                w.opt_post(optimizer, args, kwargs)
+                if post:
+                    w.opt_post(optimizer, args, kwargs)
+                else:
+                    w.opt_pre(optimizer, args, kwargs)
 
     def reset(self) -> None:
         self.tls = self.agent.tls
