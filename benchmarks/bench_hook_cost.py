@@ -2,8 +2,8 @@
 (``workloads/tiny_loop_parts.py``: a 0.5 ms CPU step). Three kinds of run, alternated: untraced,
 traced, and traced with every patch and optimizer step hook taken out after start-up ("patches
 off": what remains is the process-wide cost, the agent's threads and the native I/O library). Per
-part of the step, the median over runs of each run's median; and the median time of each of
-holoprof's optimizer step hooks.
+part of the step, the median over runs of each run's median; the median time of each of holoprof's
+optimizer step hooks; and what the wrapper adds to a nested module call (``workloads/nested_calls.py``).
 
     python benchmarks/bench_hook_cost.py [--runs 5] [--steps 4000]
 """
@@ -20,6 +20,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(HERE, "workloads", "tiny_loop_parts.py")
+NESTED = os.path.join(HERE, "workloads", "nested_calls.py")
 PARTS = ("step", "data", "zero_grad", "forward", "backward", "optimizer")
 
 
@@ -72,6 +73,13 @@ def main() -> None:
     for name, v in sorted(hooks.items(), key=lambda kv: -statistics.median(kv[1])):
         print(f"| `{name}` | {statistics.median(v):.2f} µs |")
     print()
+    # a nested module call (each module inside the outermost one: hundreds a step in a transformer)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "holoprof.cli", "run", "--no-report", "--out", os.path.join(tmp, "n")]
+        cmd += ["--", sys.executable, NESTED]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+    print(next(line for line in out.splitlines() if line.startswith("per nested")) + "\n")
 
 
 if __name__ == "__main__":

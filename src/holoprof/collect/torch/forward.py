@@ -17,9 +17,9 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
     through. A training forward claims the batch wait before it (see :class:`TorchState`).
 
     Two kinds of module call are left alone, so that nothing of holoprof's runs where it could change
-    what the job computes: calls that ``torch.compile`` traces (``torch.compiler.is_compiling()``, which
-    Dynamo folds to a constant: the wrapper leaves nothing in the graph and no guard on holoprof's
-    state), and calls made by the autograd engine during a backward pass (activation checkpointing
+    what the job computes: calls that ``torch.compile`` traces (``torch.compiler.is_compiling()``, in
+    effect, which Dynamo folds to a constant: the wrapper leaves nothing in the graph and no guard on
+    holoprof's state), and calls made by the autograd engine during a backward pass (activation checkpointing
     recomputes the forward there: that time is backward's, and its saved tensors are checkpoint's).
     """
     agent = col.agent
@@ -27,11 +27,19 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
     is_grad_enabled = torch.is_grad_enabled
     orig_call = torch.nn.Module.__call__
     compiler = getattr(torch, "compiler", None)
-    is_compiling = getattr(compiler, "is_compiling", None) or _never
+    # ``torch.compiler.is_compiling()`` is two Python calls on every module call, nested ones included
+    # (hundreds a step in a transformer): the same test in one call and one read is
+    # ``is_dynamo_compiling()`` (Dynamo folds it to True, as it folds ``is_compiling``) or the flag that
+    # ``torch.export`` sets; a torch without them gets ``is_compiling`` itself
+    dynamo_compiling = getattr(compiler, "is_dynamo_compiling", None)
+    flag: Any = compiler
+    if dynamo_compiling is None or not hasattr(compiler, "_is_compiling_flag"):
+        dynamo_compiling = getattr(compiler, "is_compiling", None) or _never
+        flag = _NoFlag
     graph_task_id = getattr(torch._C, "_current_graph_task_id", None) or _no_task
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:  # `self`: torch's tracer reads it
-        if is_compiling():
+        if dynamo_compiling() or flag._is_compiling_flag:
             return orig_call(self, *args, **kwargs)
         t = st.tls
         if t.active is not None or not col.enabled:
@@ -95,6 +103,12 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
 
 def _never() -> bool:
     return False
+
+
+class _NoFlag:
+    """Where ``torch.compiler`` has no ``_is_compiling_flag``: ``is_compiling()`` alone decides."""
+
+    _is_compiling_flag = False
 
 
 def _no_task() -> int:
