@@ -21,7 +21,15 @@ from typing import Any
 
 import pytest
 
-from conftest import TracedRun, error_lines, run_holoprof, run_python, traced
+from conftest import (
+    TracedRun,
+    error_lines,
+    report_json,
+    run_holoprof,
+    run_python,
+    traced,
+    traced_with_agent_options,
+)
 
 B, D, H, OUT = 16, 64, 128, 10
 P = D * H + H + H * OUT + OUT
@@ -229,6 +237,49 @@ def test_a_tensor_whose_storage_cannot_be_read_is_left_out_and_said(tmp_path: Pa
     text = run_holoprof("report", run.run_dir, cwd=tmp_path)
     assert text.returncode == 0, text.stderr
     assert "some tensors not measured" in text.stdout and "Opaque" in text.stdout
+
+
+TWO_OPTIMIZERS = f"""
+import sys
+import torch
+from torch import nn
+
+steps = int(sys.argv[1])
+torch.manual_seed(0)
+torch.set_num_threads(1)
+nets = [nn.Sequential(nn.Linear({D}, {H}), nn.ReLU(), nn.Linear({H}, {OUT})) for _ in range(2)]
+opts = [torch.optim.Adam(n.parameters(), lr=1e-3) for n in nets]
+for i in range(steps):
+    x, y = torch.randn({B}, {D}), torch.randn({B}, {OUT})
+    for o in opts:
+        o.zero_grad()
+    loss = sum(((n(x) - y) ** 2).mean() for n in nets)
+    loss.backward()
+    for o in opts:
+        o.step()
+print("done")
+"""
+
+
+def test_two_optimizers_are_measured_on_the_sampled_steps_only(tmp_path: Path) -> None:
+    """A loop that steps two optimizers (a GAN's generator and discriminator), sampled on the first
+    steps and then every 4th: each measured step sees both optimizer steps (the snapshot after them
+    counts both Adams' state, from the first step on), and no other step is measured. The collector
+    is called by the torch collector's optimizer hooks on those steps only."""
+    path = tmp_path / "two.py"
+    path.write_text(TWO_OPTIMIZERS)
+    proc, run_dir = traced_with_agent_options(tmp_path, {"memory_every": 4}, sys.executable, str(path), "10")
+    assert proc.returncode == 0, proc.stderr
+    doc = report_json(run_dir)
+    assert doc["steps"]["count"] == 10
+    mem = doc["memory"]
+    assert mem["sampled_steps"] == [0, 1, 2, 4, 8]
+    after = [t for t in mem["timeline"] if t["phase"] == "optimizer"]
+    assert {t["step"] for t in after} == {0, 1, 2, 4, 8}
+    for step in (0, 1, 2, 4, 8):
+        state = max(t["optimizer_state"] for t in after if t["step"] == step)
+        assert state == 2 * (8 * P + 4 * PARAM_TENSORS), step
+        assert max(t["weights"] for t in after if t["step"] == step) == 2 * 4 * P, step
 
 
 def test_memory_off_records_nothing(tmp_path: Path, mlp_script: Path) -> None:

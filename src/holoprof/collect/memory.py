@@ -138,6 +138,8 @@ class MemoryCollector(TorchImportCollector):
         due = NEVER
         if self.enabled and self.mode != "off":
             due = max(next_sampled(step + 1, self.mode, self.every) - 1, step + 1)
+            if self.tracker.measure_step == step:
+                due = step  # the step's other optimizers (a GAN's two) are seen too; the next step moves it
         if self.stop_after:
             due = min(due, self.stop_after - 1)
         self.due = due

@@ -26,16 +26,7 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
     steps = agent.steps
     is_grad_enabled = torch.is_grad_enabled
     orig_call = torch.nn.Module.__call__
-    compiler = getattr(torch, "compiler", None)
-    # ``torch.compiler.is_compiling()`` is two Python calls on every module call, nested ones included
-    # (hundreds a step in a transformer): the same test in one call and one read is
-    # ``is_dynamo_compiling()`` (Dynamo folds it to True, as it folds ``is_compiling``) or the flag that
-    # ``torch.export`` sets; a torch without them gets ``is_compiling`` itself
-    dynamo_compiling = getattr(compiler, "is_dynamo_compiling", None)
-    flag: Any = compiler
-    if dynamo_compiling is None or not hasattr(compiler, "_is_compiling_flag"):
-        dynamo_compiling = getattr(compiler, "is_compiling", None) or _never
-        flag = _NoFlag
+    dynamo_compiling, flag = _compiling_test(torch)
     graph_task_id = getattr(torch._C, "_current_graph_task_id", None) or _no_task
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:  # `self`: torch's tracer reads it
@@ -99,6 +90,19 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
                 agent.fail(col, exc)
 
     col._set(torch.nn.Module, "__call__", __call__)
+
+
+def _compiling_test(torch: ModuleType) -> tuple[Any, Any]:
+    """``(f, flag)``: a module call is traced by ``torch.compile`` or ``torch.export`` when
+    ``f() or flag._is_compiling_flag``. That is ``torch.compiler.is_compiling()``, which is two Python
+    calls on every module call, nested ones included (hundreds a step in a transformer), in one call
+    and one read: ``is_dynamo_compiling()`` (Dynamo folds it to True, as it folds ``is_compiling``) and
+    the flag ``torch.export`` sets. A torch without them gets ``is_compiling`` itself."""
+    compiler = getattr(torch, "compiler", None)
+    dynamo_compiling = getattr(compiler, "is_dynamo_compiling", None)
+    if dynamo_compiling is None or not hasattr(compiler, "_is_compiling_flag"):
+        return getattr(compiler, "is_compiling", None) or _never, _NoFlag
+    return dynamo_compiling, compiler
 
 
 def _never() -> bool:
