@@ -84,6 +84,24 @@ def samples(text: str) -> list[Any]:
 
 
 # --- connections ----------------------------------------------------------------------------------------
+def test_a_client_gone_before_its_refusal_leaves_no_traceback(
+    runs_root: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A request refused (here: a foreign Host header) by a client that closed its end first: writing
+    the refusal fails (a broken pipe), which the server takes as the client gone, quietly, as it does
+    for an answer that is not a refusal. The request comes over a socket pair whose other end is
+    closed before the server answers, so the write always fails."""
+    server = make_server(str(runs_root), port=0)
+    try:
+        ours, theirs = socket.socketpair()
+        theirs.sendall(b"GET / HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+        theirs.close()
+        server.RequestHandlerClass(ours, ("127.0.0.1", 1), server)  # handles the request, as a thread would
+        ours.close()
+    finally:
+        server.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 def test_idle_silent_and_half_sent_connections_are_closed_after_the_timeout(runs_root: Path) -> None:

@@ -615,7 +615,10 @@ class Handler(BaseHTTPRequestHandler):
         except HttpError as exc:
             if method == "POST":
                 self.close_connection = True
-            self._error(exc.status, exc.message)
+            try:
+                self._error(exc.status, exc.message)
+            except OSError:  # the client left before its answer (a broken pipe, a reset): nothing to say
+                self.close_connection = True
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # a bug must not kill the server: answer 500 and go on
