@@ -306,13 +306,18 @@ def traced_with_agent_options(
     return proc, run_dir
 
 
+def session_root(factory: pytest.TempPathFactory) -> Path:
+    """The test session's folder, the same for all of pytest-xdist's workers (each has its own below it)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def shared(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
     """A folder made once per test session and shared by pytest-xdist's workers (each worker would
     otherwise make its own copy of a run that tests of several modules read): the first to ask makes it
     with ``make(folder)``, under a lock on the session's folder, and the others wait for it. Its
     readers never change it (they copy a run first: :func:`copy_run`)."""
-    base = factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root = session_root(factory)
     folder = root / f"shared-{name}"
     with open(root / f"shared-{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import job_env, run_holoprof, script, shared
+from conftest import job_env, run_holoprof, script, session_root, shared
 
 TESTS = Path(__file__).resolve().parent.parent
 _CACHE: dict[str, Any] = {}
@@ -78,10 +78,7 @@ def _make(name: str, root: Path) -> None:
 def kinds(factory: pytest.TempPathFactory, *names: str) -> Path:
     """The runs folder holding (at least) the runs ``names``: one folder for all of pytest-xdist's
     workers, each run made by the first worker that asks for it (``conftest.shared``)."""
-    root = factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent
-    root = root / "kinds"
+    root = session_root(factory) / "kinds"
     root.mkdir(exist_ok=True)
     for name in names:
         if name not in _CACHE:

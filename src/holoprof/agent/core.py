@@ -259,23 +259,7 @@ class Agent:
         if kind == "phase":
             loop = tls.loop
             if loop is not None and loop.index >= 0:
-                # the thread loop's count of this phase (ThreadLoop: in the step in progress, before or
-                # after its update, or outside any step), written out here: it runs for every phase
-                start = loop.start_ns
-                if start is None or start_ns < start:
-                    into = loop.outside
-                elif loop.pending_close:
-                    into = loop.tail
-                    if start_ns < loop.tail_start:
-                        loop.tail_start = start_ns
-                else:
-                    into = loop.open
-                v = into.get(name)
-                if v is None:
-                    into[name] = [1, end_ns - start_ns]
-                else:
-                    v[0] += 1
-                    v[1] += end_ns - start_ns
+                loop.phase(name, start_ns, end_ns)
         elif kind == "epoch":
             self.steps.mine().epochs += 1
         buf = self.spans_buf

@@ -49,10 +49,9 @@ class ThreadLoop:
     """One thread's training loop: its step in progress and its exact counts.
 
     Phases recorded while a step is open wait in ``open`` (or, after its update, in ``tail``) until the
-    step is recorded (:meth:`holoprof.agent.core.Agent.span` counts each phase there, on the hot
-    path): then they count as inside steps, as the report's per-step table counts them; the phases of
-    a step that is never recorded (a half-done last step), and those after the last update when the
-    loop ends there, count as outside steps.
+    step is recorded: then they count as inside steps, as the report's per-step table counts them; the
+    phases of a step that is never recorded (a half-done last step), and those after the last update
+    when the loop ends there, count as outside steps.
     """
 
     __slots__ = (
@@ -95,6 +94,24 @@ class ThreadLoop:
         self.open: dict[str, list[int]] = {}  # of the step in progress, before its update
         self.tail: dict[str, list[int]] = {}  # of the step in progress, after its update
         self.tail_start = _NO_START
+
+    def phase(self, name: str, start_ns: int, end_ns: int) -> None:
+        """A phase of this thread ended (the hot path: one dictionary update, written out)."""
+        start = self.start_ns
+        if start is None or start_ns < start:
+            into = self.outside
+        elif self.pending_close:
+            into = self.tail
+            if start_ns < self.tail_start:
+                self.tail_start = start_ns
+        else:
+            into = self.open
+        v = into.get(name)
+        if v is None:
+            into[name] = [1, end_ns - start_ns]
+        else:
+            v[0] += 1
+            v[1] += end_ns - start_ns
 
     def recorded(self, start_ns: int, end_ns: int) -> None:
         """The step in progress was recorded, from ``start_ns`` to ``end_ns``."""

@@ -273,9 +273,8 @@ class FlopCollector(TorchImportCollector):
 
     def watch_from(self, step: int) -> None:
         """Have the optimizer hooks call :meth:`opt_post` from ``step`` on (:data:`NEVER`: not)."""
-        self.due = step
         if self.state is not None:
-            self.state.rewatch()
+            self.state.schedule(self, step)
 
     def end_count(self, partial: str = "") -> None:
         """Leave the mode (on the thread that entered it) and record what it counted."""

@@ -64,9 +64,9 @@ class LayerSampler:
     def reschedule(self, index: int) -> None:
         """After the optimizer step of step ``index``: the next one to see is that of the step before a
         sampled one (it arms the observing) or of a sampled one (its gradient hooks go)."""
-        self.due = min((i for s in self.sample for i in (s - 1, s) if i > index), default=NEVER)
+        due = min((i for s in self.sample for i in (s - 1, s) if i > index), default=NEVER)
         if self._state is not None:
-            self._state.rewatch()
+            self._state.schedule(self, due)
 
     def opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         pass

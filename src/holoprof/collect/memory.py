@@ -137,15 +137,16 @@ class MemoryCollector(TorchImportCollector):
         step = self.agent.steps.index
         due = NEVER
         if self.enabled and self.mode != "off":
-            due = max(next_sampled(step + 1, self.mode, self.every) - 1, step + 1)
+            nxt = next_sampled(step + 1, self.mode, self.every)
+            if nxt < NEVER:
+                due = max(nxt - 1, step + 1)
             if self.tracker.measure_step == step:
                 due = step  # the step's other optimizers (a GAN's two) are seen too; the next step moves it
         if self.stop_after:
             due = min(due, self.stop_after - 1)
-        self.due = due
         st = self.tracker.state
         if st is not None:
-            st.rewatch()
+            st.schedule(self, due)
 
     def single_loop(self) -> bool:
         """Whether at most one thread of the process trains. The first time more do, measuring stops for

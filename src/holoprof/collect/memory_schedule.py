@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from holoprof import model
+from holoprof.collect.torch.state import NEVER
 
 MODES: tuple[str, ...] = model.MEMORY_MODES
 #: Sampled mode: the first ``FIRST_STEPS`` steps, then every ``EVERY``-th step.
@@ -18,14 +19,10 @@ def is_sampled(step: int, mode: str, every: int = EVERY) -> bool:
     return step < FIRST_STEPS or (every > 0 and step % every == 0)
 
 
-#: :func:`next_sampled` when no later step is measured.
-NO_STEP = 1 << 62
-
-
 def next_sampled(step: int, mode: str, every: int = EVERY) -> int:
-    """The first step from ``step`` on that :func:`is_sampled` measures (:data:`NO_STEP`: none)."""
+    """The first step from ``step`` on that :func:`is_sampled` measures (:data:`NEVER`: none)."""
     if mode == "full" or (mode == "sampled" and step < FIRST_STEPS):
         return step
     if mode != "sampled" or every <= 0:
-        return NO_STEP
+        return NEVER
     return -(-step // every) * every

@@ -45,7 +45,7 @@ def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, 
                 if loop is None or loop.start_ns is None:
                     steps.activity(t0)
                     loop = steps.mine()
-                step = loop.index if loop.index >= 0 else steps.index
+                step = loop.index  # the thread's step: started by now
                 ready = agent.bucket_ready_ns
                 if t0 < ready < t1:
                     # DDP: from the moment the last gradient bucket was ready, backward only
@@ -53,10 +53,8 @@ def _wrap_backward(col: Collector, st: TorchState, dev: DeviceTimes, orig: Any, 
                     phase_spans(agent, "backward", t0, t1, step, (ready, "ddp_allreduce"), st.phase)
                 elif t.waits is not None:  # it waited for communication (FSDP's reduce-scatters)
                     phase_spans(agent, "backward", t0, t1, step, record=st.phase)
-                elif st.compile_cuts:
-                    st.phase("backward", t0, t1, step)
                 else:
-                    agent.span("phase", "backward", t0, t1, step)
+                    st.phase("backward", t0, t1, step)
                 if ev0 is not None:
                     dev.end("backward", step, t0, ev0)
                 if update and not steps.optimizer_seen:

@@ -46,15 +46,7 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
                 col.inject("forward")
             training = is_grad_enabled()
             name = "forward" if training else "eval"
-            loop = t.loop
-            if training and not st.pending and loop is not None and loop.trains and not loop.pending_close:
-                # the common case, written out: no batch wait to name, no step to end or start
-                st.forward_t0 = t_open
-                loop.just_updated = False
-                if loop.start_ns is None:
-                    st.begin_forward(training, t_open)
-            else:
-                st.begin_forward(training, t_open)
+            st.begin_forward(training, t_open)
             ev0 = dev.begin() if dev.maybe else None
             observers = st.observers if training else ()
             for o in observers:
@@ -74,14 +66,11 @@ def install_forward(col: Collector, st: TorchState, dev: DeviceTimes, torch: Mod
             t.active = None
             try:
                 t1 = now_ns()
-                loop = t.loop
-                step = loop.index if loop is not None and loop.index >= 0 else steps.index
-                if t.waits is not None:  # it waited for communication (FSDP's all-gathers): not forward
-                    phase_spans(agent, name, t0, t1, step, record=st.phase)
-                elif st.compile_cuts:
+                step = steps.index
+                if t.waits is None:
                     st.phase(name, t0, t1, step)
-                else:
-                    agent.span("phase", name, t0, t1, step)
+                else:  # it waited for communication (FSDP's all-gathers): those parts are not forward
+                    phase_spans(agent, name, t0, t1, step, record=st.phase)
                 if ev0 is not None:
                     dev.end(name, step, t0, ev0)
                 for o in observers:

@@ -88,7 +88,7 @@ class OptimizerPhases:
             self.forget(f)
             self.agent.fail(col, exc)
         if st.watch_due < NEVER:
-            st.call_watchers(t, False, optimizer, args, kwargs)
+            st.call_watchers(False, optimizer, args, kwargs)
         return out
 
     def begin_step(self, f: StepFrame, t: Any, optimizer: Any, args: Any, kwargs: Any) -> Any:
@@ -135,7 +135,7 @@ class OptimizerPhases:
                     self.agent.fail(col, exc)
         # (f is None: no step of this thread began, the collector was off at its start)
         if st.watch_due < NEVER:
-            st.call_watchers(t, True, optimizer, args, kwargs)
+            st.call_watchers(True, optimizer, args, kwargs)
 
     def end_step(self, f: StepFrame, t: Any) -> None:
         """The outermost optimizer step of the thread ended: its phase, and the update of the step."""
@@ -146,11 +146,7 @@ class OptimizerPhases:
         if loop is None or loop.start_ns is None:
             steps.activity(f.t0)
             loop = steps.mine()
-        index = loop.index if loop.index >= 0 else steps.index
-        if t.waits is None and f.ev0 is None and not self.st.compile_cuts and t1 > f.t0:
-            self.agent.span("phase", "optimizer", f.t0, t1, index)  # end_part's common case
-        else:
-            self.end_part(f, t1, index)
+        self.end_part(f, t1, loop.index)  # the thread's step: started by now
         steps.update_done(t1, loop)
 
     # -- optimizer steps that take a closure -------------------------------------------------------
@@ -211,14 +207,8 @@ class OptimizerPhases:
         t0 = f.t0
         if index is None:
             index = self.steps.index
-        st = self.st
         if t1 > t0:
-            if st.tls.waits is not None:
-                phase_spans(self.agent, "optimizer", t0, t1, index, record=st.phase)
-            elif st.compile_cuts:
-                st.phase("optimizer", t0, t1, index)
-            else:
-                self.agent.span("phase", "optimizer", t0, t1, index)
+            phase_spans(self.agent, "optimizer", t0, t1, index, record=self.st.phase)
         if f.ev0 is not None:
             self.dev.end("optimizer", index, t0, f.ev0)
             f.ev0 = None

@@ -55,8 +55,8 @@ class StepWatcher(Protocol):
     """Another collector that acts around optimizer steps on a few steps only (the memory collector's
     sampled steps, the FLOP counter's step, the layer sampler's): the torch collector's own optimizer
     step hooks call it on the steps from ``due`` on (a step index; :data:`NEVER`: none), so that
-    the steps it does not measure cost one comparison, not a hook of its own. After changing ``due``
-    it calls :meth:`TorchState.rewatch`. Each catches its own errors (a ``SystemExit`` it raises on
+    the steps it does not measure cost one comparison, not a hook of its own. It changes ``due``
+    through :meth:`TorchState.schedule`. Each catches its own errors (a ``SystemExit`` it raises on
     purpose goes through to the job)."""
 
     due: int
@@ -108,11 +108,15 @@ class TorchState:
         """A watcher's ``due`` changed."""
         self.watch_due = min((w.due for w in self.watchers), default=NEVER)
 
-    def call_watchers(self, t: Any, post: bool, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Before (``post`` False) or after an optimizer step of the thread whose state is ``t``: the
-        watchers due at its step."""
-        loop = t.loop
-        index = loop.index if loop is not None and loop.index >= 0 else self.agent.steps.index
+    def schedule(self, watcher: StepWatcher, due: int) -> None:
+        """Call ``watcher`` from step ``due`` on (:data:`NEVER`: no more)."""
+        watcher.due = due
+        self.rewatch()
+
+    def call_watchers(self, post: bool, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Before (``post`` False) or after an optimizer step of the calling thread: the watchers due at
+        its step."""
+        index = self.agent.steps.index
         if index < self.watch_due:
             return
         for w in list(self.watchers):
@@ -183,8 +187,7 @@ class TorchState:
         if training:
             if pend is not None and pend[2] not in self.eval_loaders:
                 self.train_loaders.add(pend[2])
-                if loop is None or not loop.trains or loop.pending_close or loop.start_ns is None:
-                    steps.opener(pend[0], loop)
+                steps.opener(pend[0], loop)
                 if self.unclaimed_epochs:
                     ended = self.unclaimed_epochs.pop(pend[2], None)
                     if ended is not None:  # its epoch ended with the batch that made it a training loader

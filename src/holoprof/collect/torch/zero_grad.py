@@ -46,9 +46,7 @@ def _wrap_zero_grad(col: Collector, st: TorchState, torch: ModuleType, orig: Any
         finally:
             t.active = None
             try:
-                loop = t.loop
-                step = loop.index if loop is not None and loop.index >= 0 else steps.index
-                span("phase", "optimizer", t0, now_ns(), step, {"op": "zero_grad"})
+                span("phase", "optimizer", t0, now_ns(), steps.index, {"op": "zero_grad"})
             except Exception as exc:
                 agent.fail(col, exc)
 
