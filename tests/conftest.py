@@ -35,6 +35,17 @@ def script(name: str) -> str:
     return str(SCRIPTS / name)
 
 
+def require(module: str, reason: str | None = None) -> None:
+    """Skip (the test, or the module when called at its top) unless the top-level ``module`` is
+    installed. Unlike ``pytest.importorskip`` nothing is imported: the frameworks run in the jobs the
+    tests start, and importing one into the test process (TensorFlow, Lightning: several seconds of CPU
+    each) would only make every worker that collects the module pay for it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(reason or f"{module} is not installed", allow_module_level=True)
+
+
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a job: this one without any holoprof state, one torch thread."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOLOPROF_")}

@@ -8,9 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from conftest import HOLOPROF, job_env, report_json
+from conftest import HOLOPROF, job_env, report_json, require
 
 SCRIPT = str(Path(__file__).resolve().parent / "ckpt_scripts" / "frameworks_ckpt.py")
 
@@ -49,7 +47,7 @@ def test_torch_save_fsync_and_rename_are_one_checkpoint(tmp_path: Path) -> None:
 
 
 def test_safetensors_saves_and_loads(tmp_path: Path) -> None:
-    pytest.importorskip("safetensors")
+    require("safetensors")
     doc, truth = traced(tmp_path, "safetensors")
     got = [(i["api"], i["path"], i["bytes"]) for i in doc["checkpoints"]["items"]]
     a, m = truth["saves"]
@@ -63,7 +61,7 @@ def test_safetensors_saves_and_loads(tmp_path: Path) -> None:
 
 
 def test_hugging_face_save_pretrained_and_trainer_checkpoints(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
+    require("transformers")
     doc, truth = traced(tmp_path, "hf")
     saves = items(doc, "save")
     assert [(i["path"], i["bytes"]) for i in saves] == [(s["path"], s["bytes"]) for s in truth["saves"]]
@@ -80,7 +78,7 @@ def test_hugging_face_save_pretrained_and_trainer_checkpoints(tmp_path: Path) ->
 
 
 def test_lightning_model_checkpoint_and_save_checkpoint(tmp_path: Path) -> None:
-    pytest.importorskip("lightning")
+    require("lightning")
     doc, truth = traced(tmp_path, "lightning")
     saves = items(doc, "save")
     assert [(i["path"], i["bytes"]) for i in saves] == [(s["path"], s["bytes"]) for s in truth["saves"]]

@@ -2,13 +2,11 @@
 change, checked against the truth each script measures about itself (its own step and epoch counts,
 its own timers around forward, backward, the optimizer and the data fetches, its losses).
 
-* LBFGS in a plain loop: every step is ``optimizer.step(closure)``;
-* PyTorch Lightning's Trainer: automatic optimization (a closure), 2 DataLoader workers, validation
-  and ModelCheckpoint;
-* Hugging Face's Trainer on a tiny BERT built from a config, with and without gradient accumulation;
-* a DDP job on gloo started by torchrun (2 ranks), with a DistributedSampler.
-
-Today's training code (checkpointing, ``torch.compile``, AMP) is in ``test_frameworks_modern.py``.
+Here: a DDP job on gloo started by torchrun (2 ranks), with a DistributedSampler. It needs both cores
+and its communication times against the ranks' own timers: it runs alone (conftest's TIMING_MODULES).
+LBFGS, Lightning's and Hugging Face's Trainers are in ``test_frameworks_trainers.py``, today's
+training code (checkpointing, ``torch.compile``, AMP) in ``test_frameworks_modern.py``; both use the
+helpers below.
 
 Phases must agree with the job's timers within a few points of the step time, and tracing must not
 change what the job computes (the same losses, bit for bit, as an untraced run with the same seed).
@@ -97,71 +95,6 @@ def assert_no_false_findings(doc: dict[str, Any]) -> None:
             assert "CUDA" not in f["recommendation"], f
         if len(doc["run"]["hosts"]) <= 1:
             assert "network" not in f["recommendation"], f
-
-
-# --- LBFGS: optimizer.step(closure) in a plain loop ---------------------------------------------------
-@pytest.fixture(scope="module")
-def lbfgs(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedRun, dict[str, Any]]:
-    return traced_job(tmp_path_factory.mktemp("lbfgs"), script("lbfgs_loop.py"))
-
-
-def test_lbfgs_closure_steps_are_the_loops_steps(lbfgs: tuple[TracedRun, dict[str, Any]]) -> None:
-    run, t = lbfgs
-    doc = run.report
-    assert t["steps"] == 32 and t["epochs"] == 2
-    assert doc["steps"]["count"] == t["steps"]
-    assert doc["steps"]["epochs"] == t["epochs"]
-    # forward and backward run inside optimizer.step(closure), and keep their own phases
-    assert_agrees(doc, t["timers"], "data_wait", "forward", "backward", "optimizer")
-    assert_no_false_findings(doc)
-
-
-def test_lbfgs_traced_computes_what_untraced_does(
-    lbfgs: tuple[TracedRun, dict[str, Any]], tmp_path: Path
-) -> None:
-    assert untraced_losses(tmp_path, script("lbfgs_loop.py")) == lbfgs[1]["losses"]
-
-
-# --- Lightning -----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def lightning(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedRun, dict[str, Any]]:
-    pytest.importorskip("lightning", reason="the frameworks extra is not installed")
-    return traced_job(tmp_path_factory.mktemp("lightning"), script("lightning_fit.py"))
-
-
-def test_lightning_steps_epochs_and_phases(lightning: tuple[TracedRun, dict[str, Any]]) -> None:
-    run, t = lightning
-    doc = run.report
-    assert t["steps"] == 128 and t["epochs"] == 2
-    assert doc["steps"]["count"] == t["steps"]
-    assert doc["steps"]["epochs"] == t["epochs"]
-    assert_agrees(doc, t["timers"], "data_wait", "forward", "backward", "optimizer")
-    # the validation loop is eval, ModelCheckpoint's saves are checkpoint (one per epoch)
-    assert phase_s(doc, "eval") > 0
-    assert phase_s(doc, "checkpoint") > 0
-    assert doc["phases"]["checkpoint"]["steps"] + ("checkpoint" in doc["outside_steps"]["phases"]) == 2
-    assert_no_false_findings(doc)
-
-
-def test_lightning_traced_computes_what_untraced_does(
-    lightning: tuple[TracedRun, dict[str, Any]], tmp_path: Path
-) -> None:
-    assert untraced_losses(tmp_path, script("lightning_fit.py")) == lightning[1]["losses"]
-
-
-# --- Hugging Face Trainer ------------------------------------------------------------------------------
-@pytest.mark.parametrize("accum", [1, 2])
-def test_hf_trainer_steps_epochs_and_phases(tmp_path: Path, accum: int) -> None:
-    pytest.importorskip("transformers", reason="the frameworks extra is not installed")
-    run, t = traced_job(tmp_path, script("hf_trainer.py"), str(accum))
-    doc = run.report
-    # 128 samples, batches of 8: 16 batches an epoch, one optimizer step per `accum` of them
-    assert t["steps"] == 2 * 16 // accum and t["epochs"] == 2
-    assert doc["steps"]["count"] == t["steps"]
-    assert doc["steps"]["epochs"] == t["epochs"]
-    assert_agrees(doc, t["timers"], "data_wait", "forward", "backward", "optimizer")
-    assert phase_s(doc, "eval") > 0
-    assert_no_false_findings(doc)
 
 
 # --- torchrun DDP on gloo ------------------------------------------------------------------------------

@@ -470,32 +470,3 @@ def test_workers_started_at_every_epoch_are_told_to_persist(tmp_path: Path) -> N
         if g["id"] == "input_bound" and "model" in g["evidence"]:
             assert not g["evidence"]["model"]["persistent_workers_advised"]
             assert g["evidence"]["model"]["inputs"]["restarts"] == 0
-
-
-TF_SCRIPT = """
-import tensorflow as tf
-ds = tf.data.Dataset.range(64).map(lambda x: x * 2).prefetch(1)
-print("map dataset:", type(ds._input_dataset).__name__, flush=True)
-print("sum:", int(sum(int(v) for v in ds)))
-"""
-
-
-def test_tf_data_knobs_reach_the_pipeline(tmp_path: Path) -> None:
-    pytest.importorskip("tensorflow")
-    (tmp_path / "tfjob.py").write_text(TF_SCRIPT)
-    run = traced(
-        tmp_path, "tfjob.py", options=("--set", "num_parallel_calls=autotune", "--set", "prefetch=autotune"),
-        timeout=240,
-    )  # fmt: skip
-    assert run.proc.returncode == 0, run.proc.stderr
-    assert (
-        "map dataset: _ParallelMapDataset" in run.proc.stdout
-    )  # the script's map (_MapDataset) is now parallel
-    assert "sum: 4032" in run.proc.stdout  # and computes the same
-    assert run.report["run"]["knobs"] == {"num_parallel_calls": "autotune", "prefetch": "autotune"}
-    import holoprof
-
-    r = holoprof.load(run.run_dir)
-    (info,) = r.rows("SELECT info FROM processes WHERE role = 'main' ORDER BY updated_ns DESC LIMIT 1")[0]
-    applied = json.loads(info)["knobs"]["applied"]
-    assert applied == {"num_parallel_calls": {"applied": 1}, "prefetch": {"applied": 1}}

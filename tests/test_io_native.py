@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from conftest import require
 from holoprof.collect import io_native
 from holoprof.collect.io_native import build
 from holoprof.store import native_dumps
@@ -536,7 +537,7 @@ def test_numpy_fromfile_and_load(lib: str, tmp_path: Path) -> None:
 
 
 def test_dataloader_workers_report_through_dumps(lib: str, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    require("torch")
     data = tmp_path / "samples"
     data.mkdir()
     files = [data_file(data / f"s{i:03d}.bin", 1000 + 37 * i, i) for i in range(24)]

@@ -7,10 +7,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tensorflow")
+from conftest import require, traced
+
+require("tensorflow")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "tf_scripts")
@@ -152,7 +155,6 @@ def test_gradient_tape_loop_counts_its_steps(tmp_path: object, mode: str) -> Non
 
 def test_deep_profile_of_a_running_keras_job_uses_tensorflows_profiler(tmp_path: os.PathLike[str]) -> None:
     import time
-    from pathlib import Path
 
     stop = os.path.join(tmp_path, "stop")
     run = os.path.join(tmp_path, "run")
@@ -279,3 +281,33 @@ def test_a_failing_tensorflow_hook_leaves_the_job_unchanged(
         and f"tensorflow: FaultInjected: injected fault (HOLOPROF_FAULT_INJECT=tensorflow:{point})"
         in (errors[0])
     ), errors
+
+
+TF_SCRIPT = """
+import tensorflow as tf
+ds = tf.data.Dataset.range(64).map(lambda x: x * 2).prefetch(1)
+print("map dataset:", type(ds._input_dataset).__name__, flush=True)
+print("sum:", int(sum(int(v) for v in ds)))
+"""
+
+
+def test_tf_data_knobs_reach_the_pipeline(tmp_path: Path) -> None:
+    """``--set`` knobs for tf.data reach the unchanged script's pipeline (what ``holoprof tune`` and
+    ``sweep`` apply), and the script computes the same."""
+    (tmp_path / "tfjob.py").write_text(TF_SCRIPT)
+    run = traced(
+        tmp_path, "tfjob.py", options=("--set", "num_parallel_calls=autotune", "--set", "prefetch=autotune"),
+        timeout=240,
+    )  # fmt: skip
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert (
+        "map dataset: _ParallelMapDataset" in run.proc.stdout
+    )  # the script's map (_MapDataset) is now parallel
+    assert "sum: 4032" in run.proc.stdout  # and computes the same
+    assert run.report["run"]["knobs"] == {"num_parallel_calls": "autotune", "prefetch": "autotune"}
+    import holoprof
+
+    r = holoprof.load(run.run_dir)
+    (info,) = r.rows("SELECT info FROM processes WHERE role = 'main' ORDER BY updated_ns DESC LIMIT 1")[0]
+    applied = json.loads(info)["knobs"]["applied"]
+    assert applied == {"num_parallel_calls": {"applied": 1}, "prefetch": {"applied": 1}}

@@ -1,16 +1,15 @@
-"""The framework corpus, TensorFlow side: a ``tf.distribute`` custom loop and Keras 3 on the PyTorch
-backend, traced with no change and checked against the truth each script measures about itself.
+"""The framework corpus, TensorFlow side: a ``tf.distribute`` custom loop, traced with no change and
+checked against the truth the script measures about itself.
 
-* MirroredStrategy over 2 logical CPUs, a distributed dataset and a ``tf.function`` around
-  ``strategy.run(step_fn)``, with a Keras optimizer and with the job's own variable updates: steps are
-  the step function's calls, ``data_wait`` the fetches from the distributed iterator, epochs the
-  iterations over the distributed dataset; the loop waits for its (slow) input, which is an input-bound
-  finding, not host overhead.
-* ``model.fit`` on the torch backend with ``ModelCheckpoint`` (``.keras`` and ``.weights.h5``): epochs
-  counted once (Keras's, not also the end of the DataLoader Keras iterates), the saves as checkpoints,
-  and memory by category, the Keras optimizer's gradients and state included.
+MirroredStrategy over 2 logical CPUs, a distributed dataset and a ``tf.function`` around
+``strategy.run(step_fn)``, with a Keras optimizer and with the job's own variable updates: steps are
+the step function's calls, ``data_wait`` the fetches from the distributed iterator, epochs the
+iterations over the distributed dataset; the loop waits for its (slow) input, which is an input-bound
+finding, not host overhead. Compared bit for bit with an untraced run of the same seeded script.
 
-Each is compared bit for bit with an untraced run of the same seeded script.
+Its share of time waiting for input is the job's own measure of a 2-replica loop on the 2 cores: it
+runs alone (conftest's TIMING_MODULES). Keras 3 on the PyTorch backend is in ``test_keras_torch.py``,
+with the helpers below.
 """
 
 from __future__ import annotations
@@ -22,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from conftest import TracedRun, run_python, traced
+from conftest import TracedRun, require, run_python, traced
 
-pytest.importorskip("tensorflow")
-pytest.importorskip("keras")
+require("tensorflow")
+require("keras")
 
 SCRIPTS = Path(__file__).resolve().parent / "framework_scripts"
 #: phases agree with the job's own timers within this share of the total step time
@@ -128,68 +127,3 @@ def test_mirrored_loop_waiting_for_input_is_input_bound_not_host_overhead(
     found = {f["id"]: f for f in run.report["findings"]}
     assert "host_overhead" not in found, found["host_overhead"]
     assert found["input_bound"]["severity"] == "high"
-
-
-# --- Keras 3 on the PyTorch backend -------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def keras_torch(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedRun, dict[str, Any], dict[str, Any]]:
-    pytest.importorskip("torch")
-    return traced_and_untraced(tmp_path_factory, "keras_torch_fit.py", "OUT")
-
-
-def test_keras_torch_fit_trains_bit_for_bit_as_untraced(
-    keras_torch: tuple[TracedRun, dict[str, Any], dict[str, Any]],
-) -> None:
-    _run, t, untraced = keras_torch
-    assert len(t["losses"]) == t["steps"] == 28
-    assert t["losses"] == untraced["losses"]
-    assert t["weights"] == untraced["weights"]
-
-
-def test_keras_torch_fit_counts_epochs_once_and_its_steps(
-    keras_torch: tuple[TracedRun, dict[str, Any], dict[str, Any]],
-) -> None:
-    run, t, _ = keras_torch
-    doc = run.report
-    assert t["steps"] == 2 * 14 and t["epochs"] == 2  # 448 samples, batches of 32
-    assert doc["steps"]["count"] == t["steps"]
-    assert doc["steps"]["epochs"] == t["epochs"]
-    # Keras fetches each batch from its own DataLoader before the batch begins: data_wait, and the
-    # train step is the torch collector's forward, backward and the Keras optimizer's update
-    assert_agrees(doc, "data_wait", t["timers"]["data_wait"])
-    for p in ("forward", "backward", "optimizer"):
-        assert doc["phases"][p]["total_s"] > 0, p
-    assert doc["phases"]["compute"]["total_s"] == 0  # nothing fused, nothing counted twice
-    assert not any("compiled train step" in w for w in doc["run"]["warnings"])
-    assert phase_s(doc, "eval") > 0  # the validation passes
-
-
-def test_keras_torch_model_checkpoint_saves_are_checkpoints(
-    keras_torch: tuple[TracedRun, dict[str, Any], dict[str, Any]],
-) -> None:
-    run, t, _ = keras_torch
-    doc = run.report
-    saves = t["saves"]
-    assert sorted(saves) == ["ep01.keras", "ep02.keras", "last.weights.h5", "last.weights.h5"]
-    ck = doc["checkpoints"]
-    assert ck["saves"] == len(saves)
-    assert sorted(Path(i["path"]).name for i in ck["items"] if i["op"] == "save") == sorted(saves)
-    assert all(i["bytes"] > 0 for i in ck["items"])
-    assert_agrees(doc, "checkpoint", t["timers"]["checkpoint"])
-
-
-def test_keras_torch_memory_is_measured_by_category(
-    keras_torch: tuple[TracedRun, dict[str, Any], dict[str, Any]],
-) -> None:
-    """The memory collector measures Keras's model (symbolic build calls skipped), its gradients and
-    the Keras optimizer's variables, on the sampled steps."""
-    run, t, _ = keras_torch
-    mem = run.report["memory"]
-    assert mem["sampled_steps"] == [0, 1, 2]
-    assert mem["batch_size"] == 32
-    at = {(r["step"], r["phase"]): r for r in mem["timeline"]}
-    for step in (0, 1, 2):
-        assert at[step, "forward"]["activations"] > 0
-        assert at[step, "forward"]["weights"] >= t["trainable_bytes"]
-        assert at[step, "optimizer"]["gradients"] == t["trainable_bytes"]
-        assert at[step, "optimizer"]["optimizer_state"] == t["optimizer_bytes"]
