@@ -41,6 +41,9 @@ from holoprof.store.reader import load
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+#: What the supervising loop waits for: a signal to forward, or the job's end (SIGCHLD, which wakes it
+#: at once instead of at its next 0.2 s poll).
+WAITED = (*FORWARDED, signal.SIGCHLD)
 _SI_USER = 0
 
 
@@ -427,7 +430,7 @@ def _supervise(
     use_wait = hasattr(signal, "sigtimedwait")
     if use_wait:
         # Signals wait in a queue for the loop below; the child starts with the mask cleared.
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
 
         def _unblock() -> None:
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -459,8 +462,8 @@ def _supervise(
     try:
         while True:
             if use_wait:
-                info = signal.sigtimedwait(FORWARDED, 0.2)
-                if info is not None:
+                info = signal.sigtimedwait(WAITED, 0.2)
+                if info is not None and info.si_signo != signal.SIGCHLD:
                     from_tty = (
                         info.si_signo == signal.SIGINT and info.si_code != _SI_USER and _from_terminal()
                     )
