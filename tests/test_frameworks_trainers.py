@@ -26,6 +26,15 @@ from test_frameworks_torch import (
 )
 
 
+def assert_counts_and_phases(doc: dict[str, Any], t: dict[str, Any], steps: int, epochs: int) -> None:
+    """The script counted ``steps`` and ``epochs``, the report the same, and its data_wait, forward,
+    backward and optimizer phases agree with the script's timers."""
+    assert t["steps"] == steps and t["epochs"] == epochs
+    assert doc["steps"]["count"] == t["steps"]
+    assert doc["steps"]["epochs"] == t["epochs"]
+    assert_agrees(doc, t["timers"], "data_wait", "forward", "backward", "optimizer")
+
+
 # --- LBFGS: optimizer.step(closure) in a plain loop ---------------------------------------------------
 @pytest.fixture(scope="module")
 def lbfgs(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedRun, dict[str, Any]]:
@@ -35,11 +44,8 @@ def lbfgs(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedRun, dict[str
 def test_lbfgs_closure_steps_are_the_loops_steps(lbfgs: tuple[TracedRun, dict[str, Any]]) -> None:
     run, t = lbfgs
     doc = run.report
-    assert t["steps"] == 32 and t["epochs"] == 2
-    assert doc["steps"]["count"] == t["steps"]
-    assert doc["steps"]["epochs"] == t["epochs"]
     # forward and backward run inside optimizer.step(closure), and keep their own phases
-    assert_agrees(doc, t["timers"], "data_wait", "forward", "backward", "optimizer")
+    assert_counts_and_phases(doc, t, steps=32, epochs=2)
     assert_no_false_findings(doc)
 
 
@@ -59,10 +65,7 @@ def lightning(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedRun, dict
 def test_lightning_steps_epochs_and_phases(lightning: tuple[TracedRun, dict[str, Any]]) -> None:
     run, t = lightning
     doc = run.report
-    assert t["steps"] == 128 and t["epochs"] == 2
-    assert doc["steps"]["count"] == t["steps"]
-    assert doc["steps"]["epochs"] == t["epochs"]
-    assert_agrees(doc, t["timers"], "data_wait", "forward", "backward", "optimizer")
+    assert_counts_and_phases(doc, t, steps=128, epochs=2)
     # the validation loop is eval, ModelCheckpoint's saves are checkpoint (one per epoch)
     assert phase_s(doc, "eval") > 0
     assert phase_s(doc, "checkpoint") > 0
@@ -83,9 +86,6 @@ def test_hf_trainer_steps_epochs_and_phases(tmp_path: Path, accum: int) -> None:
     run, t = traced_job(tmp_path, script("hf_trainer.py"), str(accum))
     doc = run.report
     # 128 samples, batches of 8: 16 batches an epoch, one optimizer step per `accum` of them
-    assert t["steps"] == 2 * 16 // accum and t["epochs"] == 2
-    assert doc["steps"]["count"] == t["steps"]
-    assert doc["steps"]["epochs"] == t["epochs"]
-    assert_agrees(doc, t["timers"], "data_wait", "forward", "backward", "optimizer")
+    assert_counts_and_phases(doc, t, steps=2 * 16 // accum, epochs=2)
     assert phase_s(doc, "eval") > 0
     assert_no_false_findings(doc)
