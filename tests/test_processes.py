@@ -121,3 +121,48 @@ def test_user_sitecustomize_still_runs(tmp_path: Path) -> None:
     pids = {int(x) for x in marker.read_text().split()}
     assert main["pid"] in pids, "the job's own sitecustomize ran in the traced process"
     assert main["traced"] and main["steps"] == 3
+
+
+def test_the_launcher_finishes_a_run_from_its_processes_rows_without_loading_it(tmp_path: Path) -> None:
+    """After the job, ``holoprof run`` records the processes' exit times and measures the CPU peak for
+    the FLOPs the job counted from the small ``processes`` table alone (no DuckDB, about 0.2 s of CPU
+    a run less); what it writes is what loading the run would have given."""
+    from holoprof.launch import peak
+    from holoprof.store import native_dumps, process_rows
+    from holoprof.store.sidefiles import read_peaks
+
+    run = traced(
+        tmp_path, script("train.py"), "--workers", "2", "--epochs", "1", "--batches", "4", "--no-eval",
+        env={"PYTHONPROFILEIMPORTTIME": "1"},  # the launcher's imports (and the job's) on stderr
+    )  # fmt: skip
+    assert run.proc.returncode == 0, run.proc.stderr
+    imported = {line.rpartition("|")[2].strip() for line in run.proc.stderr.splitlines() if "|" in line}
+    assert "pyarrow.lib" in imported and "torch" in imported  # the launcher's, and the job's
+    assert not any(m == "duckdb" or m.startswith("duckdb.") for m in imported)
+    assert native_dumps.exit_files(run.run_dir) == [], "every exit time went into the table"
+    loaded = holoprof.load(run.run_dir)
+    view = sorted(loaded.rows("SELECT host, pid, role, start_ns, end_ns, updated_ns, info FROM processes"))
+    rows = process_rows.newest_rows(run.run_dir)
+    assert rows is not None and len(rows) == len(view) >= 4  # launcher, main, two workers
+    cols = ("host", "pid", "role", "start_ns", "end_ns", "updated_ns", "info")
+    assert sorted(tuple(r[c] for c in cols) for r in rows) == view
+    # the peak it measured is the one the spans ask for
+    need = peak.wanted(loaded)
+    assert need and peak.wanted_from_processes(run.run_dir) == need
+    measured = {(e["dtype"], e["threads"]) for e in read_peaks(run.run_dir) if e.get("device") == "cpu"}
+    assert {(w["dtype"], w["threads"]) for w in need} <= measured
+
+
+def test_rows_left_in_raw_chunks_make_the_launcher_load_the_run(tmp_path: Path) -> None:
+    """A ``processes`` chunk not converted (a converter that did not finish) is read only by loading the
+    run, which converts it: the light read says so instead of missing its rows."""
+    from holoprof.store import process_rows
+    from holoprof.store.raw import write_raw
+
+    run = traced(tmp_path, sys.executable, "-c", "pass")
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert process_rows.newest_rows(run.run_dir) is not None
+    staging = Path(run.run_dir) / "somehost-4242"
+    staging.mkdir()
+    write_raw(str(staging), "processes", {"host": ["somehost"], "pid": [4242]}, seq=0)
+    assert process_rows.newest_rows(run.run_dir) is None

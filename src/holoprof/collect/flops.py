@@ -325,7 +325,14 @@ class FlopCollector(TorchImportCollector):
 
     def record(self, step: int, t0: int, t1: int, attrs: dict[str, Any]) -> None:
         self.agent.span("op", "flops", t0, t1, step, attrs)
-        self.agent.info["flops"] = {"step": step, "flops": attrs.get("flops"), "why": attrs.get("why")}
+        # what the launcher needs to measure this CPU's peak after the job, without reading the spans
+        kept = {k: attrs[k] for k in ("dtype", "device", "threads", "torch") if k in attrs}
+        self.agent.info["flops"] = {
+            "step": step,
+            "flops": attrs.get("flops"),
+            "why": attrs.get("why"),
+            **kept,
+        }
 
     def disarm(self) -> None:
         st = self.state

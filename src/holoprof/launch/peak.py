@@ -28,6 +28,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from holoprof.store import process_rows, rundir
 from holoprof.store.sidefiles import read_peaks, write_peaks
 
 if TYPE_CHECKING:
@@ -205,13 +206,40 @@ def wanted(run: Run) -> list[dict[str, Any]]:
         """SELECT s.host, s.attrs, p.exe FROM spans s LEFT JOIN processes p ON s.host = p.host AND s.pid = p.pid
            WHERE s.kind = 'op' AND s.name = 'flops'"""
     )
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    here = socket.gethostname()
+    counted = []
     for host, attrs, exe in rows:
         try:
             a = json.loads(attrs) if attrs else {}
         except ValueError:
             continue
+        counted.append((host, a, exe))
+    return _wanted_of(counted)
+
+
+def wanted_from_processes(run_dir: str) -> list[dict[str, Any]] | None:
+    """:func:`wanted` from the processes' rows alone (their agent keeps what its FLOP count saw in
+    ``info["flops"]``), without loading the run; None where the rows cannot say (rows not in Parquet
+    parts yet, or an agent that kept less): load the run instead."""
+    rows = process_rows.newest_rows(run_dir)
+    if rows is None:
+        return None
+    counted = []
+    for row in rows:
+        flops = process_rows.info_of(row).get("flops")
+        if not isinstance(flops, dict) or not flops.get("flops"):
+            continue
+        if "device" not in flops or "dtype" not in flops:
+            return None
+        counted.append((row["host"], flops, row["exe"]))
+    return _wanted_of(counted)
+
+
+def _wanted_of(counted: list[tuple[str, dict[str, Any], str | None]]) -> list[dict[str, Any]]:
+    """The distinct (dtype, threads) of this host's CPU FLOP counts ``(host, attributes, the process's
+    Python)``."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    here = socket.gethostname()
+    for host, a, exe in counted:
         if host != here or not a.get("flops") or str(a.get("device", "")) != "cpu" or not a.get("dtype"):
             continue
         key = (str(a["dtype"]), int(a.get("threads") or 1))
@@ -223,14 +251,20 @@ def ensure_peaks(run_dir: str, run: Run | None = None) -> list[str]:
     """Measure (or take from the cache) the CPU peak for every dtype and thread count the run counted
     on this host and has no peak for yet, and write them into the run; what was done, in words. A
     float32 step's bfloat16 peak is measured too (the ``low_mfu`` finding's bf16 autocast advice needs
-    it). ``run``: the run already loaded (else it is loaded here)."""
-    if run is None:
-        from holoprof.store.reader import load  # lazy: DuckDB loads only when a run is read
+    it). ``run``: the run already loaded (else its processes' rows are read, or, where they cannot say,
+    it is loaded here)."""
+    need = wanted_from_processes(run_dir) if run is None else None
+    if need is not None:
+        if rundir.read_manifest(run_dir).get("status") == "running":
+            return []  # never while the job runs: the benchmark would take its cores
+    else:
+        if run is None:
+            from holoprof.store.reader import load  # lazy: DuckDB loads only when a run is read
 
-        run = load(run_dir)
-    if run.status == "running":
-        return []  # never while the job runs: the benchmark would take its cores
-    need = wanted(run)
+            run = load(run_dir)
+        if run.status == "running":
+            return []
+        need = wanted(run)
     if not need:
         return []
     here = socket.gethostname()

@@ -33,7 +33,7 @@ from holoprof.collect.system import SystemSampler
 from holoprof.errors import HoloprofError, printable_text
 from holoprof.launch.multinode import multi_node_hint
 from holoprof.launch.peak import ensure_peaks
-from holoprof.store import hosts, native_dumps, rundir
+from holoprof.store import hosts, native_dumps, process_rows, rundir
 from holoprof.store.chunks import pyarrow_without_pandas, write_chunk, write_empty_tables
 from holoprof.store.compact import compact_run
 from holoprof.store.convert import Converter, remove_empty_staging
@@ -240,10 +240,22 @@ def import_exit_times(run_dir: str) -> int:
     paths = native_dumps.exit_files(run_dir)
     if not paths:
         return 0
-    run = load(run_dir)
-    keys = set(native_dumps.exit_times(run_dir))
+    exits = native_dumps.exit_times(run_dir)
     names = model.column_names("processes")
-    rows = [r for r in run.rows(f"SELECT {', '.join(names)} FROM processes") if (r[0], r[1]) in keys]
+    newest = process_rows.newest_rows(run_dir)  # without DuckDB: one small table
+    if newest is None:  # rows not in Parquet parts yet: the loaded run's view, which converts them
+        run = load(run_dir)
+        loaded = run.rows(f"SELECT {', '.join(names)} FROM processes")
+        rows = [r for r in loaded if (r[0], r[1]) in exits]
+    else:  # ended when it exited, as the loaded run's view says
+        rows = []
+        for doc in newest:
+            ns = exits.get((doc["host"], doc["pid"]))
+            if ns is None:
+                continue
+            if ns >= int(doc["start_ns"] or 0) and ns > int(doc["end_ns"] or 0):
+                doc["end_ns"] = ns
+            rows.append(tuple(doc[n] for n in names))
     cols: dict[str, list[Any]] = {k: [r[i] for r in rows] for i, k in enumerate(names)}
     cols["updated_ns"] = [
         max(int(u or 0), int(e or 0)) for u, e in zip(cols["updated_ns"], cols["end_ns"], strict=True)
