@@ -71,5 +71,9 @@ def test_findings_carry_evidence_and_a_fix(starved_run: TracedRun) -> None:
 def test_compute_bound_loop_is_not_input_bound(compute_run: TracedRun) -> None:
     doc = compute_run.report
     assert doc["steps"]["count"] == 8
-    assert doc["phases"]["forward"]["fraction"] + doc["phases"]["backward"]["fraction"] > 0.5, doc["phases"]
+    # the step is the model's compute: forward, backward and the optimizer's update of its 8 M
+    # parameters (whose share grows when another process takes the memory bandwidth), not the input
+    ph = doc["phases"]
+    assert ph["forward"]["fraction"] + ph["backward"]["fraction"] + ph["optimizer"]["fraction"] > 0.8, ph
+    assert ph["data_wait"]["fraction"] < 0.1, ph
     assert finding(doc, "input_bound") is None, doc["findings"]
