@@ -195,6 +195,9 @@ def test_two_hosts_give_one_run_with_every_rank(two_hosts: TwoHosts) -> None:
     manifest = json.loads((two_hosts.run / "manifest.json").read_text())
     assert manifest["status"] == "finished" and sorted(manifest["hosts"]) == ["nodeA", "nodeB"]
     assert len(list((two_hosts.run / "hosts").glob("*.json"))) == 2
+    # each launcher wrote its own host's exit times into the table (none was left, none raced)
+    assert list(two_hosts.run.glob("*/exit-*.json")) == []
+    assert not any("could not" in s for s in said.values()), said
 
 
 def test_the_skewed_host_offset_is_estimated_from_collectives(two_hosts: TwoHosts) -> None:

@@ -28,7 +28,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from holoprof.store import process_rows, rundir
+from holoprof.store import hosts, process_rows, rundir
 from holoprof.store.sidefiles import read_peaks, write_peaks
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ def wanted_from_processes(run_dir: str) -> list[dict[str, Any]] | None:
     """:func:`wanted` from the processes' rows alone (their agent keeps what its FLOP count saw in
     ``info["flops"]``), without loading the run; None where the rows cannot say (rows not in Parquet
     parts yet, or an agent that kept less): load the run instead."""
-    rows = process_rows.newest_rows(run_dir)
+    rows = process_rows.newest_rows(run_dir, every=True)  # a count kept by an earlier row counts too
     if rows is None:
         return None
     counted = []
@@ -255,8 +255,8 @@ def ensure_peaks(run_dir: str, run: Run | None = None) -> list[str]:
     it is loaded here)."""
     need = wanted_from_processes(run_dir) if run is None else None
     if need is not None:
-        if rundir.read_manifest(run_dir).get("status") == "running":
-            return []  # never while the job runs: the benchmark would take its cores
+        if hosts.run_state(rundir.read_manifest(run_dir))[0] == "running":
+            return []  # never while the job runs (any host's): the benchmark would take its cores
     else:
         if run is None:
             from holoprof.store.reader import load  # lazy: DuckDB loads only when a run is read

@@ -232,18 +232,19 @@ def finish_tables(run_dir: str, host: str | None = None) -> list[str]:
     return problems
 
 
-def import_exit_times(run_dir: str) -> int:
+def import_exit_times(run_dir: str, host: str | None = None) -> int:
     """The exit times the native library recorded for traced processes (``exit-<pid>.json``: after
     their interpreter's finalization, which their agent's final row precedes) into ``processes``: per
     process, its newest row again, ended when it exited. The files are removed once written; until
-    then a loaded run reads them itself."""
+    then a loaded run reads them itself. ``host``: that host's processes only (each launcher of a
+    joined run finishes its own)."""
     paths = native_dumps.exit_files(run_dir)
     if not paths:
         return 0
-    exits = native_dumps.exit_times(run_dir)
+    exits = {k: ns for k, ns in native_dumps.exit_times(run_dir).items() if host is None or k[0] == host}
     names = model.column_names("processes")
-    newest = process_rows.newest_rows(run_dir)  # without DuckDB: one small table
-    if newest is None:  # rows not in Parquet parts yet: the loaded run's view, which converts them
+    newest = process_rows.newest_rows(run_dir, host)  # without DuckDB: one small table
+    if newest is None:  # rows not in Parquet parts: the loaded run's view
         run = load(run_dir)
         loaded = run.rows(f"SELECT {', '.join(names)} FROM processes")
         rows = [r for r in loaded if (r[0], r[1]) in exits]
@@ -253,15 +254,19 @@ def import_exit_times(run_dir: str) -> int:
             ns = exits.get((doc["host"], doc["pid"]))
             if ns is None:
                 continue
-            if ns >= int(doc["start_ns"] or 0) and ns > int(doc["end_ns"] or 0):
+            start, end = doc["start_ns"], doc["end_ns"]
+            if start is not None and ns >= start and ns > (end or 0):
                 doc["end_ns"] = ns
             rows.append(tuple(doc[n] for n in names))
+    if not rows:
+        return 0
     cols: dict[str, list[Any]] = {k: [r[i] for r in rows] for i, k in enumerate(names)}
     cols["updated_ns"] = [
         max(int(u or 0), int(e or 0)) for u, e in zip(cols["updated_ns"], cols["end_ns"], strict=True)
     ]
     write_chunk(run_dir, "processes", cols, seq=EXIT_SEQ)  # a part in each process's partition
-    for path in paths:
+    written = {(r[0], r[1]) for r in rows}
+    for path in native_dumps.exit_files_of(run_dir, written):  # the others stay for a loaded run to read
         os.remove(path)
     return len(rows)
 
@@ -510,7 +515,7 @@ def _supervise(
         except Exception as exc:
             sys.stderr.write(f"holoprof: could not import the native I/O counters ({exc})\n")
         try:
-            import_exit_times(run_dir)
+            import_exit_times(run_dir, host)
         except OSError as exc:
             storage.error = storage.error or f"{exc.strerror or exc}"
         except Exception as exc:  # the exit files stay: loading the run reads them

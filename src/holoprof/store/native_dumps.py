@@ -183,6 +183,20 @@ def exit_files(run_dir: str) -> list[str]:
     return _process_files(run_dir, EXIT_PREFIX, ".json")
 
 
+def exit_files_of(run_dir: str, processes: set[tuple[str, int]]) -> list[str]:
+    """The exit files of the processes ``(host, pid)``."""
+    out = []
+    for path in exit_files(run_dir):
+        name = os.path.basename(path)
+        try:
+            pid = int(name[len(EXIT_PREFIX) : -len(".json")])
+        except ValueError:
+            continue
+        if (_folder_host(path, pid), pid) in processes:
+            out.append(path)
+    return out
+
+
 def exit_times(run_dir: str) -> dict[tuple[str, int], int]:
     """When processes of the run exited, wall-clock ns, per (host, pid), from their ``exit-<pid>.json``
     (those an agent read; unreadable files are skipped)."""

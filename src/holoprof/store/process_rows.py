@@ -17,30 +17,36 @@ import os
 from typing import Any
 
 from holoprof import model
-from holoprof.store import layout
+from holoprof.store import layout, safeio
 from holoprof.store.raw import RAW_SUFFIX
 
 #: how the sampler's rows say whose they are (the agent's say "agent")
 _SAMPLER = '"source": "sampler"'
 
 
-def newest_rows(run_dir: str) -> list[dict[str, Any]] | None:
+def newest_rows(run_dir: str, host: str | None = None, every: bool = False) -> list[dict[str, Any]] | None:
     """Each process's newest row (the schema's columns; None where a part lacks one), or None when
-    some rows are not in readable Parquet parts."""
-    for folder in layout.process_folders(run_dir):
+    some rows are not in readable Parquet parts. ``host``: that host's processes only (its staging
+    folders and partitions: a run that several launchers joined, each finishing its own).
+    ``every``: every row, not only the newest of each process."""
+    run_dir = safeio.utf8_path(run_dir)  # pyarrow opens text paths only
+    for folder in layout.process_folders(run_dir, host):
         try:
             files = os.listdir(folder)
         except OSError:
             return None
         if any(n.startswith("processes-") and n.endswith(RAW_SUFFIX) for n in files):
-            return None  # not converted yet: the loaded run converts them
+            return None  # not converted yet
+        if "processes" in layout.scan_dir(folder, None):
+            return None  # a run of the old layout: its Parquet chunks are in the process folders
     try:
         import pyarrow.parquet as pq  # lazy: the launcher has it loaded; the agent never comes here
     except ImportError:  # pragma: no cover - pyarrow is a core dependency
         return None
     names = model.column_names("processes")
     best: dict[tuple[str, int], tuple[tuple[bool, int], dict[str, Any]]] = {}
-    for d in layout.partition_dirs(run_dir, "processes"):
+    rows: list[dict[str, Any]] = []
+    for d in layout.partition_dirs(run_dir, "processes", host):
         chunks = layout.scan_dir(d, "processes").get("processes")
         if chunks is None:
             continue
@@ -54,12 +60,15 @@ def newest_rows(run_dir: str) -> list[dict[str, Any]] | None:
                 full = {n: row.get(n) for n in names}
                 if full["host"] is None or full["pid"] is None:
                     continue
+                if every:
+                    rows.append(full)
+                    continue
                 key = (str(full["host"]), int(full["pid"]))
                 rank = (_SAMPLER not in (full.get("info") or ""), int(full.get("updated_ns") or 0))
                 held = best.get(key)
                 if held is None or rank > held[0]:
                     best[key] = (rank, full)
-    return [row for _, row in best.values()]
+    return rows if every else [row for _, row in best.values()]
 
 
 def info_of(row: dict[str, Any]) -> dict[str, Any]:
