@@ -258,16 +258,18 @@ def import_exit_times(run_dir: str, host: str | None = None) -> int:
             if start is not None and ns >= start and ns > (end or 0):
                 doc["end_ns"] = ns
             rows.append(tuple(doc[n] for n in names))
-    if not rows:
-        return 0
-    cols: dict[str, list[Any]] = {k: [r[i] for r in rows] for i, k in enumerate(names)}
-    cols["updated_ns"] = [
-        max(int(u or 0), int(e or 0)) for u, e in zip(cols["updated_ns"], cols["end_ns"], strict=True)
-    ]
-    write_chunk(run_dir, "processes", cols, seq=EXIT_SEQ)  # a part in each process's partition
-    written = {(r[0], r[1]) for r in rows}
-    for path in native_dumps.exit_files_of(run_dir, written):  # the others stay for a loaded run to read
-        os.remove(path)
+    if rows:
+        cols: dict[str, list[Any]] = {k: [r[i] for r in rows] for i, k in enumerate(names)}
+        cols["updated_ns"] = [
+            max(int(u or 0), int(e or 0)) for u, e in zip(cols["updated_ns"], cols["end_ns"], strict=True)
+        ]
+        write_chunk(run_dir, "processes", cols, seq=EXIT_SEQ)  # a part in each process's partition
+    # the others stay, for a loaded run to read
+    for path in native_dumps.exit_files_done(run_dir, {(r[0], r[1]) for r in rows}, host):
+        try:
+            os.remove(path)
+        except FileNotFoundError:  # gone meanwhile: nothing lost
+            pass
     return len(rows)
 
 

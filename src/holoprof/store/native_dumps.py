@@ -183,18 +183,33 @@ def exit_files(run_dir: str) -> list[str]:
     return _process_files(run_dir, EXIT_PREFIX, ".json")
 
 
-def exit_files_of(run_dir: str, processes: set[tuple[str, int]]) -> list[str]:
-    """The exit files of the processes ``(host, pid)``."""
+def exit_files_done(run_dir: str, written: set[tuple[str, int]], host: str | None = None) -> list[str]:
+    """The exit files that can go once the exit times of the processes ``written`` (host, pid) are in
+    the table: theirs, and those that say nothing (empty or unreadable: a full disk); ``host``: of
+    that host's processes only."""
     out = []
     for path in exit_files(run_dir):
-        name = os.path.basename(path)
         try:
-            pid = int(name[len(EXIT_PREFIX) : -len(".json")])
+            pid = int(os.path.basename(path)[len(EXIT_PREFIX) : -len(".json")])
         except ValueError:
             continue
-        if (_folder_host(path, pid), pid) in processes:
+        key = (_folder_host(path, pid), pid)
+        if host is not None and key[0] != host:
+            continue
+        if key in written or _read_exit(path) is None:
             out.append(path)
     return out
+
+
+def _read_exit(path: str) -> tuple[int, int] | None:
+    """(pid, exit time in wall-clock ns) of an exit file, None when it does not say."""
+    try:
+        doc = safeio.read_json(path, 1 << 16)
+        if not isinstance(doc, dict) or doc.get("format") != EXIT_FORMAT:
+            return None
+        return int(doc["pid"]), int(doc["exit_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def exit_times(run_dir: str) -> dict[tuple[str, int], int]:
@@ -202,12 +217,7 @@ def exit_times(run_dir: str) -> dict[tuple[str, int], int]:
     (those an agent read; unreadable files are skipped)."""
     out: dict[tuple[str, int], int] = {}
     for path in exit_files(run_dir):
-        try:
-            doc = safeio.read_json(path, 1 << 16)
-            if not isinstance(doc, dict) or doc.get("format") != EXIT_FORMAT:
-                continue
-            pid, ns = int(doc["pid"]), int(doc["exit_ns"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        out[(_folder_host(path, pid), pid)] = ns
+        got = _read_exit(path)
+        if got is not None:
+            out[(_folder_host(path, got[0]), got[0])] = got[1]
     return out
