@@ -220,7 +220,7 @@ def wanted_from_processes(run_dir: str) -> list[dict[str, Any]] | None:
     """:func:`wanted` from the processes' rows alone (their agent keeps what its FLOP count saw in
     ``info["flops"]``), without loading the run; None where the rows cannot say (rows not in Parquet
     parts yet, or an agent that kept less): load the run instead."""
-    rows = process_rows.newest_rows(run_dir, every=True)  # a count kept by an earlier row counts too
+    rows = process_rows.read_rows(run_dir)  # every row: a count kept by an earlier row counts too
     if rows is None:
         return None
     counted = []

@@ -238,8 +238,7 @@ def import_exit_times(run_dir: str, host: str | None = None) -> int:
     process, its newest row again, ended when it exited. The files are removed once written; until
     then a loaded run reads them itself. ``host``: that host's processes only (each launcher of a
     joined run finishes its own)."""
-    paths = native_dumps.exit_files(run_dir)
-    if not paths:
+    if not native_dumps.exit_files(run_dir):
         return 0
     exits = {k: ns for k, ns in native_dumps.exit_times(run_dir).items() if host is None or k[0] == host}
     names = model.column_names("processes")

@@ -24,11 +24,10 @@ from holoprof.store.raw import RAW_SUFFIX
 _SAMPLER = '"source": "sampler"'
 
 
-def newest_rows(run_dir: str, host: str | None = None, every: bool = False) -> list[dict[str, Any]] | None:
-    """Each process's newest row (the schema's columns; None where a part lacks one), or None when
-    some rows are not in readable Parquet parts. ``host``: that host's processes only (its staging
-    folders and partitions: a run that several launchers joined, each finishing its own).
-    ``every``: every row, not only the newest of each process."""
+def read_rows(run_dir: str, host: str | None = None) -> list[dict[str, Any]] | None:
+    """Every row of the ``processes`` table (the schema's columns; None where a part lacks one), or
+    None when some rows are not in readable Parquet parts. ``host``: that host's processes only (its
+    staging folders and partitions: a run that several launchers joined, each finishing its own)."""
     run_dir = safeio.utf8_path(run_dir)  # pyarrow opens text paths only
     for folder in layout.process_folders(run_dir, host):
         try:
@@ -44,7 +43,6 @@ def newest_rows(run_dir: str, host: str | None = None, every: bool = False) -> l
     except ImportError:  # pragma: no cover - pyarrow is a core dependency
         return None
     names = model.column_names("processes")
-    best: dict[tuple[str, int], tuple[tuple[bool, int], dict[str, Any]]] = {}
     rows: list[dict[str, Any]] = []
     for d in layout.partition_dirs(run_dir, "processes", host):
         chunks = layout.scan_dir(d, "processes").get("processes")
@@ -57,18 +55,24 @@ def newest_rows(run_dir: str, host: str | None = None, every: bool = False) -> l
                 return None
             present = [n for n in names if n in table.column_names]
             for row in table.select(present).to_pylist():
-                full = {n: row.get(n) for n in names}
-                if full["host"] is None or full["pid"] is None:
-                    continue
-                if every:
-                    rows.append(full)
-                    continue
-                key = (str(full["host"]), int(full["pid"]))
-                rank = (_SAMPLER not in (full.get("info") or ""), int(full.get("updated_ns") or 0))
-                held = best.get(key)
-                if held is None or rank > held[0]:
-                    best[key] = (rank, full)
-    return rows if every else [row for _, row in best.values()]
+                if row.get("host") is not None and row.get("pid") is not None:
+                    rows.append({n: row.get(n) for n in names})
+    return rows
+
+
+def newest_rows(run_dir: str, host: str | None = None) -> list[dict[str, Any]] | None:
+    """Each process's newest row of :func:`read_rows` (None where it says None)."""
+    rows = read_rows(run_dir, host)
+    if rows is None:
+        return None
+    best: dict[tuple[str, int], tuple[tuple[bool, int], dict[str, Any]]] = {}
+    for row in rows:
+        key = (str(row["host"]), int(row["pid"]))
+        rank = (_SAMPLER not in (row.get("info") or ""), int(row.get("updated_ns") or 0))
+        held = best.get(key)
+        if held is None or rank > held[0]:
+            best[key] = (rank, row)
+    return [row for _, row in best.values()]
 
 
 def info_of(row: dict[str, Any]) -> dict[str, Any]:
