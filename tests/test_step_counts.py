@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,98 @@ def test_threads_that_each_train_a_torch_model_count_every_step(tmp_path: Path) 
     assert all(doc["phases"][p]["fraction"] > 0 for p in ("forward", "backward", "optimizer"))
     # memory is not measured once several threads train (another thread writes what a snapshot reads)
     assert any("memory by category was not measured" in w for w in doc["run"]["warnings"])
+
+
+def _scripted_loop(buffer_limit: int, tmp: Path) -> dict[str, Any]:
+    """One thread's loop through the step tracker, its spans kept (the writer counts their phases,
+    flushing twice) or all dropped (the loop counts them): two steps, an evaluation after each update,
+    the last one after the loop's end."""
+    from holoprof.agent.core import Agent
+
+    agent = Agent(str(tmp), options={"buffer_limit": buffer_limit})
+    steps = agent.steps
+
+    def flush(final: bool) -> None:
+        before = steps.indices()
+        spans, agent.spans_buf = agent.spans_buf, []
+        steps.count_kept(spans, before, final)
+
+    def phase(name: str, t0: int, t1: int) -> None:
+        agent.span("phase", name, t0, t1, steps.index)
+
+    steps.opener(10)
+    phase("forward", 11, 12)
+    phase("backward", 12, 14)
+    phase("optimizer", 14, 16)
+    steps.update_done(16)
+    phase("eval", 17, 18)  # after the update: the step ends at the next opener, with it
+    steps.opener(20)
+    phase("data_wait", 20, 21)
+    flush(False)  # the step in progress waits for its end
+    phase("forward", 21, 22)
+    phase("optimizer", 22, 23)
+    steps.update_done(23)
+    phase("eval", 25, 27)  # after the last update: outside the steps
+    steps.finish(30)
+    flush(True)
+    counts = steps.counts(0)
+    assert counts is not None
+    (thread,) = counts["threads"].values()
+    return {k: thread[k] for k in ("steps", "step_ns", "phases", "outside")}
+
+
+def test_the_writers_counts_of_kept_phases_equal_the_loops_of_dropped_ones(tmp_path: Path) -> None:
+    kept = _scripted_loop(50_000, tmp_path / "kept")
+    dropped = _scripted_loop(0, tmp_path / "dropped")
+    assert (
+        kept
+        == dropped
+        == {
+            "steps": 2,
+            "step_ns": 10 + 3,
+            "phases": {
+                "forward": [2, 2],
+                "backward": [1, 2],
+                "optimizer": [2, 3],
+                "eval": [1, 1],
+                "data_wait": [1, 1],
+            },
+            "outside": {"eval": [1, 2]},
+        }
+    )
+
+
+@pytest.mark.parametrize("ends", [True, False], ids=["step-recorded", "never-recorded"])
+def test_a_step_with_more_phases_than_the_writer_keeps_apart_counts_them_all(
+    tmp_path: Path, ends: bool
+) -> None:
+    from holoprof.agent.core import Agent
+    from holoprof.agent.steps import PENDING_PHASES
+
+    agent = Agent(str(tmp_path))
+    steps = agent.steps
+    steps.mark()  # holoprof.step(): the first step starts
+    n = PENDING_PHASES * 2 + 10
+    for _ in range(3):  # three flushes while the step goes on: the waiting phases stay bounded
+        for _ in range(n // 3 + 1):
+            t0 = time.perf_counter_ns()
+            agent.span("phase", "eval", t0, t0 + 5, steps.index)
+        before = steps.indices()
+        spans, agent.spans_buf = agent.spans_buf, []
+        steps.count_kept(spans, before, False)
+        assert sum(len(v) for v in steps._pending.values()) < PENDING_PHASES
+    if ends:
+        steps.mark()  # the step ends after its phases began: they lie inside it
+    steps.finish(time.perf_counter_ns())
+    before = steps.indices()
+    spans, agent.spans_buf = agent.spans_buf, []
+    steps.count_kept(spans, before, True)
+    counts = steps.counts(0)
+    total = 3 * (n // 3 + 1)
+    if ends:
+        assert counts is not None
+        (thread,) = counts["threads"].values()
+        assert thread["phases"] == {"eval": [total, 5 * total]} and thread["outside"] == {}
+    else:
+        assert counts is None or all(not t["phases"] for t in counts["threads"].values())
+        assert steps.kept[next(iter(steps.kept))][1] == {"eval": [total, 5 * total]}

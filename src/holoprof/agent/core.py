@@ -252,19 +252,19 @@ class Agent:
         tid: int = 0,
     ) -> int:
         """Record a finished span (monotonic ns) of the calling thread (or of the thread ``tid``).
-        Returns its id (0 if dropped). Phases and epochs are counted by the thread's loop first, so
-        the counts stay exact when the buffer is full (steps are counted where they end:
-        :meth:`StepTracker.close`)."""
+        Returns its id (0 if dropped). The counts stay exact when the buffer is full: the writer
+        counts the phases it writes (:meth:`StepTracker.count_kept`), the thread's loop those dropped
+        here; epochs are counted here, steps where they end (:meth:`StepTracker.close`)."""
         tls = self.tls
-        if kind == "phase":
-            loop = tls.loop
-            if loop is not None and loop.index >= 0:
-                loop.phase(name, start_ns, end_ns)
-        elif kind == "epoch":
+        if kind == "epoch":
             self.steps.mine().epochs += 1
         buf = self.spans_buf
         if len(buf) >= self.buffer_limit:
             self.dropped += 1
+            if kind == "phase":
+                loop = tls.loop
+                if loop is not None and loop.index >= 0:
+                    loop.phase(name, start_ns, end_ns)
             return 0
         sid = next(self._ids)
         buf.append((tid or tls.tid, sid, parent_id, kind, name, start_ns, end_ns, step, attrs))
@@ -473,6 +473,7 @@ class Agent:
                 self.fail(getattr(fn, "__name__", "deferred"), exc)
 
     def _flush_locked(self, final: bool) -> None:
+        steps_now = self.steps.indices()  # before the drain: a step recorded before it is in it
         spans, self.spans_buf = self.spans_buf, []
         samples, self.samples_buf = self.samples_buf, []
         ident = self.identity()
@@ -490,6 +491,7 @@ class Agent:
             len(self.errors),
             json_text(self.info, sort_keys=True),
         )
+        self.steps.count_kept(spans, steps_now, final)
         counts = self.steps.counts(off)
         counters = json_text(counts, compact=True) if counts is not None else None
         now = time.monotonic()
