@@ -15,9 +15,10 @@ every :data:`READ_EVERY` (a pair: what the thread did between two waits is a dif
 consecutive waits); a wait with readings carries its number among the thread's waits (``wait_n``).
 The model takes medians over the waits read, each later one weighed by the waits it stands for.
 
-The dataset fetchers record an ``op`` span ``fetch`` per batch (:mod:`holoprof.collect.torch.fetch`),
-in the training process and in every DataLoader worker; a fetch inside a batch wait has the wait's
-readings, when it took them.
+The dataset fetchers record an ``op`` span ``fetch`` per batch in every DataLoader worker
+(:mod:`holoprof.collect.torch.fetch`); in the training process (a loader without workers) a fetch is
+recorded inside the batch waits that take the readings, with them (the input model reads those); on
+the other waits the wait's own span is the batch's time.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from holoprof import model
 from holoprof.agent.core import Collector, now_ns
-from holoprof.collect.torch.fetch import FetchSpans, RunQueue
+from holoprof.collect.torch.fetch import WANTED, FetchSpans, RunQueue
 from holoprof.collect.torch.state import TorchState
 from holoprof.collect.util import usable_cores
 
@@ -91,6 +92,7 @@ class LoaderPhases:
                 n = t.batch_waits
                 t.batch_waits = n + 1
                 if n < READ_ALL or n % READ_EVERY < 2:
+                    t.fetch = WANTED  # the fetch inside is timed, and recorded with these readings
                     pc0 = process_time_ns()
                     c0 = thread_time_ns()
                     q0 = runq.wait_ns()
@@ -118,8 +120,9 @@ class LoaderPhases:
                     if t.fetch is not None:  # the fetch inside this wait, with the wait's readings
                         f0, f1 = t.fetch
                         t.fetch = None
-                        fattrs = None if cpu is None else {"cpu_ns": cpu[0], "runq_ns": cpu[3], "wait_n": n}
-                        agent.span("op", "fetch", f0, f1, -1, fattrs)
+                        if cpu is not None and f1:
+                            fattrs = {"cpu_ns": cpu[0], "runq_ns": cpu[3], "wait_n": n}
+                            agent.span("op", "fetch", f0, f1, -1, fattrs)
                     if stop:
                         st.end_epoch(key, t1)
                     else:

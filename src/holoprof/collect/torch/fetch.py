@@ -21,6 +21,9 @@ from holoprof.agent.core import Agent, Collector, now_ns
 
 thread_time_ns = time.thread_time_ns
 
+#: a batch wait's ``fetch`` while it waits for the fetch inside it to be timed
+WANTED = (0, 0)
+
 
 class RunQueue(threading.local):
     """This thread's time spent runnable but waiting for a CPU (Linux ``schedstat``), in ns: a fetch
@@ -78,10 +81,14 @@ class FetchSpans:
                 if self.term_pid != agent.pid:
                     self.worker_sigterm()
                 if self.nested and tls.active == "data_wait":
-                    # inside the batch wait of this thread (no workers): the wait reads the thread's
-                    # CPU and run queue around it and records this span with them, four system calls
-                    # fewer per batch; the fetch is nearly all of the wait (the sampler's next index
-                    # and the wrapper's own bookkeeping are the rest)
+                    # inside the batch wait of this thread (no workers): the fetch is nearly all of
+                    # the wait (the sampler's next index and the wrapper's own bookkeeping are the
+                    # rest). It is timed on the waits that read the thread's CPU and run queue
+                    # (``WANTED``: the wait records this span with those readings, four system calls
+                    # fewer per batch), which are the fetches the input model reads; on the other
+                    # waits the wait's own span is the batch's time
+                    if tls.fetch is None:
+                        return orig(self_, possibly_batched_index)
                     t0 = now_ns()
                     try:
                         return orig(self_, possibly_batched_index)
