@@ -161,8 +161,8 @@ def test_threads_that_each_train_a_torch_model_count_every_step(tmp_path: Path) 
 
 def _scripted_loop(buffer_limit: int, tmp: Path) -> dict[str, Any]:
     """One thread's loop through the step tracker, its spans kept (the writer counts their phases,
-    flushing twice) or all dropped (the loop counts them): two steps, an evaluation after each update,
-    the last one after the loop's end."""
+    flushing twice), some dropped or all dropped (the loop counts them): an evaluation before the
+    loop's first step, two steps, an evaluation after each update, the last one after the loop's end."""
     from holoprof.agent.core import Agent
 
     agent = Agent(str(tmp), options={"buffer_limit": buffer_limit})
@@ -176,6 +176,9 @@ def _scripted_loop(buffer_limit: int, tmp: Path) -> dict[str, Any]:
     def phase(name: str, t0: int, t1: int) -> None:
         agent.span("phase", name, t0, t1, steps.index)
 
+    phase("eval", 1, 5)  # before the loop's first step: not counted
+    flush(False)
+    phase("eval", 6, 8)
     steps.opener(10)
     phase("forward", 11, 12)
     phase("backward", 12, 14)
@@ -199,9 +202,12 @@ def _scripted_loop(buffer_limit: int, tmp: Path) -> dict[str, Any]:
 
 def test_the_writers_counts_of_kept_phases_equal_the_loops_of_dropped_ones(tmp_path: Path) -> None:
     kept = _scripted_loop(50_000, tmp_path / "kept")
+    # the buffer fills in the first step: its phases are kept, its step span and what follows dropped
+    some = _scripted_loop(4, tmp_path / "some")
     dropped = _scripted_loop(0, tmp_path / "dropped")
     assert (
         kept
+        == some
         == dropped
         == {
             "steps": 2,
@@ -252,3 +258,32 @@ def test_a_step_with_more_phases_than_the_writer_keeps_apart_counts_them_all(
     else:
         assert counts is None or all(not t["phases"] for t in counts["threads"].values())
         assert steps.kept[next(iter(steps.kept))][1] == {"eval": [total, 5 * total]}
+
+
+def test_a_thread_that_only_fetches_keeps_no_phase_waiting_for_a_step(tmp_path: Path) -> None:
+    """A thread with a loop but no step of its own (a thread that fetches batches for the training
+    thread and ends their epochs) records its phases with the training thread's step: the writer keeps
+    none of them waiting, flush after flush."""
+    import threading
+
+    from holoprof.agent.core import Agent
+
+    agent = Agent(str(tmp_path))
+    steps = agent.steps
+    steps.mark()
+
+    def fetcher() -> None:
+        steps.mine().epochs += 1  # an epoch's end made this thread a loop, with no step
+        for _ in range(200):
+            t0 = time.perf_counter_ns()
+            agent.span("phase", "data_wait", t0, t0 + 5, steps.index)
+
+    for _ in range(20):
+        th = threading.Thread(target=fetcher)
+        th.start()
+        th.join()
+        steps.mark()
+        before = steps.indices()
+        spans, agent.spans_buf = agent.spans_buf, []
+        steps.count_kept(spans, before, False)
+        assert steps._pending == {}, "phases of a thread that runs no step are not kept waiting"

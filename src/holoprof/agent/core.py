@@ -491,7 +491,10 @@ class Agent:
             len(self.errors),
             json_text(self.info, sort_keys=True),
         )
-        self.steps.count_kept(spans, steps_now, final)
+        try:
+            self.steps.count_kept(spans, steps_now, final)
+        except Exception as exc:  # the spans are written all the same
+            self.fail("steps", exc)
         counts = self.steps.counts(off)
         counters = json_text(counts, compact=True) if counts is not None else None
         now = time.monotonic()

@@ -1,7 +1,7 @@
 """One batch's loading work: the dataset fetchers (``_MapDatasetFetcher.fetch``,
 ``_IterableDatasetFetcher.fetch``) record an ``op`` span ``fetch`` per batch with its thread CPU time
-(``cpu_ns``) and time spent waiting for a CPU (``runq_ns``), in the training process and in every
-DataLoader worker.
+(``cpu_ns``) and time spent waiting for a CPU (``runq_ns``) in every DataLoader worker; in the training
+process (a loader without workers), on the batch waits that read those clocks, with the wait's readings.
 
 The worker's side of the torch collector: a DataLoader worker started with "spawn" installs this
 alone (:mod:`holoprof.collect.torch.worker`), the training process with the rest of the collector
