@@ -255,3 +255,50 @@ def test_after_its_first_waits_a_thread_reads_its_clocks_on_pairs_of_waits(tmp_p
     walls = sorted((b[0] - a[1]) / 1e9 for a, b in itertools.pairwise(vals) if b[8] == a[8] + 1)
     cpu = sorted(thread.compute_cpu)
     assert 0.2 * walls[len(walls) // 2] < cpu[len(cpu) // 2] < 2.0 * walls[len(walls) // 2], (cpu, walls)
+
+
+FORKED_TRAINER = """
+import multiprocessing as mp
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def train():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(80 * 4, 4), torch.randn(80 * 4, 1))
+    for x, y in DataLoader(data, batch_size=4):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+if __name__ == "__main__":
+    p = mp.get_context("fork").Process(target=train)
+    p.start()
+    p.join()
+    raise SystemExit(p.exitcode)
+"""
+
+
+def test_a_forked_child_times_the_fetches_inside_its_batch_waits_as_its_parent_would(tmp_path: Path) -> None:
+    """A child forked from the traced process trains with a loader without workers: the fetch inside
+    its batch waits is recorded on the waits that read the clocks, with their readings, as in the
+    parent (the child's per-thread state is new, and the fetch's patch reads it)."""
+    from holoprof import load
+
+    job = tmp_path / "forked.py"
+    job.write_text(FORKED_TRAINER)
+    run = traced(tmp_path, sys.executable, str(job))
+    assert run.proc.returncode == 0, run.proc.stderr
+    r = load(run.run_dir)
+    ((child,),) = r.rows("SELECT DISTINCT pid FROM spans WHERE kind = 'step'")
+    waits = r.rows(
+        "SELECT json_extract(attrs, '$.wait_n') FROM spans WHERE kind = 'phase' AND name = 'data_wait' "
+        "AND pid = ? AND json_extract(attrs, '$.cpu_ns') IS NOT NULL",
+        [child],
+    )
+    fetches = r.rows(
+        "SELECT json_extract(attrs, '$.wait_n') FROM spans WHERE kind = 'op' AND name = 'fetch' AND pid = ?",
+        [child],
+    )
+    assert len(waits) >= 64 and sorted(n for (n,) in fetches) == sorted(n for (n,) in waits)

@@ -72,14 +72,13 @@ class FetchSpans:
         span = agent.span
         runq = self.runq
 
-        tls = agent.tls
-
         def wrap_fetch(orig: Any) -> Any:
             def fetch(self_: Any, possibly_batched_index: Any) -> Any:
                 if not col.enabled:
                     return orig(self_, possibly_batched_index)
                 if self.term_pid != agent.pid:
                     self.worker_sigterm()
+                tls = agent.tls  # read at each call: a forked child has its own
                 if self.nested and tls.active == "data_wait":
                     # inside the batch wait of this thread (no workers): the fetch is nearly all of
                     # the wait (the sampler's next index and the wrapper's own bookkeeping are the
