@@ -20,7 +20,7 @@ changes a loop; the writer reads copies.
 Phases are counted off the training thread: the writer counts those it writes
 (:meth:`StepTracker.count_kept`: inside a step when they start in its window), and a loop counts only
 the phases dropped in its thread (by its own rule, which places them alike in ordinary loops).
-Counting every phase where it ends cost the training thread about 10 µs of a 6 ms step (each count
+Counting every phase where it ends cost the training thread several µs of a 6 ms step (each count
 touches objects that the step's own work has pushed out of the caches).
 
 Standard library only, like the rest of the agent.
