@@ -137,12 +137,13 @@ class ThreadLoop:
         self.steps += 1
         self.step_ns += end_ns - start_ns
         self.last_ns = end_ns
-        _merge(self.phases, self.open)
+        if self.open:  # phases dropped in the step (none while the buffer has room: nothing to make)
+            _merge(self.phases, self.open)
+            self.open = {}
         # what followed the update belongs to the step unless the step ended at the update
         if self.tail:
             _merge(self.phases if end_ns > self.tail_start else self.outside, self.tail)
             self.tail, self.tail_start = {}, _NO_START
-        self.open = {}
 
     def discard(self) -> None:
         """The step in progress is not recorded: its phases count as outside steps."""

@@ -9,6 +9,10 @@ from typing import Any
 from holoprof.agent.core import Collector, now_ns
 from holoprof.collect.torch.state import TorchState
 
+#: the attributes of every ``zero_grad`` span: one dictionary, never changed (the writer only reads a
+#: span's attributes), not one made at each step
+ZERO_GRAD = {"op": "zero_grad"}
+
 
 def install_zero_grad(col: Collector, st: TorchState, torch: ModuleType, optim_mod: ModuleType) -> None:
     """Patch ``Optimizer.zero_grad`` (of ``torch.optim.optimizer``), then ``Module.zero_grad``."""
@@ -46,7 +50,7 @@ def _wrap_zero_grad(col: Collector, st: TorchState, torch: ModuleType, orig: Any
         finally:
             t.active = None
             try:
-                span("phase", "optimizer", t0, now_ns(), steps.index, {"op": "zero_grad"})
+                span("phase", "optimizer", t0, now_ns(), steps.index, ZERO_GRAD)
             except Exception as exc:
                 agent.fail(col, exc)
 
