@@ -129,6 +129,7 @@ class TorchState:
     def reset(self) -> None:
         self.tls = self.agent.tls
         self.pending: dict[int, Pending] = {}  # fetching thread's id -> its batch wait not yet named
+        self.loader_attrs: dict[int, dict[str, int]] = {}  # loader key -> the attributes of its waits
         self.train_loaders: set[int] = set()
         self.eval_loaders: set[int] = set()
         self.epoch_start: dict[int, int] = {}
@@ -217,15 +218,22 @@ class TorchState:
         t0, t1, key, cpu = pend
         if label is None or (label == "data_wait" and key in self.eval_loaders):
             label = "eval" if key in self.eval_loaders else "data_wait"
-        attrs: dict[str, int] = {"loader": key}
-        if cpu is not None:
-            attrs["cpu_ns"] = cpu[0]
-            attrs["proc_cpu_ns"] = cpu[1]
-            attrs["thread_cpu_ns"] = cpu[2]
-            attrs["runq_ns"] = cpu[3]
-            attrs["thread_runq_ns"] = cpu[4]
-            attrs["proc_wait_cpu_ns"] = cpu[5]
-            attrs["wait_n"] = cpu[6]
+        attrs: dict[str, int] | None
+        if cpu is None:  # most waits: one attributes dictionary per loader, never changed
+            attrs = self.loader_attrs.get(key)
+            if attrs is None:
+                attrs = self.loader_attrs[key] = {"loader": key}
+        else:
+            attrs = {
+                "loader": key,
+                "cpu_ns": cpu[0],
+                "proc_cpu_ns": cpu[1],
+                "thread_cpu_ns": cpu[2],
+                "runq_ns": cpu[3],
+                "thread_runq_ns": cpu[4],
+                "proc_wait_cpu_ns": cpu[5],
+                "wait_n": cpu[6],
+            }
         self.agent.span("phase", label, t0, t1, self.agent.steps.index, attrs)
 
     def end_epoch(self, key: int, t1: int) -> None:
