@@ -124,6 +124,18 @@ ENV_LOADER_WORKERS: Final = "HOLOPROF_LOADER_WORKERS"
 #: tests: "<collector>[:<entry point>]" makes that collector raise there (agent.core.fault_point)
 ENV_FAULT: Final = "HOLOPROF_FAULT_INJECT"
 
+# --- processes table ----------------------------------------------------------------------------------
+#: the ``info`` of a row the resource sampler wrote for a process it saw (an agent's own row says more);
+#: where a process has both, its view keeps the agent's (store.reader's SQL, store.process_rows)
+SAMPLER_INFO: Final = '{"source": "sampler"}'
+SAMPLER_MARK: Final = '"source": "sampler"'
+
+
+def sampler_row(info: str | None) -> bool:
+    """Whether a ``processes`` row's ``info`` is the resource sampler's (not an agent's)."""
+    return bool(info) and SAMPLER_MARK in info  # type: ignore[operator]
+
+
 # --- run directory layout ----------------------------------------------------------------------------
 MANIFEST: Final = "manifest.json"
 CONTROL_DIR: Final = "control"

@@ -210,7 +210,7 @@ def _load_processes(run: Run) -> list[_Proc]:
                 exe=str(exe or ""),
                 start_ns=int(s or 0),
                 end_ns=int(e or 0),
-                sampler_only=bool(info and '"source": "sampler"' in info),
+                sampler_only=model.sampler_row(info),
                 usage=_exit_usage(info),
             )
         )

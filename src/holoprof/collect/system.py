@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Any
 
+from holoprof import model
 from holoprof.agent.core import Agent, check_fault, fault_point, now_ns
 
 
@@ -285,7 +286,7 @@ class SystemSampler:
                     "versions": ["{}"] * n,
                     "dropped_events": [0] * n,
                     "errors": ["[]"] * n,
-                    "info": ['{"source": "sampler"}'] * n,
+                    "info": [model.SAMPLER_INFO] * n,
                 },
             )
         ]

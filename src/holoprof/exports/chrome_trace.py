@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from holoprof import model
 from holoprof.analyze.engine import Aggregation, Engine, engine_for
 from holoprof.progress import Bar
 from holoprof.store.reader import Bound, Run, _sql_str, bounds_sql, is_out_of_memory
@@ -420,7 +421,7 @@ class _Trace:
                 labels.append(f"rank={rank}")
             if len(self.pid_of.hosts) > 1 or host:
                 labels.append(f"host={host}")
-            if info and '"source": "sampler"' in info:
+            if model.sampler_row(info):
                 labels.append("sampled")
             self.meta("process_labels", p, 0, {"labels": ", ".join(labels)})
             sort = -1 if role == "launcher" else (0 if role == "main" else 1)

@@ -20,9 +20,6 @@ from holoprof import model
 from holoprof.store import layout, safeio
 from holoprof.store.raw import RAW_SUFFIX
 
-#: how the sampler's rows say whose they are (the agent's say "agent")
-_SAMPLER = '"source": "sampler"'
-
 
 def read_rows(run_dir: str, host: str | None = None) -> list[dict[str, Any]] | None:
     """Every row of the ``processes`` table (the schema's columns; None where a part lacks one), or
@@ -68,7 +65,7 @@ def newest_rows(run_dir: str, host: str | None = None) -> list[dict[str, Any]] |
     best: dict[tuple[str, int], tuple[tuple[bool, int], dict[str, Any]]] = {}
     for row in rows:
         key = (str(row["host"]), int(row["pid"]))
-        rank = (_SAMPLER not in (row.get("info") or ""), int(row.get("updated_ns") or 0))
+        rank = (not model.sampler_row(row.get("info")), int(row.get("updated_ns") or 0))
         held = best.get(key)
         if held is None or rank > held[0]:
             best[key] = (rank, row)

@@ -202,14 +202,15 @@ class Run:
             self._register_exits()
             # Rows are snapshots: keep the newest per process, an agent's own row over the sampler's. A
             # process ends when it exited (its exit file), where that is after the agent's final row.
+            # The same choice without DuckDB: store.process_rows.newest_rows.
             self.con.execute(
-                """CREATE VIEW processes AS SELECT p.* REPLACE (
+                f"""CREATE VIEW processes AS SELECT p.* REPLACE (
                      CASE WHEN x.exit_ns >= p.start_ns AND x.exit_ns > coalesce(p.end_ns, 0)
                           THEN x.exit_ns ELSE p.end_ns END AS end_ns)
                    FROM (SELECT * EXCLUDE (rn) FROM (
                      SELECT *, row_number() OVER (
                        PARTITION BY host, pid
-                       ORDER BY (coalesce(info, '') LIKE '%"source": "sampler"%'), updated_ns DESC) AS rn
+                       ORDER BY (coalesce(info, '') LIKE '%{model.SAMPLER_MARK}%'), updated_ns DESC) AS rn
                      FROM processes_raw) WHERE rn = 1) p
                    LEFT JOIN process_exits x ON x.host = p.host AND x.pid = p.pid"""
             )
