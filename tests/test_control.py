@@ -57,8 +57,8 @@ class LiveJob:
         self.stop_file = tmp / f"stop-{name}"
         self.run_dir = str(tmp / name)
         self.proc = subprocess.Popen(
-            [*HOLOPROF, "run", "--out", self.run_dir, "--no-report", "--", str(self.script),
-             str(self.stop_file), str(limit_s)],
+            [*HOLOPROF, "run", "--out", self.run_dir, "--no-report", "--flush-interval", "0.1", "--",
+             str(self.script), str(self.stop_file), str(limit_s)],
             cwd=tmp, env=job_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
