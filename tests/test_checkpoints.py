@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 
 import pytest
 
+from conftest import report_json
 from holoprof.analyze.checkpoints import young_daly_interval_s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,11 +24,7 @@ def _run(tmp: str, name: str, *args: str, opts: tuple[str, ...] = ()) -> dict:
         timeout=180,
     )
     assert p.returncode == 0, p.stderr[-2000:]
-    r = subprocess.run(
-        [sys.executable, "-m", "holoprof.cli", "report", out, "--json"], capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
+    return report_json(out)
 
 
 @pytest.fixture(scope="module")

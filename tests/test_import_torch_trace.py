@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from conftest import report_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -38,9 +40,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _report(run: str) -> dict:
-    r = _cli("report", run, "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    return report_json(run)
 
 
 def test_a_profiler_trace_imports_with_steps_and_phases(traces: str, tmp_path: os.PathLike[str]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require, traced
+from conftest import report_json, require, traced
 
 require("tensorflow")
 
@@ -30,14 +30,7 @@ def _trace(tmp: str, name: str, *args: str, options: tuple[str, ...] = ()) -> di
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rep = subprocess.run(
-        [sys.executable, "-m", "holoprof.cli", "report", out, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert rep.returncode == 0, rep.stderr[-3000:]
-    doc = json.loads(rep.stdout)
+    doc = report_json(out)
     doc["_stdout"] = proc.stdout
     doc["_stderr"] = proc.stderr
     return doc
@@ -271,11 +264,7 @@ def test_a_failing_tensorflow_hook_leaves_the_job_unchanged(
     assert proc.stdout == expected
     failed = [line for line in proc.stderr.splitlines() if "the 'tensorflow' collector failed" in line]
     assert len(failed) == 1 and f"tensorflow:{point}" in failed[0], proc.stderr[-3000:]
-    rep = subprocess.run(
-        [sys.executable, "-m", "holoprof.cli", "report", out, "--json"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    errors = json.loads(rep.stdout)["run"]["errors"]
+    errors = report_json(out)["run"]["errors"]
     assert (
         len(errors) == 1
         and f"tensorflow: FaultInjected: injected fault (HOLOPROF_FAULT_INJECT=tensorflow:{point})"
