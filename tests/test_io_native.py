@@ -884,6 +884,62 @@ def test_trace_ring_is_bounded(lib: str, tmp_path: Path) -> None:
     assert [r["op"] for r in out["again"]] == ["close"]
 
 
+def test_the_extension_module_and_ctypes_read_the_library_alike(lib: str, tmp_path: Path) -> None:
+    """The agent calls the library through ``holoprof.collect._io_api`` where it was built, else
+    through ctypes: both give the same rows, traces, paths and counts, and both claim and dump."""
+    f = data_file(tmp_path / "e-\xe9.bin", 30_000)
+    prog = script(
+        tmp_path,
+        """
+        import json, os, sys
+        from holoprof.collect import io_native as io
+        from holoprof.collect import _io_api
+        from holoprof.store.native_dumps import read_dump
+        path, out = sys.argv[1], sys.argv[2]
+
+        def traced_read():
+            assert io.trace_start(100)
+            with open(path, "rb") as fh:
+                fh.read()
+            rows = io.trace_drain()
+            io.trace_stop()
+            return [[r["module"], r["op"], r["path"], r["size_bytes"]] for r in rows]
+
+        def state():
+            rows, nxt = io.changes(0)
+            mine = sorted([r["module"], r["path"], sorted(r["counters"].items())] for r in rows
+                          if r["path"] == path)
+            return {"rows": mine, "next": nxt > 0, "dropped": io.dropped(), "trace_dropped": io.trace_dropped()}
+
+        assert _io_api.loaded() and io.available()
+        trace = traced_read()
+        ext = state()
+        assert io._get().api is _io_api
+        io._probed, io._lib = False, None
+        import holoprof.collect
+        del holoprof.collect._io_api
+        sys.modules["holoprof.collect._io_api"] = None  # as where it was not built
+        assert io.available() and type(io._get().api).__name__ == "_CtypesApi"
+        with_ctypes = state()
+        trace2 = traced_read()
+        assert io.dump(out)
+        dumped = sorted(r["counters"]["POSIX_OPENS"] for r in read_dump(out) if r["path"] == path)
+        print(json.dumps({"ext": ext, "ctypes": with_ctypes, "trace": trace, "trace2": trace2,
+                          "dumped": dumped}))
+        """,
+    )
+    run = run_preloaded(
+        [sys.executable, prog, str(f), str(tmp_path / "dump.jsonl")], lib, tmp_path, strace=False
+    )
+    out = json.loads(run.stdout)
+    assert out["ext"] == out["ctypes"]
+    (row,) = out["ext"]["rows"]
+    assert row[0] == "POSIX" and dict(row[2])["POSIX_BYTES_READ"] == 30_000
+    assert out["trace"] == out["trace2"]
+    assert ["POSIX", "read", str(f), 30_000] in out["trace"]
+    assert out["dumped"] == [2], "the dump counts both opens"
+
+
 def test_table_full_is_counted(lib: str, tmp_path: Path) -> None:
     d = tmp_path / "many"
     d.mkdir()

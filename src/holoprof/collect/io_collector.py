@@ -16,7 +16,7 @@ every operation is also written into ``io_ops``.
 
 Standard library only: this module loads in every process of a job, at its start. So it loads the
 rest when it is used: the Python layer's patches where that layer counts, the native layer's bindings
-(``ctypes``) at the first flush or at exit, the path rules at the first rows.
+(:mod:`holoprof.collect._io_api`, else ``ctypes``) at the first flush or at exit, the path rules at the first rows.
 """
 
 from __future__ import annotations
@@ -74,9 +74,19 @@ def _claim_and_dump() -> bool:
     first flush): claim its counters and have the library write them now, as
     :func:`holoprof.collect.io_native.set_owner` and :func:`~holoprof.collect.io_native.dump` do,
     through ``ctypes`` alone (the module's bindings and decoders cost a short process milliseconds
-    more). The library then records when the process exits. False where it is not loaded."""
+    more). The library then records when the process exits. False where it is not loaded. Through
+    the extension module :mod:`holoprof.collect._io_api` where it was built, else ``ctypes``."""
     try:
-        import ctypes  # lazy: at the end of a short process only
+        from holoprof.collect import _io_api  # lazy: at the end of a short process only
+    except ImportError:
+        pass
+    else:
+        if not _io_api.loaded():
+            return False
+        _io_api.set_owner(1)
+        return _io_api.dump(None) == 0
+    try:
+        import ctypes  # lazy: at the end of a short process only, where the extension is missing
 
         lib = ctypes.CDLL(None)
         set_owner, dump = lib.holoprof_io_set_owner, lib.holoprof_io_dump

@@ -17,12 +17,13 @@ Float counters (``*_TIME``, ``*_TIMESTAMP``) are seconds; timestamps are seconds
 Paths are absolute and lexically normalised (like :func:`os.path.abspath`); bytes that are not UTF-8
 are shown as ``\\xNN`` (see :func:`path_text`).
 
-Only the standard library is imported here: this module loads in every process of a job.
+Only the standard library is imported here: this module loads in every process of a job. The
+library's functions are called through the extension module :mod:`holoprof.collect._io_api` where it
+was built, else through ``ctypes`` (about 2 ms and 700 objects more per process).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import struct
 import threading
@@ -116,66 +117,116 @@ def preload_env(env: Mapping[str, str] | None = None, lib: str | None = None) ->
 
 
 # -- the loaded library ---------------------------------------------------------------------------
-class _Lib:
-    """ctypes bindings of the library's exported functions, resolved in this process."""
+class _CtypesApi:
+    """The library's functions through ``ctypes`` (where ``holoprof.collect._io_api`` was not built),
+    with the extension module's signatures: buffers are ``bytearray``, paths ``bytes``."""
 
-    def __init__(self, handle: ctypes.CDLL) -> None:
-        c = ctypes
+    def __init__(self, handle: Any) -> None:
+        import ctypes as c  # lazy: only where the extension module is missing
+
+        self.c = c
         f = handle.holoprof_io_snapshot
         f.argtypes = [c.c_void_p, c.c_size_t, c.c_uint64, c.POINTER(c.c_uint64)]
         f.restype = c.c_int64
-        self.snapshot = f
+        self._snapshot = f
         self.set_owner = handle.holoprof_io_set_owner
         self.set_owner.argtypes = [c.c_int]
         self.set_owner.restype = None
         self.dropped = handle.holoprof_io_dropped
         self.dropped.restype = c.c_long
-        self.path = handle.holoprof_io_path
-        self.path.argtypes = [c.c_uint32, c.c_char_p, c.c_size_t]
-        self.path.restype = c.c_int
+        self._path = handle.holoprof_io_path
+        self._path.argtypes = [c.c_uint32, c.c_char_p, c.c_size_t]
+        self._path.restype = c.c_int
         self.trace_start = handle.holoprof_io_trace_start
         self.trace_start.argtypes = [c.c_uint64]
         self.trace_start.restype = c.c_int
         self.trace_stop = handle.holoprof_io_trace_stop
         self.trace_stop.restype = None
-        self.trace_drain = handle.holoprof_io_trace_drain
-        self.trace_drain.argtypes = [c.c_void_p, c.c_uint64]
-        self.trace_drain.restype = c.c_int64
+        self._trace_drain = handle.holoprof_io_trace_drain
+        self._trace_drain.argtypes = [c.c_void_p, c.c_uint64]
+        self._trace_drain.restype = c.c_int64
         self.trace_dropped = handle.holoprof_io_trace_dropped
         self.trace_dropped.restype = c.c_long
         self.dump = handle.holoprof_io_dump
         self.dump.argtypes = [c.c_char_p]
         self.dump.restype = c.c_int
-        names = handle.holoprof_io_counter_names
-        names.argtypes = [c.c_int, c.c_int]
-        names.restype = c.c_char_p
-        layout = handle.holoprof_io_layout
-        layout.argtypes = [c.POINTER(c.c_int), c.POINTER(c.c_int), c.POINTER(c.c_int)]
+        self.counter_names = handle.holoprof_io_counter_names
+        self.counter_names.argtypes = [c.c_int, c.c_int]
+        self.counter_names.restype = c.c_char_p
+        self._layout = handle.holoprof_io_layout
+        self._layout.argtypes = [c.POINTER(c.c_int), c.POINTER(c.c_int), c.POINTER(c.c_int)]
+
+    @staticmethod
+    def bind() -> _CtypesApi | None:
+        """The bindings, or None where the library is not loaded in this process."""
+        try:
+            import ctypes  # lazy: only where the extension module is missing
+
+            handle = ctypes.CDLL(None)
+            handle.holoprof_io_snapshot  # noqa: B018 - raises AttributeError when not loaded
+        except (OSError, AttributeError):
+            return None
+        return _CtypesApi(handle)
+
+    def _array(self, buf: bytearray) -> Any:
+        return (self.c.c_char * len(buf)).from_buffer(buf)
+
+    def layout(self) -> tuple[int, int, int]:
+        c = self.c
         ni, nf, hdr = c.c_int(), c.c_int(), c.c_int()
-        layout(c.byref(ni), c.byref(nf), c.byref(hdr))
-        if hdr.value != _HDR.size:
-            raise RuntimeError(f"unexpected snapshot layout of {LIBRARY_NAME} (header {hdr.value})")
-        self.ni, self.nf = ni.value, nf.value
+        self._layout(c.byref(ni), c.byref(nf), c.byref(hdr))
+        return ni.value, nf.value, hdr.value
+
+    def snapshot(self, buf: bytearray, since: int) -> tuple[int, int]:
+        nxt = self.c.c_uint64(0)
+        n = self._snapshot(self._array(buf), len(buf), since, self.c.byref(nxt))
+        return int(n), int(nxt.value)
+
+    def trace_drain(self, buf: bytearray, want: int) -> int:
+        return int(self._trace_drain(self._array(buf), want))
+
+    def path(self, idx: int) -> bytes:
+        buf = self.c.create_string_buffer(4096)
+        n = self._path(idx, buf, len(buf))
+        if n < 0:
+            buf = self.c.create_string_buffer(-n)
+            n = self._path(idx, buf, len(buf))
+        return bytes(buf.raw[: max(n, 0)])
+
+
+def _bind() -> Any:
+    """The library's functions in this process (the extension module, else ctypes), or None where
+    the library is not loaded."""
+    try:
+        from holoprof.collect import _io_api
+    except ImportError:
+        return _CtypesApi.bind()
+    return _io_api if _io_api.loaded() else None
+
+
+class _Lib:
+    """The library's functions, resolved in this process, and what reading its records needs."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.ni, self.nf, hdr = api.layout()
+        if hdr != _HDR.size:
+            raise RuntimeError(f"unexpected snapshot layout of {LIBRARY_NAME} (header {hdr})")
         self.values = struct.Struct(f"<{self.ni + self.nf}q")
         # per module: (integer counter names, float counter names)
         self.names: list[tuple[list[str], list[str]]] = []
         for m in range(len(MODULES)):
-            ints = (names(m, 0) or b"").decode().strip(",").split(",")
-            floats = (names(m, 1) or b"").decode().strip(",").split(",")
+            ints = (api.counter_names(m, 0) or b"").decode().strip(",").split(",")
+            floats = (api.counter_names(m, 1) or b"").decode().strip(",").split(",")
             self.names.append((ints, floats))
-        self.buf = ctypes.create_string_buffer(1 << 18)
-        self.trace_buf: ctypes.Array[ctypes.c_char] | None = None  # made at the first drain
+        self.buf = bytearray(1 << 18)
+        self.trace_buf: bytearray | None = None  # made at the first drain
         self.paths: dict[int, str] = {}
 
     def path_of(self, idx: int) -> str:
         p = self.paths.get(idx)
         if p is None:
-            buf = ctypes.create_string_buffer(4096)
-            n = self.path(idx, buf, len(buf))
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = self.path(idx, buf, len(buf))
-            p = path_text(buf.raw[: max(n, 0)])
+            p = path_text(self.api.path(idx))
             self.paths[idx] = p
         return p
 
@@ -200,12 +251,10 @@ def _get() -> _Lib | None:
     global _lib, _probed, _lib_pid
     if not _probed:
         _probed = True
-        try:
-            handle = ctypes.CDLL(None)
-            handle.holoprof_io_snapshot  # noqa: B018 - raises AttributeError when not loaded
-        except (OSError, AttributeError):
+        api = _bind()
+        if api is None:
             return None
-        _lib = _Lib(handle)
+        _lib = _Lib(api)
         _lib_pid = os.getpid()
     elif _lib is not None and _lib_pid != os.getpid():
         _lib.paths.clear()  # paths are kept across fork, but keep the cache honest anyway
@@ -226,13 +275,13 @@ def set_owner(owned: bool = True) -> None:
     """
     lib = _get()
     if lib is not None:
-        lib.set_owner(1 if owned else 0)
+        lib.api.set_owner(1 if owned else 0)
 
 
 def dropped() -> int:
     """Files the library could not record because its table (or name store) was full."""
     lib = _get()
-    return int(lib.dropped()) if lib is not None else 0
+    return int(lib.api.dropped()) if lib is not None else 0
 
 
 def _decode(lib: _Lib, data: bytes, ts_ns: int) -> list[dict[str, Any]]:
@@ -270,14 +319,13 @@ def changes(since: int = 0) -> tuple[list[dict[str, Any]], int]:
     lib = _get()
     if lib is None:
         return [], since
-    nxt = ctypes.c_uint64(0)
     while True:
-        n = lib.snapshot(lib.buf, len(lib.buf), since, ctypes.byref(nxt))
+        n, nxt = lib.api.snapshot(lib.buf, since)
         if n >= 0:
             break
-        lib.buf = ctypes.create_string_buffer(int(-n * 1.25) + (1 << 16))
+        lib.buf = bytearray(int(-n * 1.25) + (1 << 16))
     ts = time.time_ns()
-    return _decode(lib, ctypes.string_at(lib.buf, n), ts), int(nxt.value)
+    return _decode(lib, bytes(lib.buf[:n]), ts), int(nxt)
 
 
 def snapshot() -> list[dict[str, Any]]:
@@ -293,7 +341,7 @@ def dump(path: str | None = None) -> bool:
     lib = _get()
     if lib is None:
         return False
-    return lib.dump(os.fsencode(path) if path is not None else None) == 0
+    return bool(lib.api.dump(os.fsencode(path) if path is not None else None) == 0)
 
 
 # -- per-operation trace --------------------------------------------------------------------------
@@ -305,20 +353,20 @@ def trace_start(max_records: int = 1_000_000) -> bool:
     lib = _get()
     if lib is None or max_records <= 0:
         return False
-    return lib.trace_start(int(max_records)) == 0
+    return bool(lib.api.trace_start(int(max_records)) == 0)
 
 
 def trace_stop() -> None:
     """Stop recording; what was recorded can still be drained."""
     lib = _get()
     if lib is not None:
-        lib.trace_stop()
+        lib.api.trace_stop()
 
 
 def trace_dropped() -> int:
     """Accesses not recorded since the trace started because the ring was full."""
     lib = _get()
-    return int(lib.trace_dropped()) if lib is not None else 0
+    return int(lib.api.trace_dropped()) if lib is not None else 0
 
 
 def trace_drain(max_records: int = 65536) -> list[dict[str, Any]]:
@@ -335,15 +383,15 @@ def trace_drain(max_records: int = 65536) -> list[dict[str, Any]]:
     with _drain_lock:  # one reused buffer: every flush drains, nearly always nothing
         buf = lib.trace_buf
         if buf is None:
-            buf = lib.trace_buf = ctypes.create_string_buffer(size * _DRAIN_CHUNK)
+            buf = lib.trace_buf = bytearray(size * _DRAIN_CHUNK)
         left = int(max_records)
         while left > 0:
             want = min(left, _DRAIN_CHUNK)
-            n = int(lib.trace_drain(buf, want))
+            n = int(lib.api.trace_drain(buf, want))
             if n <= 0:
                 break
             left -= n
-            raw = ctypes.string_at(buf, n * size)
+            raw = bytes(buf[: n * size])
             for i in range(n):
                 idx, module, op, _, offset, sz, start, end = _TRACE_REC.unpack_from(raw, i * size)
                 rows.append(
