@@ -198,7 +198,7 @@ def _bind() -> Any:
     """The library's functions in this process (the extension module, else ctypes), or None where
     the library is not loaded."""
     try:
-        from holoprof.collect import _io_api
+        from holoprof.collect import _io_api  # lazy: at the first flush, not at every start
     except ImportError:
         return _CtypesApi.bind()
     return _io_api if _io_api.loaded() else None
