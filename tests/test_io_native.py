@@ -914,6 +914,8 @@ def test_the_extension_module_and_ctypes_read_the_library_alike(lib: str, tmp_pa
         assert _io_api.loaded() and io.available()
         trace = traced_read()
         ext = state()
+        assert io.dump(out + ".ext")  # a path: bytes to the library
+        ext_dumped = sorted(r["counters"]["POSIX_OPENS"] for r in read_dump(out + ".ext") if r["path"] == path)
         assert io._get().api is _io_api
         io._probed, io._lib = False, None
         import holoprof.collect
@@ -925,7 +927,7 @@ def test_the_extension_module_and_ctypes_read_the_library_alike(lib: str, tmp_pa
         assert io.dump(out)
         dumped = sorted(r["counters"]["POSIX_OPENS"] for r in read_dump(out) if r["path"] == path)
         print(json.dumps({"ext": ext, "ctypes": with_ctypes, "trace": trace, "trace2": trace2,
-                          "dumped": dumped}))
+                          "ext_dumped": ext_dumped, "dumped": dumped}))
         """,
     )
     run = run_preloaded(
@@ -937,6 +939,7 @@ def test_the_extension_module_and_ctypes_read_the_library_alike(lib: str, tmp_pa
     assert row[0] == "POSIX" and dict(row[2])["POSIX_BYTES_READ"] == 30_000
     assert out["trace"] == out["trace2"]
     assert ["POSIX", "read", str(f), 30_000] in out["trace"]
+    assert out["ext_dumped"] == [1], "the extension's dump, after the first read"
     assert out["dumped"] == [2], "the dump counts both opens"
 
 

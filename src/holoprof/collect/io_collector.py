@@ -73,9 +73,9 @@ def _claim_and_dump() -> bool:
     """At the end of a process whose agent never bound the preloaded library (it ended before its
     first flush): claim its counters and have the library write them now, as
     :func:`holoprof.collect.io_native.set_owner` and :func:`~holoprof.collect.io_native.dump` do,
-    through ``ctypes`` alone (the module's bindings and decoders cost a short process milliseconds
-    more). The library then records when the process exits. False where it is not loaded. Through
-    the extension module :mod:`holoprof.collect._io_api` where it was built, else ``ctypes``."""
+    without that module (its bindings and decoders cost a short process milliseconds more): through
+    the extension module :mod:`holoprof.collect._io_api` where it was built, else ``ctypes``. The
+    library then records when the process exits. False where it is not loaded."""
     try:
         from holoprof.collect import _io_api  # lazy: at the end of a short process only
     except ImportError:

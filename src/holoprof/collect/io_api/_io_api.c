@@ -58,13 +58,22 @@ static int resolve(void)
 
 static int g_loaded = 0;
 
+/* a trace record's size (holoprof.collect.io_native._TRACE_REC) */
+#define TRACE_REC_BYTES 40
+
 #define REQUIRE_LOADED() \
     if (!g_loaded) { \
         PyErr_SetString(PyExc_RuntimeError, "libholoprof_io is not loaded in this process"); \
         return NULL; \
     }
 
-static PyObject *api_loaded(PyObject *self, PyObject *args) { return PyBool_FromLong(g_loaded); }
+/* loaded() -> bool; looked up again while not found (a library loaded later with RTLD_GLOBAL) */
+static PyObject *api_loaded(PyObject *self, PyObject *args)
+{
+    if (!g_loaded)
+        g_loaded = resolve();
+    return PyBool_FromLong(g_loaded);
+}
 
 static PyObject *api_set_owner(PyObject *self, PyObject *args)
 {
@@ -91,7 +100,9 @@ static PyObject *api_trace_dropped(PyObject *self, PyObject *args)
 static PyObject *api_trace_stop(PyObject *self, PyObject *args)
 {
     REQUIRE_LOADED();
+    Py_BEGIN_ALLOW_THREADS
     lib.trace_stop();
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -101,20 +112,28 @@ static PyObject *api_trace_start(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "K", &n))
         return NULL;
     REQUIRE_LOADED();
-    return PyLong_FromLong(lib.trace_start((uint64_t)n));
+    int r;
+    Py_BEGIN_ALLOW_THREADS /* allocates and clears the ring: tens of milliseconds at a million records */
+    r = lib.trace_start((uint64_t)n);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r);
 }
 
-/* dump(path: bytes | None) -> int: 0 on success */
+/* dump(path: bytes | str | None) -> int: 0 on success (None: the at-exit location) */
 static PyObject *api_dump(PyObject *self, PyObject *args)
 {
-    const char *path = NULL;
-    if (!PyArg_ParseTuple(args, "z", &path))
+    PyObject *arg, *encoded = NULL;
+    if (!PyArg_ParseTuple(args, "O", &arg))
         return NULL;
     REQUIRE_LOADED();
+    if (arg != Py_None && !PyUnicode_FSConverter(arg, &encoded)) /* bytes kept as they are; no NUL */
+        return NULL;
+    const char *path = encoded ? PyBytes_AS_STRING(encoded) : NULL;
     int r;
     Py_BEGIN_ALLOW_THREADS
     r = lib.dump(path);
     Py_END_ALLOW_THREADS
+    Py_XDECREF(encoded);
     return PyLong_FromLong(r);
 }
 
@@ -150,7 +169,10 @@ static PyObject *api_snapshot(PyObject *self, PyObject *args)
         REQUIRE_LOADED();
     }
     uint64_t next = 0;
-    int64_t n = lib.snapshot(b.buf, (size_t)b.len, (uint64_t)since, &next);
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS /* the buffer's export keeps it from being resized meanwhile */
+    n = lib.snapshot(b.buf, (size_t)b.len, (uint64_t)since, &next);
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
     return Py_BuildValue("(LK)", (long long)n, (unsigned long long)next);
 }
@@ -166,7 +188,13 @@ static PyObject *api_trace_drain(PyObject *self, PyObject *args)
         PyBuffer_Release(&b);
         REQUIRE_LOADED();
     }
-    int64_t n = lib.trace_drain(b.buf, (uint64_t)want);
+    uint64_t fits = (uint64_t)b.len / TRACE_REC_BYTES;
+    if (want > fits)
+        want = fits; /* never past the buffer's end */
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = lib.trace_drain(b.buf, (uint64_t)want);
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
     return PyLong_FromLongLong((long long)n);
 }
@@ -201,7 +229,7 @@ static PyMethodDef methods[] = {
     {"trace_stop", api_trace_stop, METH_NOARGS, "Stop the per-operation trace."},
     {"trace_drain", api_trace_drain, METH_VARARGS, "trace_drain(buf, max_records) -> records moved."},
     {"trace_dropped", api_trace_dropped, METH_NOARGS, "Operations not traced: the ring was full."},
-    {"dump", api_dump, METH_VARARGS, "dump(path or None) -> 0 on success."},
+    {"dump", api_dump, METH_VARARGS, "dump(path: bytes, str or None) -> 0 on success."},
     {"counter_names", api_counter_names, METH_VARARGS, "counter_names(module, kind) -> bytes."},
     {"layout", api_layout, METH_NOARGS, "layout() -> (integer counters, float counters, header bytes)."},
     {"snapshot", api_snapshot, METH_VARARGS, "snapshot(buf, since) -> (bytes written or -needed, next)."},

@@ -325,7 +325,7 @@ def changes(since: int = 0) -> tuple[list[dict[str, Any]], int]:
             break
         lib.buf = bytearray(int(-n * 1.25) + (1 << 16))
     ts = time.time_ns()
-    return _decode(lib, bytes(lib.buf[:n]), ts), int(nxt)
+    return _decode(lib, memoryview(lib.buf)[:n].tobytes(), ts), int(nxt)
 
 
 def snapshot() -> list[dict[str, Any]]:
@@ -391,7 +391,7 @@ def trace_drain(max_records: int = 65536) -> list[dict[str, Any]]:
             if n <= 0:
                 break
             left -= n
-            raw = bytes(buf[: n * size])
+            raw = memoryview(buf)[: n * size].tobytes()
             for i in range(n):
                 idx, module, op, _, offset, sz, start, end = _TRACE_REC.unpack_from(raw, i * size)
                 rows.append(

@@ -1,5 +1,6 @@
-/* hp_api.c -- the exported API read by the in-process agent through ctypes: counters (snapshot),
- * paths, ownership, and a dump on request. The trace's API is in hp_trace.c. */
+/* hp_api.c -- the exported API read by the in-process agent (through the extension module
+ * holoprof.collect._io_api, or ctypes): counters (snapshot), paths, ownership, and a dump on
+ * request. The trace's API is in hp_trace.c. */
 #include "hp_common.h"
 
 EXPORT int holoprof_io_version(void) { return HOLOPROF_IO_VERSION; }

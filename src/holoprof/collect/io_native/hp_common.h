@@ -13,7 +13,8 @@
  * bounded ring buffer while it is switched on.
  *
  * Readers:
- *   - in process, through the exported holoprof_io_* functions (ctypes from the Python agent);
+ *   - in process, through the exported holoprof_io_* functions (the Python agent's
+ *     holoprof.collect._io_api, or ctypes);
  *   - for processes no agent owns, a JSON-lines dump written at exit to
  *     $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl.
  *
