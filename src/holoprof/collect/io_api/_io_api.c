@@ -61,11 +61,26 @@ static int g_loaded = 0;
 /* a trace record's size (holoprof.collect.io_native._TRACE_REC) */
 #define TRACE_REC_BYTES 40
 
+#define NOT_LOADED "libholoprof_io is not loaded in this process"
 #define REQUIRE_LOADED() \
     if (!g_loaded) { \
-        PyErr_SetString(PyExc_RuntimeError, "libholoprof_io is not loaded in this process"); \
+        PyErr_SetString(PyExc_RuntimeError, NOT_LOADED); \
         return NULL; \
     }
+
+/* the arguments (buf, n) of snapshot and trace_drain: a writable buffer (released by the caller on
+ * success) and an unsigned 64-bit number; -1 with an exception set otherwise */
+static int buffer_and_number(PyObject *args, Py_buffer *b, unsigned long long *n)
+{
+    if (!PyArg_ParseTuple(args, "w*K", b, n))
+        return -1;
+    if (!g_loaded) {
+        PyBuffer_Release(b);
+        PyErr_SetString(PyExc_RuntimeError, NOT_LOADED);
+        return -1;
+    }
+    return 0;
+}
 
 /* loaded() -> bool; looked up again while not found (a library loaded later with RTLD_GLOBAL) */
 static PyObject *api_loaded(PyObject *self, PyObject *args)
@@ -162,12 +177,8 @@ static PyObject *api_snapshot(PyObject *self, PyObject *args)
 {
     Py_buffer b;
     unsigned long long since;
-    if (!PyArg_ParseTuple(args, "w*K", &b, &since))
+    if (buffer_and_number(args, &b, &since) < 0)
         return NULL;
-    if (!g_loaded) {
-        PyBuffer_Release(&b);
-        REQUIRE_LOADED();
-    }
     uint64_t next = 0;
     int64_t n;
     Py_BEGIN_ALLOW_THREADS /* the buffer's export keeps it from being resized meanwhile */
@@ -182,12 +193,8 @@ static PyObject *api_trace_drain(PyObject *self, PyObject *args)
 {
     Py_buffer b;
     unsigned long long want;
-    if (!PyArg_ParseTuple(args, "w*K", &b, &want))
+    if (buffer_and_number(args, &b, &want) < 0)
         return NULL;
-    if (!g_loaded) {
-        PyBuffer_Release(&b);
-        REQUIRE_LOADED();
-    }
     uint64_t fits = (uint64_t)b.len / TRACE_REC_BYTES;
     if (want > fits)
         want = fits; /* never past the buffer's end */
