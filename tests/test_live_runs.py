@@ -74,7 +74,7 @@ import holoprof
 out = sys.argv[1]
 for i in range(int(sys.argv[2])):
     with holoprof.phase("forward"):
-        time.sleep(0.003)
+        time.sleep(0.005)
     holoprof.step()
     with open(out + ".tmp", "w") as f:
         f.write(str(i + 1))
