@@ -127,13 +127,13 @@ ENV_FAULT: Final = "HOLOPROF_FAULT_INJECT"
 # --- processes table ----------------------------------------------------------------------------------
 #: the ``info`` of a row the resource sampler wrote for a process it saw (an agent's own row says more);
 #: where a process has both, its view keeps the agent's (store.reader's SQL, store.process_rows)
-SAMPLER_INFO: Final = '{"source": "sampler"}'
 SAMPLER_MARK: Final = '"source": "sampler"'
+SAMPLER_INFO: Final = "{" + SAMPLER_MARK + "}"
 
 
 def sampler_row(info: str | None) -> bool:
     """Whether a ``processes`` row's ``info`` is the resource sampler's (not an agent's)."""
-    return bool(info) and SAMPLER_MARK in info  # type: ignore[operator]
+    return info is not None and SAMPLER_MARK in info
 
 
 # --- run directory layout ----------------------------------------------------------------------------

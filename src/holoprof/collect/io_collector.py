@@ -16,7 +16,8 @@ every operation is also written into ``io_ops``.
 
 Standard library only: this module loads in every process of a job, at its start. So it loads the
 rest when it is used: the Python layer's patches where that layer counts, the native layer's bindings
-(:mod:`holoprof.collect._io_api`, else ``ctypes``) at the first flush or at exit, the path rules at the first rows.
+(:mod:`holoprof.collect._io_api`, else ``ctypes``) at the first flush or at exit, the path rules at
+the first rows.
 """
 
 from __future__ import annotations
