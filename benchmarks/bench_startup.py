@@ -182,7 +182,15 @@ def worker_instructions(tmp: str, context: str, keep: int) -> None:
     ):
         out = os.path.join(tmp, f"instructions-{len(got)}")
         os.makedirs(out)
-        env = {**os.environ, "SPAWN_LOADER_OUT": out, "OMP_NUM_THREADS": "1", **extra}
+        # a worker holds its first flush while it starts, for at most 10 s (collect.startup); under
+        # valgrind its start takes about a minute, so the limit is raised to keep what a native run does
+        env = {
+            **os.environ,
+            "SPAWN_LOADER_OUT": out,
+            "OMP_NUM_THREADS": "1",
+            "HOLOPROF_LOADER_HOLD_S": "600",
+            **extra,
+        }
         job = [sys.executable, LOADER, "8", context]
         if kind == "traced":
             job = [*HOLOPROF, "run", "--no-report", "--out", os.path.join(out, "run"), "--", *job]

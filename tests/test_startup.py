@@ -115,7 +115,7 @@ def test_a_spawned_child_that_imports_torch_defers_the_gc_reset_to_its_first_for
 
 
 SPAWN_LOADER = """
-import json, multiprocessing as mp, os, sys
+import json, multiprocessing as mp, os, sys, time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -135,7 +135,13 @@ def collectors(tag):
     agent = sys.modules["holoprof.agent.core"].get_agent()
     with open(f"{{tag}}-{{os.getpid()}}.json", "w") as f:
         json.dump({{"collectors": sorted(type(c).__name__ for c in agent.collectors),
-                   "modules": sorted(m for m in TRAINING_MODULES if m in sys.modules)}}, f)
+                   "modules": sorted(m for m in TRAINING_MODULES if m in sys.modules),
+                   "flushed": agent._flushed_any, "held": agent.flushes_held_until,
+                   "start_s": time.monotonic() - agent.start_ns / 1e9}}, f)
+
+
+if __name__ == "__mp_main__":
+    time.sleep(1.5)  # a worker's start-up longer than a flush interval (a slow file system)
 
 
 def train(steps):
@@ -203,12 +209,15 @@ def test_a_spawned_dataloader_worker_installs_no_training_collector_and_records_
     assert len(workers) == 2, workers
     for got in workers.values():
         assert got["modules"] == [], f"training collectors loaded in a worker: {got}"
+        # its first flush waits for the end of its start-up, though that took longer than a flush interval
+        assert got["start_s"] > 1.5 and not got["flushed"] and got["held"] == 0, got
         assert "LoaderWorkerCollector" in got["collectors"] and "IoCollector" in got["collectors"], got
         assert not {"TorchCollector", "MemoryCollector", "FlopCollector", "CommCollector"} & set(
             got["collectors"]
         )
     (child,) = [json.loads(p.read_text()) for p in tmp_path.glob("child-*.json")]
     assert {"TorchCollector", "MemoryCollector", "FlopCollector"} <= set(child["collectors"]), child
+    assert child["held"] == 0, child
     assert "LoaderWorkerCollector" not in child["collectors"], child
 
     loaded = holoprof.load(run.run_dir)
@@ -227,3 +236,28 @@ def test_a_spawned_dataloader_worker_installs_no_training_collector_and_records_
     assert steps[main_process(run.report)["pid"]] == 2, run.report["processes"]
     child_pids = [p["pid"] for p in run.report["processes"] if p["role"] == "child" and p["steps"] == 2]
     assert len(child_pids) == 1, run.report["processes"]
+
+
+HELD = """
+import os, subprocess, sys
+os.environ["HOLOPROF_LOADER_WORKERS"] = str(os.getpid())  # as while a DataLoader starts its workers
+child = "import sys, time; time.sleep(2.5); a = sys.modules['holoprof.agent.core'].get_agent(); print(a._flushed_any)"
+for hold in sys.argv[1:]:
+    out = subprocess.run([sys.executable, "-c", child], env={**os.environ, "HOLOPROF_LOADER_HOLD_S": hold},
+                         capture_output=True, text=True, check=True).stdout
+    print(hold, out.strip())
+"""
+
+
+def test_a_process_started_with_dataloader_workers_holds_its_first_flush_for_a_bounded_time(
+    tmp_path: Path,
+) -> None:
+    """A process started while its parent starts DataLoader workers holds its first flush until it
+    begins its loop (above); one that never does (multiprocessing's resource tracker) flushes once the
+    hold's limit (``HOLOPROF_LOADER_HOLD_S``) has passed, and its exit's flush is never held."""
+    (tmp_path / "held.py").write_text(HELD)
+    run = traced(tmp_path, "held.py", "0.5", "60", options=("--flush-interval", "0.2"))
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert run.proc.stdout.split("\n")[:2] == ["0.5 True", "60 False"], run.proc.stdout
+    children = [p for p in run.report["processes"] if p["role"] == "child"]
+    assert len(children) == 2 and all(p["traced"] and p["end_ns"] > p["start_ns"] for p in children), children

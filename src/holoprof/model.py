@@ -121,6 +121,9 @@ ENV_BOOT_DIR: Final = "HOLOPROF_BOOT_DIR"  # the directory holding our sitecusto
 #: set by a traced process to its pid while a DataLoader starts its workers (empty otherwise): a
 #: worker started with "spawn" installs only the collectors a worker needs (collect.torch.worker)
 ENV_LOADER_WORKERS: Final = "HOLOPROF_LOADER_WORKERS"
+#: seconds at most such a worker holds its first flush while it starts (collect.startup; default 10):
+#: more where its start-up takes longer (a slow file system, a run under valgrind)
+ENV_LOADER_HOLD: Final = "HOLOPROF_LOADER_HOLD_S"
 #: tests: "<collector>[:<entry point>]" makes that collector raise there (agent.core.fault_point)
 ENV_FAULT: Final = "HOLOPROF_FAULT_INJECT"
 

@@ -235,6 +235,8 @@ class Agent:
         self._writer_done: threading.Event | None = None  # set when the writer thread has ended
         self._writer_ident = 0
         self._flushed_any = False
+        #: monotonic time until which the writer holds its flushes (0: none; :meth:`hold_flushes`)
+        self.flushes_held_until = 0.0
         self.dist_identity: tuple[int, int, int] | None = None  # (rank, local_rank, world_size)
         #: when a DDP gradient bucket was last ready (monotonic ns): the end of backward's compute
         self.bucket_ready_ns = 0
@@ -382,9 +384,23 @@ class Agent:
         last = time.monotonic()
         while not stop.wait(tick):
             now = time.monotonic()
+            if now < self.flushes_held_until and len(self.spans_buf) < self.early_flush:
+                last = now  # the first flush comes a flush interval after the hold ends
+                continue
             if now - last >= self.flush_interval_s or len(self.spans_buf) >= self.early_flush:
                 last = now
                 self.flush()
+
+    def hold_flushes(self, seconds: float) -> None:
+        """Hold the writer's flushes (and the set-up that waits for the first one) for at most
+        ``seconds``, or until :meth:`release_flushes`: while a process starts, so that the first flush
+        does not compete with it. A full buffer is flushed all the same, and the final flush always
+        runs."""
+        self.flushes_held_until = time.monotonic() + seconds
+
+    def release_flushes(self) -> None:
+        """The writer flushes again, the first time a flush interval from now."""
+        self.flushes_held_until = 0.0
 
     def _before_fork(self) -> None:
         # No fork while the writer is inside pyarrow: the child would inherit its locks mid-use.

@@ -58,6 +58,8 @@ def start_agent(run_dir: str, role: str | None = None, options: dict[str, Any] |
     agent = Agent(run_dir, role=role, options=options)
     agent.collectors = default_collectors(agent)
     core.set_agent(agent)
+    if started_by_loader():
+        agent.hold_flushes(loader_hold_s())
     agent.start()
     try:
         defer_collectors(agent)
@@ -150,11 +152,31 @@ def install_now(agent: Agent, targets: list[str]) -> list[Collector]:
     return installed
 
 
+#: How long at most a process started while its parent starts DataLoader workers holds its first
+#: flush (:func:`started_by_loader`): a worker releases it when it begins its loop, after its start-up
+#: (``import torch``, about a second; more on a slow file system), so that its first flush, with the
+#: set-up that waits for it, does not compete with that start-up.
+LOADER_WORKER_HOLD_S = 10.0
+
+
+def loader_hold_s() -> float:
+    """:data:`LOADER_WORKER_HOLD_S`, or ``HOLOPROF_LOADER_HOLD_S`` where it is a number of seconds."""
+    try:
+        return max(0.0, float(os.environ.get(model.ENV_LOADER_HOLD) or LOADER_WORKER_HOLD_S))
+    except ValueError:
+        return LOADER_WORKER_HOLD_S
+
+
+def started_by_loader() -> bool:
+    """Whether this process was started while its parent was starting DataLoader workers: its parent
+    marked them with its pid (``HOLOPROF_LOADER_WORKERS``). A worker started with "spawn", mostly."""
+    return os.environ.get(model.ENV_LOADER_WORKERS) == str(os.getppid())
+
+
 def loader_worker_start() -> bool:
     """Whether this process is a DataLoader worker started with "spawn" that imports torch now: its
-    parent marked the workers it was starting with its pid (``HOLOPROF_LOADER_WORKERS``), and
-    multiprocessing is loading what the parent sent."""
-    return os.environ.get(model.ENV_LOADER_WORKERS) == str(os.getppid()) and loading_from_parent()
+    parent marked it (:func:`started_by_loader`), and multiprocessing is loading what the parent sent."""
+    return started_by_loader() and loading_from_parent()
 
 
 def install_in_loader_worker(agent: Agent, targets: list[str]) -> None:
@@ -178,7 +200,7 @@ def install_in_loader_worker(agent: Agent, targets: list[str]) -> None:
                 agent.collectors.remove(c)
         install_now(agent, [t for t in targets if IN_LOADER_WORKER.get(t) != t])
 
-    unless_loader_worker(not_a_worker)
+    unless_loader_worker(not_a_worker, starting=agent.release_flushes)
 
 
 def defer_collectors(agent: Agent) -> None:
@@ -202,6 +224,8 @@ def defer_collectors(agent: Agent) -> None:
             if module == "torch" and loader_worker_start():
                 install_in_loader_worker(agent, todo)
             else:
+                if module == "torch":
+                    agent.release_flushes()  # not a worker after all: its start-up is over
                 install_now(agent, todo)
 
         return install

@@ -14,9 +14,32 @@ static const char *g_incl[MAX_EXCLUDES];
 static size_t g_incl_len[MAX_EXCLUDES];
 static int g_nincl;
 
+/* Whether the absolute path p[0..n) is in normal form already: no empty, "." or ".." component and
+ * no trailing slash. Most paths a program opens are, and this scan is a few memchr calls. */
+static int is_normal(const char *p, size_t n)
+{
+    if (n == 0 || p[0] != '/' || (n > 1 && p[n - 1] == '/'))
+        return 0;
+    const char *end = p + n;
+    for (const char *s = p; (s = memchr(s, '/', (size_t)(end - s))) != NULL;) {
+        const char *c = ++s; /* the component after this slash */
+        if (c == end)
+            break; /* the root, "/" */
+        if (*c == '/')
+            return 0;
+        if (*c == '.' && (c + 1 == end || c[1] == '/' || (c[1] == '.' && (c + 2 == end || c[2] == '/'))))
+            return 0;
+    }
+    return 1;
+}
+
 /* Lexical normalisation of an absolute path in place: "//", "/./" and "/../" (like os.path.abspath). */
 size_t normalize(char *p, size_t n)
 {
+    if (is_normal(p, n)) {
+        p[n] = 0;
+        return n;
+    }
     size_t out = 0, i = 0;
     while (i < n) {
         while (i < n && p[i] == '/')

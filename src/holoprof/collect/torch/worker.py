@@ -14,7 +14,9 @@ worker (:func:`holoprof.collect.startup.loader_worker_start`), and installs :cla
 (its batch fetches) and the checkpoint collector (a dataset's ``torch.load``) in place of the torch
 collectors. Once multiprocessing has read the process object, its target says for sure: a child that
 does not run torch's worker loop (another thread of the parent started it meanwhile) gets the other
-collectors before its target runs (:func:`unless_loader_worker`). A worker forked from its parent (the
+collectors before its target runs (:func:`unless_loader_worker`). Either way the child's first flush,
+held since its start (:func:`holoprof.collect.startup.started_by_loader`), comes a flush interval after
+that moment, not while it starts. A worker forked from its parent (the
 default on Linux) is not concerned: it inherits its parent's collectors, already installed.
 """
 
@@ -77,11 +79,13 @@ def runs_worker_loop(process: Any) -> bool:
     return loop is not None and getattr(process, "_target", None) is loop
 
 
-def unless_loader_worker(then: Callable[[], None]) -> None:
+def unless_loader_worker(then: Callable[[], None], starting: Callable[[], None]) -> None:
     """Run ``then`` right before this multiprocessing child runs its target, unless that target is
-    torch's DataLoader worker loop (``BaseProcess._bootstrap``, patched once, for this call only)."""
+    torch's DataLoader worker loop, and ``starting`` in either case (``BaseProcess._bootstrap``,
+    patched once, for this call only)."""
     mpp = sys.modules.get("multiprocessing.process")
     if mpp is None:
+        starting()
         then()
         return
     cls = mpp.BaseProcess
@@ -90,6 +94,7 @@ def unless_loader_worker(then: Callable[[], None]) -> None:
     def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
         cls._bootstrap = orig
         try:
+            starting()
             if not runs_worker_loop(self):
                 then()
         except Exception:
