@@ -399,7 +399,8 @@ class Agent:
         self.flushes_held_until = time.monotonic() + seconds
 
     def release_flushes(self) -> None:
-        """The writer flushes again, the first time a flush interval from now."""
+        """The writer flushes again, the first time a flush interval from now (less up to one of its
+        0.1 s ticks)."""
         self.flushes_held_until = 0.0
 
     def _before_fork(self) -> None:

@@ -150,7 +150,7 @@ class IoCollector(Collector):
     def policy(self) -> PathPolicy:
         """Which paths are counted (the environment's files are not), built at its first use."""
         if self._policy is None:
-            # lazy: the path rules (site, sysconfig) load where paths are kept or dropped
+            # lazy: the path rules (site) load where paths are kept or dropped
             from holoprof.collect.io_paths import PathPolicy
 
             opts = self.agent.options

@@ -42,7 +42,9 @@ def default_excludes(run_dir: str | None = None) -> list[str]:
     # the standard library where this interpreter loads it from (``sysconfig``'s ``stdlib``; its
     # ``platstdlib`` is under a prefix above, its ``purelib`` and ``platlib`` are site-packages):
     # ``sysconfig`` itself would load the interpreter's build variables, about 2 ms in every process
-    out.append(os.path.dirname(os.__file__))
+    stdlib = getattr(os, "__file__", None)  # none in a frozen interpreter
+    if stdlib:
+        out.append(os.path.dirname(stdlib))
     try:
         out += list(site.getsitepackages())
         user = site.getusersitepackages()

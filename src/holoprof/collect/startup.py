@@ -58,7 +58,7 @@ def start_agent(run_dir: str, role: str | None = None, options: dict[str, Any] |
     agent = Agent(run_dir, role=role, options=options)
     agent.collectors = default_collectors(agent)
     core.set_agent(agent)
-    if started_by_loader():
+    if started_by_loader() and SPAWN_CHILD_ARG in sys.argv:  # a worker started with spawn
         agent.hold_flushes(loader_hold_s())
     agent.start()
     try:
@@ -152,19 +152,26 @@ def install_now(agent: Agent, targets: list[str]) -> list[Collector]:
     return installed
 
 
-#: How long at most a process started while its parent starts DataLoader workers holds its first
-#: flush (:func:`started_by_loader`): a worker releases it when it begins its loop, after its start-up
-#: (``import torch``, about a second; more on a slow file system), so that its first flush, with the
-#: set-up that waits for it, does not compete with that start-up.
+#: How long at most a child that multiprocessing starts with "spawn" (its command line ends with
+#: :data:`SPAWN_CHILD_ARG`) while its parent starts DataLoader workers (:func:`started_by_loader`) holds
+#: its first flush: a worker releases it when it begins its loop, after its start-up (``import torch``,
+#: about a second; more on a slow file system), so that its first flush, with the set-up that waits for
+#: it, does not compete with that start-up. The other processes started meanwhile (multiprocessing's
+#: resource tracker, a fork server) are not held.
 LOADER_WORKER_HOLD_S = 10.0
+#: the hold's largest limit that ``HOLOPROF_LOADER_HOLD_S`` can set
+LOADER_WORKER_HOLD_MAX_S = 3600.0
+SPAWN_CHILD_ARG = "--multiprocessing-fork"
 
 
 def loader_hold_s() -> float:
-    """:data:`LOADER_WORKER_HOLD_S`, or ``HOLOPROF_LOADER_HOLD_S`` where it is a number of seconds."""
+    """:data:`LOADER_WORKER_HOLD_S`, or ``HOLOPROF_LOADER_HOLD_S`` where it is a number of seconds (at most
+    :data:`LOADER_WORKER_HOLD_MAX_S`)."""
     try:
-        return max(0.0, float(os.environ.get(model.ENV_LOADER_HOLD) or LOADER_WORKER_HOLD_S))
+        held = float(os.environ.get(model.ENV_LOADER_HOLD) or LOADER_WORKER_HOLD_S)
     except ValueError:
         return LOADER_WORKER_HOLD_S
+    return min(max(0.0, held), LOADER_WORKER_HOLD_MAX_S) if held == held else LOADER_WORKER_HOLD_S  # NaN
 
 
 def started_by_loader() -> bool:
