@@ -844,6 +844,38 @@ def test_odd_file_names_round_trip(lib: str, tmp_path: Path) -> None:
     assert dumped == expected
 
 
+def test_both_layers_key_a_file_alike_however_its_path_is_spelled(lib: str, tmp_path: Path) -> None:
+    """The native layer's normalized path and the Python layer's ``path_key`` agree on spellings with
+    ``//`` (leading ones included), ``.``, ``..`` and trailing slashes of directories."""
+    d = tmp_path / "keys"
+    (d / "sub").mkdir(parents=True)
+    target = d / "sub" / "f.bin"
+    target.write_bytes(b"abcdef")
+    spellings = [
+        "/" + str(target),
+        "//" + str(target).lstrip("/"),
+        str(d) + "//sub/./f.bin",
+        str(d) + "/sub/../sub/f.bin",
+        str(d) + "/./sub//../sub/./f.bin",
+    ]
+    prog = script(
+        tmp_path,
+        """
+        import json, sys
+        from holoprof.collect import io_native
+        from holoprof.collect.io_paths import path_key
+        for p in sys.argv[1:]:
+            with open(p, "rb") as f:
+                f.read()
+        native = sorted({r["path"] for r in io_native.snapshot() if r["path"].endswith("f.bin")})
+        print(json.dumps({"native": native, "python": sorted({path_key(p) for p in sys.argv[1:]})}))
+        """,
+    )
+    run = run_preloaded([sys.executable, prog, *spellings], lib, tmp_path, strace=False)
+    got = json.loads(run.stdout)
+    assert got == {"native": [str(target)], "python": [str(target)]}, got
+
+
 def test_trace_ring_is_bounded(lib: str, tmp_path: Path) -> None:
     f = data_file(tmp_path / "t.bin", 64 * 1024)
     prog = script(

@@ -20,8 +20,8 @@ from holoprof.model import python_env_path as python_env_path  # one rule for co
 
 
 def _norm_prefix(p: str) -> str:
-    p = os.path.abspath(os.path.expanduser(p))
-    return p.rstrip("/") or "/"
+    # no trailing slash, and a leading "//" (which abspath keeps) read as "/", as path_key does
+    return "/" + os.path.abspath(os.path.expanduser(p)).strip("/")
 
 
 def _key_text(p: str) -> str:
@@ -109,6 +109,8 @@ def path_key(file: Any) -> str | None:
     if not p:
         return None
     p = os.path.abspath(p)
+    if p.startswith("//"):  # abspath keeps exactly two leading slashes (POSIX leaves them open); Linux,
+        p = "/" + p.lstrip("/")  # and the native layer, read them as one
     if not p.isascii():
         raw = os.fsencode(p)
         return raw.decode("utf-8", "backslashreplace")
