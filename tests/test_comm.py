@@ -388,6 +388,19 @@ def test_rank_that_dies_is_named_and_the_others_data_kept(tmp_path: Path) -> Non
     assert by_rank[1]["exit_code"] == 3
 
 
+def test_rank_that_raises_is_named_with_exit_status_1(tmp_path: Path) -> None:
+    """The commonest death, an uncaught exception (a RuntimeError such as an out-of-memory one): the
+    interpreter prints it and exits with 1, which the rank's agent records at its exit."""
+    env = {"DDP_DIE_RANK": "1", "DDP_DIE_STEP": "3", "DDP_DIE_SIGNAL": "RAISE", "DDP_TIMEOUT_S": "8"}
+    run = torchrun(tmp_path, env)
+    assert run.proc.returncode != 0
+    comm = run.report["communication"]
+    first = comm["first_failure"]
+    assert first is not None and first["rank"] == 1 and first["exit_code"] == 1, comm["failed_ranks"]
+    by_rank = {p["rank"]: p for p in run.report["processes"] if p["role"] == "rank"}
+    assert by_rank[1]["exit_code"] == 1 and by_rank[1]["steps"] == 3, by_rank
+
+
 def test_rank_killed_by_sigkill_is_named_though_it_left_no_exit_record(tmp_path: Path) -> None:
     """SIGKILL (the OOM killer's signal) runs no code: the rank is named from its missing exit record."""
     env = {

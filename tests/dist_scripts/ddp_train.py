@@ -4,7 +4,8 @@ Options (environment): ``DDP_STEPS`` (default 6), ``DDP_SLOW_RANK`` / ``DDP_SLOW
 before each step: a straggler; with ``DDP_SLOW_IN=forward``, inside its forward pass instead),
 ``DDP_TRUTH_DIR`` (each rank writes ``rank<N>.json`` there: its own timer of each step, from the top
 of the loop to the end of the step, and of each delay it slept), ``DDP_DIE_RANK`` / ``DDP_DIE_STEP`` (that rank leaves with
-``os._exit(3)``, or SIGKILL with ``DDP_DIE_SIGNAL=KILL``, after that many steps, ``DDP_DIE_DELAY_S``
+``os._exit(3)``, or SIGKILL with ``DDP_DIE_SIGNAL=KILL``, or an uncaught exception with ``RAISE``,
+after that many steps, ``DDP_DIE_DELAY_S``
 seconds into the next; the process group has a short timeout so the others fail too),
 ``DDP_USER_HOOK=1`` (register a comm hook of the job's own), ``DDP_SYNC_ALLREDUCE=1`` (an extra
 synchronous all_reduce of the loss per step, outside any phase: exposed communication),
@@ -74,6 +75,8 @@ def train(rank: int, world: int) -> None:
             print(f"rank {rank} dies at step {i}", flush=True)
             if os.environ.get("DDP_DIE_SIGNAL") == "KILL":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if os.environ.get("DDP_DIE_SIGNAL") == "RAISE":  # the commonest way: an uncaught exception
+                raise RuntimeError(f"rank {rank} fails at step {i}")
             os._exit(3)
         if rank == slow and not slow_in_forward:
             delay()

@@ -444,6 +444,8 @@ class Agent:
         self._stopped = True
         if exit_code is not None:
             self.exit_code = exit_code
+        elif self.exit_code == -1 and _ended_by_exception():
+            self.exit_code = 1  # what the interpreter exits with after printing the traceback
         self._stop_event.set()
         done = self._writer_done
         if done is not None and self._writer_ident != threading.get_ident():
@@ -786,6 +788,17 @@ now_ns = _perf_ns
 
 
 # --- JSON without the json module -----------------------------------------------------------------
+def _ended_by_exception() -> bool:
+    """At the interpreter's exit (``atexit``): whether an uncaught exception ended the main module,
+    after which the process exits with status 1. The interpreter printed it with ``PyErr_Print``, which
+    keeps it in ``sys.last_value`` (``sys.last_exc`` from Python 3.12); an interactive session, where
+    every error is kept so, is left alone. ``sys.exit(n)`` is not seen: the status stays unknown."""
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        return False
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return isinstance(last, BaseException) and not isinstance(last, SystemExit)
+
+
 class _NotPlain(Exception):
     """A value :func:`json_text` leaves to the json module."""
 
