@@ -876,6 +876,39 @@ def test_both_layers_key_a_file_alike_however_its_path_is_spelled(lib: str, tmp_
     assert got == {"native": [str(target)], "python": [str(target)]}, got
 
 
+def test_an_exclude_spelled_with_a_leading_double_slash_applies(lib: str, tmp_path: Path) -> None:
+    """``--io-exclude //DIR`` reaches the library as the prefix it compares paths with (``/DIR``)."""
+    from holoprof.launch.run import native_excludes
+
+    keep, skip = tmp_path / "keep", tmp_path / "skip"
+    keep.mkdir()
+    skip.mkdir()
+    (keep / "a.bin").write_bytes(b"a" * 10)
+    (skip / "b.bin").write_bytes(b"b" * 10)
+    excludes = native_excludes(str(tmp_path / "run"), {"io_exclude": ["/" + str(skip)]})
+    assert str(skip) in excludes, excludes
+    prog = script(
+        tmp_path,
+        """
+        import json, sys
+        from holoprof.collect import io_native
+        for p in sys.argv[1:]:
+            with open(p, "rb") as f:
+                f.read()
+        print(json.dumps(sorted(r["path"] for r in io_native.snapshot() if r["path"].endswith(".bin"))))
+        """,
+    )
+    files = [str(keep / "a.bin"), "/" + str(skip / "b.bin")]
+    run = run_preloaded(
+        [sys.executable, prog, *files],
+        lib,
+        tmp_path,
+        strace=False,
+        env={"HOLOPROF_IO_EXCLUDE": ":".join(excludes)},
+    )
+    assert json.loads(run.stdout) == [str(keep / "a.bin")], run.stdout
+
+
 def test_trace_ring_is_bounded(lib: str, tmp_path: Path) -> None:
     f = data_file(tmp_path / "t.bin", 64 * 1024)
     prog = script(

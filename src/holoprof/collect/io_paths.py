@@ -19,7 +19,8 @@ from typing import Any
 from holoprof.model import python_env_path as python_env_path  # one rule for collectors and analyses
 
 
-def _norm_prefix(p: str) -> str:
+def norm_prefix(p: str) -> str:
+    """A path prefix as both I/O layers compare it: absolute, normalized, no trailing slash."""
     # no trailing slash, and a leading "//" (which abspath keeps) read as "/", as path_key does
     return "/" + os.path.abspath(os.path.expanduser(p)).strip("/")
 
@@ -60,7 +61,7 @@ def default_excludes(run_dir: str | None = None) -> list[str]:
         out.append(run_dir)
     seen: list[str] = []
     for p in out:
-        q = _norm_prefix(p)
+        q = norm_prefix(p)
         if q not in seen:
             seen.append(q)
     return seen
@@ -73,8 +74,8 @@ class PathPolicy:
         self, include: list[str] | None = None, exclude: list[str] | None = None, run_dir: str | None = None
     ) -> None:
         # compared with paths as :func:`path_key` writes them (bytes that are not UTF-8 as \xNN)
-        self.include = tuple(_key_text(_norm_prefix(p)) for p in include or [])
-        self.exclude = tuple(_key_text(_norm_prefix(p)) for p in exclude or [])
+        self.include = tuple(_key_text(norm_prefix(p)) for p in include or [])
+        self.exclude = tuple(_key_text(norm_prefix(p)) for p in exclude or [])
         self.defaults = tuple(_key_text(p) for p in default_excludes(run_dir))
         self._cache: dict[str, bool] = {}
 

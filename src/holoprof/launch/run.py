@@ -28,7 +28,7 @@ from typing import Any
 from holoprof import model
 from holoprof.agent.core import Agent
 from holoprof.collect import io_native
-from holoprof.collect.io_paths import PathPolicy, default_excludes
+from holoprof.collect.io_paths import PathPolicy, default_excludes, norm_prefix
 from holoprof.collect.system import SystemSampler
 from holoprof.errors import HoloprofError, printable_text
 from holoprof.launch.multinode import multi_node_hint
@@ -125,7 +125,7 @@ def job_environment(run_dir: str, options: dict[str, Any]) -> dict[str, str]:
         try:
             env = io_native.preload_env(env)
             env.setdefault(io_native.ENV_EXCLUDE, ":".join(native_excludes(run_dir, options)))
-            includes = [os.path.abspath(p) for p in options.get("io_include") or []]
+            includes = [norm_prefix(p) for p in options.get("io_include") or []]
             if includes:
                 env.setdefault(io_native.ENV_INCLUDE, ":".join(p for p in includes if ":" not in p))
         except Exception:  # not built here: the Python layer counts Python's I/O
@@ -155,10 +155,10 @@ def native_excludes(run_dir: str, options: dict[str, Any]) -> list[str]:
     (stdlib, site-packages: thousands of files opened by `import torch`), the run directory and the
     user's --io-exclude, minus whatever --io-include asks for. Filtering there, not after the fact,
     keeps the agent from decoding thousands of records it would drop."""
-    includes = [os.path.abspath(p) for p in options.get("io_include") or []]
+    includes = [norm_prefix(p) for p in options.get("io_include") or []]
     out: list[str] = []
     for p in [*NATIVE_DEFAULT_EXCLUDES, *default_excludes(run_dir), *(options.get("io_exclude") or [])]:
-        p = os.path.abspath(p).rstrip("/") or "/"
+        p = norm_prefix(p)  # as the library normalizes the paths it compares with them
         if ":" in p or p in out:
             continue
         if any(i == p or i.startswith(p + "/") for i in includes):
