@@ -787,7 +787,6 @@ def _sample_columns(samples: list[Any], base: dict[str, Any], off: int) -> dict[
 now_ns = _perf_ns
 
 
-# --- JSON without the json module -----------------------------------------------------------------
 def _ended_by_exception() -> bool:
     """At the interpreter's exit (``atexit``): whether an uncaught exception ended the main module,
     after which the process exits with status 1. The interpreter printed it with ``PyErr_Print``, which
@@ -799,6 +798,7 @@ def _ended_by_exception() -> bool:
     return isinstance(last, BaseException) and not isinstance(last, SystemExit)
 
 
+# --- JSON without the json module -----------------------------------------------------------------
 class _NotPlain(Exception):
     """A value :func:`json_text` leaves to the json module."""
 

@@ -19,10 +19,16 @@ from typing import Any
 from holoprof.model import python_env_path as python_env_path  # one rule for collectors and analyses
 
 
+def _absolute(p: str) -> str:
+    """``os.path.abspath``, with a leading "//" (which abspath keeps: POSIX leaves it open) read as "/",
+    as Linux and the native layer read it."""
+    p = os.path.abspath(p)
+    return "/" + p.lstrip("/") if p.startswith("//") else p
+
+
 def norm_prefix(p: str) -> str:
     """A path prefix as both I/O layers compare it: absolute, normalized, no trailing slash."""
-    # no trailing slash, and a leading "//" (which abspath keeps) read as "/", as path_key does
-    return "/" + os.path.abspath(os.path.expanduser(p)).strip("/")
+    return _absolute(os.path.expanduser(p)).rstrip("/") or "/"
 
 
 def _key_text(p: str) -> str:
@@ -109,9 +115,7 @@ def path_key(file: Any) -> str | None:
         raw = None
     if not p:
         return None
-    p = os.path.abspath(p)
-    if p.startswith("//"):  # abspath keeps exactly two leading slashes (POSIX leaves them open); Linux,
-        p = "/" + p.lstrip("/")  # and the native layer, read them as one
+    p = _absolute(p)
     if not p.isascii():
         raw = os.fsencode(p)
         return raw.decode("utf-8", "backslashreplace")

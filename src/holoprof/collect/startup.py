@@ -170,8 +170,10 @@ def loader_hold_s() -> float:
     try:
         held = float(os.environ.get(model.ENV_LOADER_HOLD) or LOADER_WORKER_HOLD_S)
     except ValueError:
-        return LOADER_WORKER_HOLD_S
-    return min(max(0.0, held), LOADER_WORKER_HOLD_MAX_S) if held == held else LOADER_WORKER_HOLD_S  # NaN
+        held = LOADER_WORKER_HOLD_S
+    if held != held:  # NaN
+        held = LOADER_WORKER_HOLD_S
+    return min(max(0.0, held), LOADER_WORKER_HOLD_MAX_S)
 
 
 def started_by_loader() -> bool:
