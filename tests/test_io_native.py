@@ -1132,3 +1132,18 @@ def test_read_dump_tolerates_truncation(tmp_path: Path) -> None:
     bad.write_text('{"format": "x"}\n')
     with pytest.raises(ValueError, match="not a holoprof native I/O dump"):
         native_dumps.read_dump(str(bad))
+
+
+def test_the_library_gets_no_exclude_nested_in_another(tmp_path: Path) -> None:
+    """The library compares every path it sees with each exclude: one under another it also gets is
+    left out, unless an --io-include drops the outer one (then the inner one still applies)."""
+    from holoprof.launch.run import native_excludes
+
+    outer, inner = tmp_path / "env", tmp_path / "env" / "lib" / "site-packages"
+    got = native_excludes(str(tmp_path / "run"), {"io_exclude": [str(outer), str(inner), str(outer) + "/"]})
+    assert str(outer) in got and str(inner) not in got, got
+    assert not [p for p in got if any(q != p and p.startswith(q + "/") for q in got)], got
+    kept = native_excludes(
+        str(tmp_path / "run"), {"io_exclude": [str(outer), str(inner)], "io_include": [str(outer / "data")]}
+    )
+    assert str(outer) not in kept and str(inner) in kept, kept

@@ -164,7 +164,8 @@ def native_excludes(run_dir: str, options: dict[str, Any]) -> list[str]:
         if any(i == p or i.startswith(p + "/") for i in includes):
             continue  # the user wants something under it
         out.append(p)
-    return out
+    # a prefix under another one kept adds nothing but a compare to every path the library sees
+    return [p for p in out if not any(q != p and (p.startswith(q + "/") or q == "/") for q in out)]
 
 
 IMPORTED_SEQ = 90_000_000

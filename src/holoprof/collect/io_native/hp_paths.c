@@ -119,14 +119,14 @@ ssize_t abs_path(int dirfd, const char *path, char *buf)
 
 static int under_prefix(const char *p, size_t n, const char *q, size_t l)
 {
-    return n >= l && memcmp(p, q, l) == 0 && (n == l || p[l] == '/' || l == 1);
+    /* the prefix's last byte first: most prefixes a path is not under differ there, and the
+     * memcmp call is left out (a path is compared with some twenty prefixes) */
+    return n >= l && p[l - 1] == q[l - 1] && memcmp(p, q, l) == 0 && (n == l || p[l] == '/' || l == 1);
 }
 
-static int ends_with(const char *p, size_t n, const char *suffix)
-{
-    size_t l = strlen(suffix);
-    return n >= l && memcmp(p + n - l, suffix, l) == 0;
-}
+/* whether p[0..n) ends with the string literal LIT (its length known here: the compare is inlined) */
+#define ENDS_WITH(p, n, LIT) \
+    ((n) >= sizeof(LIT) - 1 && memcmp((p) + (n) - (sizeof(LIT) - 1), LIT, sizeof(LIT) - 1) == 0)
 
 /* A file of a Python installation, whichever interpreter it belongs to: a component
  * site-packages, dist-packages, __pycache__, *.dist-info or *.egg-info; the standard library
@@ -134,8 +134,8 @@ static int ends_with(const char *p, size_t n, const char *suffix)
  * The same rules as holoprof.collect.io_paths.python_env_path. */
 static int python_env_path(const char *p, size_t n)
 {
-    if (ends_with(p, n, ".py") || ends_with(p, n, ".pyc") || ends_with(p, n, ".pyi") ||
-        ends_with(p, n, ".pth") || ends_with(p, n, "/pyvenv.cfg"))
+    if (ENDS_WITH(p, n, ".py") || ENDS_WITH(p, n, ".pyc") || ENDS_WITH(p, n, ".pyi") ||
+        ENDS_WITH(p, n, ".pth") || ENDS_WITH(p, n, "/pyvenv.cfg"))
         return 1;
     const char *prev = NULL;
     size_t prev_len = 0;
@@ -151,8 +151,8 @@ static int python_env_path(const char *p, size_t n)
         if (j < n) { /* a directory component */
             if ((l == 13 && memcmp(c, "site-packages", 13) == 0) ||
                 (l == 13 && memcmp(c, "dist-packages", 13) == 0) ||
-                (l == 11 && memcmp(c, "__pycache__", 11) == 0) || ends_with(c, l, ".dist-info") ||
-                ends_with(c, l, ".egg-info"))
+                (l == 11 && memcmp(c, "__pycache__", 11) == 0) || ENDS_WITH(c, l, ".dist-info") ||
+                ENDS_WITH(c, l, ".egg-info"))
                 return 1;
             if (prev && l > 6 && memcmp(c, "python", 6) == 0 && c[6] >= '0' && c[6] <= '9' &&
                 ((prev_len == 3 && memcmp(prev, "lib", 3) == 0) ||
