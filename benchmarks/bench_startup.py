@@ -89,8 +89,8 @@ def _median_ms(xs: list[float]) -> float:
     return 1e3 * statistics.median(xs)
 
 
-def spawn_workers(tmp: str, pairs: int, context: str) -> None:
-    """Alternating plain and traced runs of the DataLoader workload; per run, its two workers' mean."""
+def spawn_workers(tmp: str, pairs: int, context: str, workers: int = 2) -> None:
+    """Alternating plain and traced runs of the DataLoader workload; per run, its workers' mean."""
     keys = ("first", "start", "cpu", "cpu_less_gc", "full_gc")
     runs: dict[str, dict[str, list[float]]] = {k: {key: [] for key in keys} for k in ("plain", "traced")}
     load = [os.getloadavg()[0]]
@@ -99,7 +99,7 @@ def spawn_workers(tmp: str, pairs: int, context: str) -> None:
             out = os.path.join(tmp, f"loader-{context}-{kind}-{i}")
             os.makedirs(out)
             env = {**os.environ, "SPAWN_LOADER_OUT": out, "OMP_NUM_THREADS": "1"}
-            job = [sys.executable, LOADER, "8", context]
+            job = [sys.executable, LOADER, "8", context, str(workers)]
             if kind == "traced":
                 job = [*HOLOPROF, "run", "--no-report", "--out", os.path.join(out, "run"), "--", *job]
             res = _json_line(job, env)
@@ -114,11 +114,12 @@ def spawn_workers(tmp: str, pairs: int, context: str) -> None:
     p, t = runs["plain"], runs["traced"]
     print(f"## Agent start-up: DataLoader workers started with {context}\n")
     print(
-        f"`python benchmarks/bench_startup.py --procs 0 --loader-pairs {pairs} --loader-context {context}`\n"
+        f"`python benchmarks/bench_startup.py --procs 0 --loader-pairs {pairs} --loader-context {context}"
+        f" --loader-workers {workers}`\n"
     )
     print(
-        f"{pairs} plain and {pairs} traced runs, alternating; 2 workers each, 8 batches; per run, the mean of "
-        f"its two workers; load average {min(load):.1f}–{max(load):.1f}.\n"
+        f"{pairs} plain and {pairs} traced runs, alternating; {workers} worker(s) each, 8 batches; per run, the "
+        f"mean of its workers; load average {min(load):.1f}–{max(load):.1f}.\n"
     )
     print("| measure | plain | traced | added (medians) | added (median of pairs) | added (minima) |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -141,6 +142,15 @@ def spawn_workers(tmp: str, pairs: int, context: str) -> None:
         f"| ratio traced/plain, CPU until init (medians) | | {statistics.median(t['cpu']) / statistics.median(p['cpu']):.3f} | | | |"
     )
     print("| target | | | ≤ 10 ms per worker | | |\n")
+    print(
+        "A worker's CPU time until its init function, per run, sorted (the lower quantiles carry the least noise):\n"
+    )
+    print("| quantile | plain | traced | added |\n| --- | --- | --- | --- |")
+    ps, ts = sorted(p["cpu"]), sorted(t["cpu"])
+    for q in (0.0, 0.25, 0.5, 0.75):
+        i = round(q * (pairs - 1))
+        print(f"| {q:.0%} | {1e3 * ps[i]:.0f} ms | {1e3 * ts[i]:.0f} ms | {1e3 * (ts[i] - ps[i]):+.0f} ms |")
+    print()
 
 
 VALGRIND = """#!/bin/sh
@@ -217,6 +227,7 @@ def main() -> None:
     ap.add_argument("--code", default="import json")
     ap.add_argument("--loader-pairs", type=int, default=7, help="0: skip the DataLoader part")
     ap.add_argument("--loader-context", default="spawn", choices=("spawn", "forkserver"))
+    ap.add_argument("--loader-workers", type=int, default=2, help="DataLoader workers per run")
     ap.add_argument(
         "--instructions",
         action="store_true",
@@ -234,7 +245,7 @@ def main() -> None:
         if args.procs > 0:
             short_processes(tmp, args.procs, args.code)
         if args.loader_pairs > 0:
-            spawn_workers(tmp, args.loader_pairs, args.loader_context)
+            spawn_workers(tmp, args.loader_pairs, args.loader_context, args.loader_workers)
         if args.instructions:
             worker_instructions(tmp, args.loader_context, args.keep)
 

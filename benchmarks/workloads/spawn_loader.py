@@ -1,8 +1,8 @@
 """A DataLoader whose 2 workers are started with "spawn": how long until they serve batches.
 
-    python spawn_loader.py [BATCHES] [CONTEXT]
+    python spawn_loader.py [BATCHES] [CONTEXT] [WORKERS]
 
-CONTEXT: how the workers start, "spawn" (default) or "forkserver". For counting a worker's
+CONTEXT: how the workers start, "spawn" (default) or "forkserver"; WORKERS: how many (default 2). For counting a worker's
 instructions (``bench_startup.py --instructions``): SPAWN_LOADER_EXECUTABLE starts the workers with
 that program in place of the interpreter (a valgrind wrapper), SPAWN_LOADER_EXIT_AT_INIT=1 makes each
 worker leave at once from its init function (the program's counts end there) and the training process
@@ -76,6 +76,7 @@ def init_worker(worker_id: int) -> None:
 def main() -> None:
     batches = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     context = sys.argv[2] if len(sys.argv) > 2 else "spawn"
+    workers = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     out = os.environ["SPAWN_LOADER_OUT"]
     if os.environ.get("SPAWN_LOADER_EXECUTABLE"):
         import multiprocessing
@@ -84,14 +85,14 @@ def main() -> None:
     loader = DataLoader(
         Squares(),
         batch_size=64 // batches,
-        num_workers=2,
+        num_workers=workers,
         multiprocessing_context=context,
         worker_init_fn=init_worker,
     )
     t0 = time.perf_counter()
     it = iter(loader)
     if os.environ.get("SPAWN_LOADER_EXIT_AT_INIT"):
-        while not all(os.path.exists(os.path.join(out, f"worker{w}")) for w in range(2)):
+        while not all(os.path.exists(os.path.join(out, f"worker{w}")) for w in range(workers)):
             time.sleep(0.5)
         time.sleep(1)  # the files' contents
         print(json.dumps({"exited_at_init": True}), flush=True)
@@ -101,7 +102,7 @@ def main() -> None:
     n = 1 + sum(1 for _ in it)
     t2 = time.perf_counter()
     starts, cpu, full, full_cpu = [], [], [], []
-    for w in range(2):
+    for w in range(workers):
         with open(os.path.join(out, f"worker{w}")) as f:
             age, used, n_full, full_s = f.read().split()
         starts.append(float(age))

@@ -348,7 +348,10 @@ class Agent:
                 c.install()
             except Exception as exc:
                 self.fail(c, exc)
-        self._start_thread()
+        if not self.flushes_held_until:
+            self._start_thread()
+        # else the writer starts when the hold is released (start_writer): a second thread makes each
+        # malloc and free of the process's start-up take glibc's locked, multi-threaded path
         if not process_hooks:
             return
         atexit.register(self.shutdown)
@@ -360,6 +363,14 @@ class Agent:
             )
         _patch_os_exit(self)
         _install_sigterm(self)
+
+    def start_writer(self) -> None:
+        """Start the writer thread of a process that held its flushes from its start, once."""
+        if self._writer_done is not None or self._stopped or os.getpid() != self.pid:
+            return
+        with self._lock:
+            if self._writer_done is None:
+                self._start_thread()
 
     def _start_thread(self) -> None:
         # A bare thread: ``threading.Thread.start`` waits until the new thread runs, which in a
@@ -395,13 +406,16 @@ class Agent:
         """Hold the writer's flushes (and the set-up that waits for the first one) for at most
         ``seconds``, or until :meth:`release_flushes`: while a process starts, so that the first flush
         does not compete with it. A full buffer is flushed all the same, and the final flush always
-        runs."""
+        runs. Called before :meth:`start`, it holds the writer thread too: it starts at
+        :meth:`start_writer` (at the latest where the process's target begins, ``collect.startup``),
+        and the buffer, meanwhile, drops and counts what goes past its limit."""
         self.flushes_held_until = time.monotonic() + seconds
 
     def release_flushes(self) -> None:
         """The writer flushes again, the first time a flush interval from now (less up to one of its
         0.1 s ticks)."""
         self.flushes_held_until = 0.0
+        self.start_writer()
 
     def _before_fork(self) -> None:
         # No fork while the writer is inside pyarrow: the child would inherit its locks mid-use.

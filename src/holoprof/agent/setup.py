@@ -150,6 +150,28 @@ def loading_from_parent() -> bool:
         return False
 
 
+def before_target(fn: Callable[[Any], None]) -> bool:
+    """Run ``fn(process)`` once, right before this multiprocessing child runs its process object's
+    target (``BaseProcess._bootstrap``, patched for that one call; ``fn`` fails open). False, and nothing
+    done, when multiprocessing is not loaded."""
+    mpp = sys.modules.get("multiprocessing.process")
+    if mpp is None:
+        return False
+    cls = mpp.BaseProcess
+    orig = cls.__dict__["_bootstrap"]
+
+    def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
+        cls._bootstrap = orig
+        try:
+            fn(self)
+        except Exception:
+            pass  # never in the way of the job's process
+        return orig(self, *args, **kwargs)
+
+    cls._bootstrap = _bootstrap
+    return True
+
+
 _FORK_RESET = {"armed": False, "done": False}
 
 

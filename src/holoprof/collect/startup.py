@@ -21,7 +21,14 @@ import sys
 from holoprof import model
 from holoprof.agent import core
 from holoprof.agent.core import Agent, Collector
-from holoprof.agent.setup import OPTION_GC_RESET, loading_from_parent, post_import_finder, reset_gc_clock
+from holoprof.agent.gc_clock import OffTheClock
+from holoprof.agent.setup import (
+    OPTION_GC_RESET,
+    before_target,
+    loading_from_parent,
+    post_import_finder,
+    reset_gc_clock,
+)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (loaded in every traced process)
 if TYPE_CHECKING:
@@ -58,9 +65,12 @@ def start_agent(run_dir: str, role: str | None = None, options: dict[str, Any] |
     agent = Agent(run_dir, role=role, options=options)
     agent.collectors = default_collectors(agent)
     core.set_agent(agent)
-    if started_by_loader() and SPAWN_CHILD_ARG in sys.argv:  # a worker started with spawn
+    held = started_by_loader() and SPAWN_CHILD_ARG in sys.argv  # a worker started with spawn
+    if held:
         agent.hold_flushes(loader_hold_s())
     agent.start()
+    if held:  # its writer starts at the latest where its target begins
+        post_import_finder().add("multiprocessing.process", _writer_before_target)
     try:
         defer_collectors(agent)
         after_collectors(agent)
@@ -176,6 +186,16 @@ def loader_hold_s() -> float:
     return min(max(0.0, held), LOADER_WORKER_HOLD_MAX_S)
 
 
+def _writer_before_target(_module: ModuleType) -> None:
+    before_target(_start_writer)
+
+
+def _start_writer(_process: Any) -> None:
+    agent = core.get_agent()
+    if agent is not None:
+        agent.start_writer()
+
+
 def started_by_loader() -> bool:
     """Whether this process was started while its parent was starting DataLoader workers: its parent
     marked them with its pid (``HOLOPROF_LOADER_WORKERS``). A worker started with "spawn", mostly."""
@@ -230,12 +250,13 @@ def defer_collectors(agent: Agent) -> None:
         def install(_module: ModuleType | None = None) -> None:
             todo = [t for t in targets if t not in done]
             done.update(todo)
-            if module == "torch" and loader_worker_start():
-                install_in_loader_worker(agent, todo)
-            else:
-                if module == "torch":
-                    agent.release_flushes()  # not a worker after all: its start-up is over
-                install_now(agent, todo)
+            with OffTheClock():
+                if module == "torch" and loader_worker_start():
+                    install_in_loader_worker(agent, todo)
+                else:
+                    if module == "torch":
+                        agent.release_flushes()  # not a worker after all: its start-up is over
+                    install_now(agent, todo)
 
         return install
 

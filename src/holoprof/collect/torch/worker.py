@@ -30,6 +30,7 @@ from typing import Any
 
 from holoprof import model
 from holoprof.agent.core import Agent, Collector
+from holoprof.agent.setup import before_target
 from holoprof.collect.torch.base import TorchImportCollector
 from holoprof.collect.torch.fetch import FetchSpans
 
@@ -83,22 +84,12 @@ def unless_loader_worker(then: Callable[[], None], starting: Callable[[], None])
     """Run ``then`` right before this multiprocessing child runs its target, unless that target is
     torch's DataLoader worker loop, and ``starting`` in either case (``BaseProcess._bootstrap``,
     patched once, for this call only)."""
-    mpp = sys.modules.get("multiprocessing.process")
-    if mpp is None:
+
+    def before(process: Any) -> None:
+        starting()
+        if not runs_worker_loop(process):
+            then()
+
+    if not before_target(before):
         starting()
         then()
-        return
-    cls = mpp.BaseProcess
-    orig = cls.__dict__["_bootstrap"]
-
-    def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
-        cls._bootstrap = orig
-        try:
-            starting()
-            if not runs_worker_loop(self):
-                then()
-        except Exception:
-            pass  # never in the way of the job's process (then() fails open on its own)
-        return orig(self, *args, **kwargs)
-
-    cls._bootstrap = _bootstrap

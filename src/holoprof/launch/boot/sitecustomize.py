@@ -4,8 +4,7 @@
 set. Afterwards the user's own `sitecustomize` (the next one on sys.path), if any, still runs.
 """
 
-from __future__ import annotations
-
+import gc
 import os
 import sys
 
@@ -13,21 +12,42 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (this run
 if TYPE_CHECKING:
     from typing import Any
 
+#: The garbage collector's young count where this module paused it, until the agent has started: the
+#: agent's own allocations, from here on, do not bring the job's collections forward
+#: (holoprof.agent.gc_clock). None: not paused.
+_PAUSED_AT = None
+if os.environ.get("HOLOPROF_RUN_DIR") and gc.isenabled() and gc.get_threshold()[0] > 0:
+    # the standard modules the agent uses first, on the clock: a job that imports them itself (torch
+    # does) then allocates as much less later
+    import atexit  # noqa: F401
+    import threading  # noqa: F401
+    import zlib  # noqa: F401
+
+    gc.disable()
+    _PAUSED_AT = gc.get_count()[0]
+
 
 def _start_agent() -> None:
     try:
         # lazy: loaded only when this runs, not when the agent starts
-        from holoprof.collect.startup import start_from_env
+        from holoprof.agent.gc_clock import OffTheClock
 
-        start_from_env()
+        with OffTheClock(paused_at=_PAUSED_AT):
+            # lazy: loaded only when this runs, not when the agent starts
+            from holoprof.collect.startup import start_from_env
+
+            start_from_env()
     except Exception as exc:  # never break the job
         sys.stderr.write(
             f"holoprof: the agent could not start in {sys.executable} ({type(exc).__name__}: {exc}); "
             "this process is not traced. Install holoprof into the environment that runs your job.\n"
         )
+    finally:
+        if _PAUSED_AT is not None:
+            gc.enable()  # as it was (OffTheClock did, unless its import failed)
 
 
-def _path_finder() -> Any:
+def _path_finder() -> "Any":
     """importlib.machinery.PathFinder, as the import system holds it (importing importlib costs more
     than the rest of this file)."""
     for finder in sys.meta_path:

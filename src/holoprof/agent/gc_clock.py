@@ -1,0 +1,82 @@
+"""Keep the agent's own allocations off the garbage collector's clock.
+
+CPython collects its youngest generation once the count of container objects allocated (less those
+freed) passes a threshold (700); every tenth such collection collects the middle generation, and every
+tenth of those, everything (a full collection: tens of milliseconds in a process that imported torch).
+The agent's start-up allocates about 2,000 such objects of its own (its modules, its collectors)
+that the untraced job never allocates, and so moves every later collection of the job forward by as
+many allocations: where the untraced job was a few hundred allocations short of a full collection,
+the traced one runs it during its start. A DataLoader worker started with spawn typically is:
+``import torch`` and the worker's own start leave it just short of its third.
+
+:class:`OffTheClock` runs such a burst with the collector paused, counts what it allocated, and raises
+the youngest generation's threshold by that many until the next collection begins (a ``gc.callbacks``
+entry, removed at once), so the job's collections come when they would have untraced. It does so only
+where it can count exactly: the collector was on, no other thread ran meanwhile (their allocations
+would be counted too), and nobody changed the thresholds in between (then they are left alone). The
+standard modules the agent imports on the job's behalf (``threading``) are in the count, so the job's
+own import of them later shifts the clock back by as much: a few hundred allocations, against about
+2,000 before.
+"""
+
+from __future__ import annotations
+
+import _thread
+import gc
+
+#: the youngest generation's threshold as the job set it, and how far the agent raised it (0: not)
+_RAISED = {"base": 0, "by": 0}
+
+
+def _restore(phase: str, _info: dict[str, int]) -> None:
+    """At the start of the next collection: the threshold back as it was, and this callback gone."""
+    if phase != "start":
+        return
+    try:
+        gc.callbacks.remove(_restore)
+    except ValueError:
+        pass
+    t0, t1, t2 = gc.get_threshold()
+    if _RAISED["by"] and t0 == _RAISED["base"] + _RAISED["by"]:  # else the job set its own meanwhile
+        gc.set_threshold(_RAISED["base"], t1, t2)
+    _RAISED["by"] = 0
+
+
+def _defer_young_collection(allocated: int) -> None:
+    t0, t1, t2 = gc.get_threshold()
+    if _RAISED["by"] and t0 == _RAISED["base"] + _RAISED["by"]:
+        _RAISED["by"] += allocated  # a second burst before the next collection
+    else:
+        _RAISED["base"], _RAISED["by"] = t0, allocated
+    gc.set_threshold(_RAISED["base"] + _RAISED["by"], t1, t2)
+    if _restore not in gc.callbacks:
+        gc.callbacks.append(_restore)
+
+
+class OffTheClock:
+    """``with OffTheClock(): ...``: the allocations inside do not bring the job's collections
+    forward (see the module's documentation); the collector does not run inside."""
+
+    def __init__(self, paused_at: int | None = None) -> None:
+        #: the young count where the caller paused the collector itself, earlier (sitecustomize)
+        self.paused_at = paused_at
+
+    def __enter__(self) -> OffTheClock:
+        if self.paused_at is not None:
+            self.paused, self.before = True, self.paused_at
+            return self
+        self.paused = gc.isenabled() and _thread._count() == 0 and gc.get_threshold()[0] > 0
+        if self.paused:
+            gc.disable()
+            self.before = gc.get_count()[0]
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if not self.paused:
+            return
+        try:
+            allocated = gc.get_count()[0] - self.before
+            if allocated > 0 and _thread._count() == 0:
+                _defer_young_collection(allocated)
+        finally:
+            gc.enable()
