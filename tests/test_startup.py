@@ -329,3 +329,29 @@ def test_the_agents_allocations_do_not_bring_a_workers_collections_forward(tmp_p
     assert t["threshold"] == p["threshold"], (p, t)
     # the untraced worker is a few hundred allocations short of its next full collection here
     assert t["full"] == p["full"], (p, t)
+
+
+GC_CALLBACKS = """
+import gc
+raised = gc.get_threshold()[0]
+seen = []
+gc.callbacks.append(lambda phase, info: seen.append(phase))
+gc.collect()
+seen, after = seen[:], gc.get_threshold()[0]
+import json
+print(json.dumps({"raised": raised, "after": after, "seen": seen}))
+"""
+
+
+def test_the_threshold_is_the_jobs_again_at_its_next_collection(tmp_path: Path) -> None:
+    """After the agent's start the young threshold is raised by what the agent allocated; the next
+    collection puts it back, and a callback of the job's sees that collection start and stop."""
+    (tmp_path / "cb.py").write_text(GC_CALLBACKS)
+    plain = run_python("cb.py", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    run = traced(tmp_path, "cb.py")
+    assert run.proc.returncode == 0, run.proc.stderr
+    p, t = json.loads(plain.stdout), json.loads(run.proc.stdout.strip().splitlines()[-1])
+    assert t["raised"] > p["raised"] and t["after"] == p["after"] == p["raised"], (p, t)
+    for got in (p, t):  # every collection seen to start, then to stop
+        assert got["seen"] and got["seen"] == ["start", "stop"] * (len(got["seen"]) // 2), (p, t)

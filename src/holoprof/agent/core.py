@@ -369,7 +369,7 @@ class Agent:
         if self._writer_done is not None or self._stopped or os.getpid() != self.pid:
             return
         with self._lock:
-            if self._writer_done is None:
+            if self._writer_done is None and not self._stopped:  # shutdown may have come meanwhile
                 self._start_thread()
 
     def _start_thread(self) -> None:

@@ -2,7 +2,8 @@
 
 CPython collects its youngest generation once the count of container objects allocated (less those
 freed) passes a threshold (700); every tenth such collection collects the middle generation, and every
-tenth of those, everything (a full collection: tens of milliseconds in a process that imported torch).
+tenth of those, everything, once enough objects have survived since the last time (a full collection:
+tens of milliseconds in a process that imported torch).
 The agent's start-up allocates about 2,000 such objects of its own (its modules, its collectors)
 that the untraced job never allocates, and so moves every later collection of the job forward by as
 many allocations: where the untraced job was a few hundred allocations short of a full collection,
@@ -11,9 +12,14 @@ the traced one runs it during its start. A DataLoader worker started with spawn 
 
 :class:`OffTheClock` runs such a burst with the collector paused, counts what it allocated, and raises
 the youngest generation's threshold by that many until the next collection begins (a ``gc.callbacks``
-entry, removed at once), so the job's collections come when they would have untraced. It does so only
-where it can count exactly: the collector was on, no other thread ran meanwhile (their allocations
-would be counted too), and nobody changed the thresholds in between (then they are left alone). The
+entry puts it back), so the job's collections come when they would have untraced. It does so only where
+it can count: the collector was on, no other Python thread ran meanwhile (their allocations would be
+counted too; threads that C code starts and that create no Python objects do not matter), and nobody
+changed the thresholds in between (then they are left alone). That is the agent's start in every
+process (from ``sitecustomize`` on, before any code of the job's), and its hooks at a framework's import
+where the main thread is the only one (a spawned DataLoader worker, whose writer thread waits for its
+loop); in a process whose writer already runs, the hooks' allocations stay on the clock, and the
+training process collects once after ``import torch`` anyway (``agent.setup.reset_gc_clock``). The
 standard modules the agent imports on the job's behalf (``threading``) are in the count, so the job's
 own import of them later shifts the clock back by as much: a few hundred allocations, against about
 2,000 before.
@@ -23,21 +29,28 @@ from __future__ import annotations
 
 import _thread
 import gc
+import sys
+
+#: Where the young generation counts allocations as described above: CPython before 3.14 (whose
+#: collector is incremental), with the global interpreter lock (a free-threaded build counts in batches).
+SUPPORTED = (
+    sys.implementation.name == "cpython"
+    and sys.version_info < (3, 14)
+    and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+)
 
 #: the youngest generation's threshold as the job set it, and how far the agent raised it (0: not)
 _RAISED = {"base": 0, "by": 0}
 
 
 def _restore(phase: str, _info: dict[str, int]) -> None:
-    """At the start of the next collection: the threshold back as it was, and this callback gone."""
-    if phase != "start":
+    """At the start of the next collection: the threshold back as it was. It stays in ``gc.callbacks``
+    afterwards, doing nothing: removed while the collector walks that list, it would make the collector
+    skip the next callback's "start" (the job's own, perhaps)."""
+    if phase != "start" or not _RAISED["by"]:
         return
-    try:
-        gc.callbacks.remove(_restore)
-    except ValueError:
-        pass
     t0, t1, t2 = gc.get_threshold()
-    if _RAISED["by"] and t0 == _RAISED["base"] + _RAISED["by"]:  # else the job set its own meanwhile
+    if t0 == _RAISED["base"] + _RAISED["by"]:  # else the job set its own meanwhile
         gc.set_threshold(_RAISED["base"], t1, t2)
     _RAISED["by"] = 0
 
@@ -65,7 +78,7 @@ class OffTheClock:
         if self.paused_at is not None:
             self.paused, self.before = True, self.paused_at
             return self
-        self.paused = gc.isenabled() and _thread._count() == 0 and gc.get_threshold()[0] > 0
+        self.paused = SUPPORTED and gc.isenabled() and _thread._count() == 0 and gc.get_threshold()[0] > 0
         if self.paused:
             gc.disable()
             self.before = gc.get_count()[0]
@@ -76,7 +89,9 @@ class OffTheClock:
             return
         try:
             allocated = gc.get_count()[0] - self.before
-            if allocated > 0 and _thread._count() == 0:
+            # from sitecustomize on (paused_at), no thread of the job's can have run: a thread started
+            # meanwhile is the agent's own (its writer), whose allocations are the agent's too
+            if allocated > 0 and (self.paused_at is not None or _thread._count() == 0):
                 _defer_young_collection(allocated)
         finally:
             gc.enable()
