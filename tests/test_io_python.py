@@ -472,6 +472,8 @@ def test_gc_clock_restarts_after_import_torch(tmp_path: Path, gc_state: str) -> 
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     if gc_state == "on":
         assert got["full"] >= 1, got
-        assert got["count"][1:] == [0, 0] and got["count"][0] < 700, got  # counted from zero again
+        # counted from zero again; the agent's writer thread may have flushed since (its allocations:
+        # one young collection at most, seen once in a fully loaded run)
+        assert got["count"][2] == 0 and got["count"][1] <= 1 and got["count"][0] < 700, got
     else:
         assert got["full"] == 0 and got["count"][0] > 10_000, got  # torch's objects, never collected

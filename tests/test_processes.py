@@ -106,6 +106,25 @@ def test_shell_pipeline_processes_are_traced(tmp_path: Path) -> None:
     assert by_script["produce.py"]["ppid"] == by_script["consume.py"]["ppid"], "both children of bash"
 
 
+def test_each_process_has_the_status_it_exited_with(tmp_path: Path) -> None:
+    """The status a process gives ``exit()`` (``sys.exit(n)``, an uncaught exception's 1, a normal end's
+    0) or ``os._exit`` is its ``exit_code``; a process killed by a signal has none to give (-1)."""
+    py = sys.executable
+    steps = [
+        f"{py} -c 'import sys; sys.exit(5)'",
+        f"{py} -c 'pass'",
+        f"{py} -c 'raise SystemExit(\"bad input\")'",
+        f"{py} -c 'import os; os._exit(7)'",
+        f"{py} -c 'raise ValueError(3)'",
+        f"{py} -c 'import os, signal, time; time.sleep(1.5); os.kill(os.getpid(), signal.SIGKILL)'",
+    ]
+    run = traced(tmp_path, "bash", "-c", "; ".join(steps) + "; exit 0")
+    assert run.proc.returncode == 0, run.proc.stderr
+    # each is `python -c` to the agent (sys.argv), started one after the other
+    pythons = sorted((p for p in run.report["processes"] if p["argv"] == ["-c"]), key=lambda p: p["start_ns"])
+    assert [p["exit_code"] for p in pythons] == [5, 0, 1, 7, 1, -1], pythons
+
+
 def test_user_sitecustomize_still_runs(tmp_path: Path) -> None:
     marker = tmp_path / "sitecustomize-ran"
     run = traced(

@@ -234,14 +234,15 @@ def finish_tables(run_dir: str, host: str | None = None) -> list[str]:
 
 
 def import_exit_times(run_dir: str, host: str | None = None) -> int:
-    """The exit times the native library recorded for traced processes (``exit-<pid>.json``: after
-    their interpreter's finalization, which their agent's final row precedes) into ``processes``: per
-    process, its newest row again, ended when it exited. The files are removed once written; until
+    """The exit times and statuses the native library recorded for traced processes
+    (``exit-<pid>.json``: after their interpreter's finalization, which their agent's final row
+    precedes) into ``processes``: per process, its newest row again, ended when it exited, with the
+    status it gave ``exit()``. The files are removed once written; until
     then a loaded run reads them itself. ``host``: that host's processes only (each launcher of a
     joined run finishes its own)."""
     if not native_dumps.exit_files(run_dir):
         return 0
-    exits = {k: ns for k, ns in native_dumps.exit_times(run_dir).items() if host is None or k[0] == host}
+    exits = {k: v for k, v in native_dumps.exits(run_dir).items() if host is None or k[0] == host}
     names = model.column_names("processes")
     newest = process_rows.newest_rows(run_dir, host)  # without DuckDB: one small table
     if newest is None:  # rows not in Parquet parts: the loaded run's view
@@ -251,12 +252,15 @@ def import_exit_times(run_dir: str, host: str | None = None) -> int:
     else:  # ended when it exited, as the loaded run's view says
         rows = []
         for doc in newest:
-            ns = exits.get((doc["host"], doc["pid"]))
-            if ns is None:
+            got = exits.get((doc["host"], doc["pid"]))
+            if got is None:
                 continue
+            ns, status = got
             start, end = doc["start_ns"], doc["end_ns"]
             if start is not None and ns >= start and ns > (end or 0):
                 doc["end_ns"] = ns
+            if status is not None:
+                doc["exit_code"] = status
             rows.append(tuple(doc[n] for n in names))
     if rows:
         cols: dict[str, list[Any]] = {k: [r[i] for r in rows] for i, k in enumerate(names)}

@@ -201,23 +201,27 @@ def exit_files_done(run_dir: str, written: set[tuple[str, int]], host: str | Non
     return out
 
 
-def _read_exit(path: str) -> tuple[int, int] | None:
-    """(pid, exit time in wall-clock ns) of an exit file, None when it does not say."""
+def _read_exit(path: str) -> tuple[int, int, int | None] | None:
+    """(pid, exit time in wall-clock ns, exit status or None) of an exit file, None when it does not
+    say. The status is what the process gave ``exit()`` or ``_exit()`` (files before it was recorded
+    have none)."""
     try:
         doc = safeio.read_json(path, 1 << 16)
         if not isinstance(doc, dict) or doc.get("format") != EXIT_FORMAT:
             return None
-        return int(doc["pid"]), int(doc["exit_ns"])
+        status = doc.get("status")
+        return int(doc["pid"]), int(doc["exit_ns"]), int(status) if isinstance(status, int) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def exit_times(run_dir: str) -> dict[tuple[str, int], int]:
-    """When processes of the run exited, wall-clock ns, per (host, pid), from their ``exit-<pid>.json``
-    (those an agent read; unreadable files are skipped)."""
-    out: dict[tuple[str, int], int] = {}
+def exits(run_dir: str) -> dict[tuple[str, int], tuple[int, int | None]]:
+    """When processes of the run exited (wall-clock ns) and with which status (None: not recorded),
+    per (host, pid), from their ``exit-<pid>.json`` (those an agent read; unreadable files are
+    skipped). A process killed by a signal leaves none."""
+    out: dict[tuple[str, int], tuple[int, int | None]] = {}
     for path in exit_files(run_dir):
         got = _read_exit(path)
         if got is not None:
-            out[(_folder_host(path, got[0]), got[0])] = got[1]
+            out[(_folder_host(path, got[0]), got[0])] = (got[1], got[2])
     return out

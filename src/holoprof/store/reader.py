@@ -201,12 +201,14 @@ class Run:
         if table == "processes":
             self._register_exits()
             # Rows are snapshots: keep the newest per process, an agent's own row over the sampler's. A
-            # process ends when it exited (its exit file), where that is after the agent's final row.
-            # The same choice without DuckDB: store.process_rows.newest_rows.
+            # process ends when it exited (its exit file), where that is after the agent's final row,
+            # with the status its exit file gives (the agent's row precedes the exit). The same choice
+            # without DuckDB: launch.run.import_exit_times over store.process_rows.newest_rows.
             self.con.execute(
                 f"""CREATE VIEW processes AS SELECT p.* REPLACE (
                      CASE WHEN x.exit_ns >= p.start_ns AND x.exit_ns > coalesce(p.end_ns, 0)
-                          THEN x.exit_ns ELSE p.end_ns END AS end_ns)
+                          THEN x.exit_ns ELSE p.end_ns END AS end_ns,
+                     coalesce(x.status, p.exit_code) AS exit_code)
                    FROM (SELECT * EXCLUDE (rn) FROM (
                      SELECT *, row_number() OVER (
                        PARTITION BY host, pid
@@ -226,11 +228,17 @@ class Run:
             )
 
     def _register_exits(self) -> None:
-        """``process_exits``: when the processes an agent read exited (the native library's exit files)."""
-        self.con.execute("CREATE TABLE process_exits (host VARCHAR, pid BIGINT, exit_ns BIGINT)")
-        rows = [(h, p, ns - self.shift_ns(h)) for (h, p), ns in native_dumps.exit_times(self.path).items()]
+        """``process_exits``: when the processes an agent read exited, and with which status (the
+        native library's exit files)."""
+        self.con.execute(
+            "CREATE TABLE process_exits (host VARCHAR, pid BIGINT, exit_ns BIGINT, status BIGINT)"
+        )
+        rows = [
+            (h, p, ns - self.shift_ns(h), status)
+            for (h, p), (ns, status) in native_dumps.exits(self.path).items()
+        ]
         if rows:
-            self.con.executemany("INSERT INTO process_exits VALUES (?, ?, ?)", rows)
+            self.con.executemany("INSERT INTO process_exits VALUES (?, ?, ?, ?)", rows)
 
     def _select(self, table: str, files: list[str], shift: int) -> str:
         """The query of ``table``'s rows in ``files``: the schema's columns, typed as it says, with

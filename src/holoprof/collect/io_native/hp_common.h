@@ -391,6 +391,7 @@ HIDDEN void pages_reset_after_fork(void);
 /* hp_dump.c */
 HIDDEN int default_dump_path(char *out, size_t cap);
 HIDDEN int write_dump(const char *target, const char *reason);
-HIDDEN void dump_at_exit(const char *reason);
+HIDDEN void dump_at_exit(const char *reason, int status);
+HIDDEN void exit_status_handler(int status, void *arg);
 
 #endif /* HP_COMMON_H */

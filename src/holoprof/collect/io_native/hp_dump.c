@@ -391,8 +391,15 @@ static int proc_file_path(char *out, size_t cap, const char *prefix, const char 
 /* $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl */
 int default_dump_path(char *out, size_t cap) { return proc_file_path(out, cap, "io_native-", ".jsonl", 1); }
 
-/* {"format": ..., "pid": ..., "exit_ns": ..., "reason": ...} into the process's folder (when the agent
- * made it): when this process ended, after everything it ran in user space. */
+/* The status this process gave exit() (glibc's on_exit handlers get it) or _exit(); -1 until then.
+ * Python gives exit() 0 at a normal end, 1 after an uncaught exception, n for sys.exit(n). */
+static volatile int g_exit_status = -1;
+/* the exit file was written (by the destructor) before the status was known */
+static volatile int g_exit_written;
+
+/* {"format": ..., "pid": ..., "exit_ns": ..., "reason": ..., "status": ...} into the process's folder
+ * (when the agent made it): when this process ended, after everything it ran in user space, and the
+ * status it exited with, when known. */
 static void write_exit_time(const char *reason)
 {
     char target[PATH_MAX];
@@ -407,7 +414,12 @@ static void write_exit_time(const char *reason)
     p += fmt_int(p, (long)((int64_t)now.tv_sec * 1000000000LL + now.tv_nsec));
     p = stpcpy(p, ",\"reason\":\"");
     p = stpcpy(p, reason);
-    p = stpcpy(p, "\"}\n");
+    p = stpcpy(p, "\"");
+    if (g_exit_status >= 0) {
+        p = stpcpy(p, ",\"status\":");
+        p += fmt_int(p, g_exit_status);
+    }
+    p = stpcpy(p, "}\n");
     int fd = real_open ? real_open(target, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
     if (fd < 0)
         return;
@@ -423,8 +435,10 @@ static void write_exit_time(const char *reason)
     real_close(fd);
 }
 
-void dump_at_exit(const char *reason)
+void dump_at_exit(const char *reason, int status)
 {
+    if (status >= 0)
+        g_exit_status = status & 0xff; /* what the parent's wait() sees */
     if (!atomic_load(&g_ready) || !g_run_dir_len || tl_in)
         return; /* tl_in: _exit from a signal handler that interrupted us while we hold a lock */
     pid_t pid = raw_getpid();
@@ -435,6 +449,7 @@ void dump_at_exit(const char *reason)
         int e = errno;
         tl_in = 1;
         write_exit_time(reason);
+        g_exit_written = 1;
         tl_in = 0;
         errno = e;
         return;
@@ -455,10 +470,24 @@ void dump_at_exit(const char *reason)
     atomic_store(&g_dumping, 0);
 }
 
+/* glibc's exit() runs its handlers in the reverse order of their registration: the destructors
+ * (registered by the dynamic loader after this library's constructor registered this) first. So the
+ * exit file is written without the status and written again here, with it; in the other order the
+ * status is known when the destructor writes it. */
+void exit_status_handler(int status, void *arg)
+{
+    (void)arg;
+    g_exit_status = status & 0xff;
+    if (g_exit_written) {
+        g_exit_written = 0;
+        dump_at_exit("exit", status);
+    }
+}
+
 EXPORT void _exit(int status)
 {
     ENSURE(_exit);
-    dump_at_exit("_exit");
+    dump_at_exit("_exit", status);
     if (real__exit)
         real__exit(status);
     syscall(SYS_exit_group, status);
@@ -468,7 +497,7 @@ EXPORT void _exit(int status)
 EXPORT void _Exit(int status)
 {
     ENSURE(_Exit);
-    dump_at_exit("_exit");
+    dump_at_exit("_exit", status);
     if (real__Exit)
         real__Exit(status);
     syscall(SYS_exit_group, status);

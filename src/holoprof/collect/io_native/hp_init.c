@@ -79,11 +79,14 @@ __attribute__((constructor)) static void holoprof_io_init(void)
     if (ps > 0)
         g_page = ps;
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+#ifdef __GLIBC__
+    on_exit(exit_status_handler, NULL); /* the status exit() is given, for the exit file */
+#endif
     tl_in = 0;
     atomic_store(&g_ready, 1);
 }
 
 /* runs after the interpreter's finalization (a preloaded library's destructor runs last): the dump
  * of a process no agent reads, or the exit time of one an agent reads */
-__attribute__((destructor)) static void holoprof_io_fini(void) { dump_at_exit("exit"); }
+__attribute__((destructor)) static void holoprof_io_fini(void) { dump_at_exit("exit", -1); }
 
