@@ -108,7 +108,8 @@ def test_shell_pipeline_processes_are_traced(tmp_path: Path) -> None:
 
 def test_each_process_has_the_status_it_exited_with(tmp_path: Path) -> None:
     """The status a process gives ``exit()`` (``sys.exit(n)``, an uncaught exception's 1, a normal end's
-    0) or ``os._exit`` is its ``exit_code``; a process killed by a signal has none to give (-1)."""
+    0) or ``os._exit`` is its ``exit_code``; a process killed by SIGKILL has none to give (-1); one that a
+    ``KeyboardInterrupt`` ended dies of SIGINT, which the agent saw coming (130)."""
     py = sys.executable
     steps = [
         f"{py} -c 'import sys; sys.exit(5)'",
@@ -117,12 +118,13 @@ def test_each_process_has_the_status_it_exited_with(tmp_path: Path) -> None:
         f"{py} -c 'import os; os._exit(7)'",
         f"{py} -c 'raise ValueError(3)'",
         f"{py} -c 'import os, signal, time; time.sleep(1.5); os.kill(os.getpid(), signal.SIGKILL)'",
+        f"{py} -c 'raise KeyboardInterrupt'",  # the interpreter ends it with SIGINT: 128 + 2
     ]
     run = traced(tmp_path, "bash", "-c", "; ".join(steps) + "; exit 0")
     assert run.proc.returncode == 0, run.proc.stderr
     # each is `python -c` to the agent (sys.argv), started one after the other
     pythons = sorted((p for p in run.report["processes"] if p["argv"] == ["-c"]), key=lambda p: p["start_ns"])
-    assert [p["exit_code"] for p in pythons] == [5, 0, 1, 7, 1, -1], pythons
+    assert [p["exit_code"] for p in pythons] == [5, 0, 1, 7, 1, -1, 130], pythons
 
 
 def test_user_sitecustomize_still_runs(tmp_path: Path) -> None:

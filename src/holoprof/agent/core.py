@@ -458,8 +458,8 @@ class Agent:
         self._stopped = True
         if exit_code is not None:
             self.exit_code = exit_code
-        elif self.exit_code == -1 and _ended_by_exception():
-            self.exit_code = 1  # what the interpreter exits with after printing the traceback
+        elif self.exit_code == -1:
+            self.exit_code = _status_after_exception()
         self._stop_event.set()
         done = self._writer_done
         if done is not None and self._writer_ident != threading.get_ident():
@@ -801,15 +801,19 @@ def _sample_columns(samples: list[Any], base: dict[str, Any], off: int) -> dict[
 now_ns = _perf_ns
 
 
-def _ended_by_exception() -> bool:
-    """At the interpreter's exit (``atexit``): whether an uncaught exception ended the main module,
-    after which the process exits with status 1. The interpreter printed it with ``PyErr_Print``, which
-    keeps it in ``sys.last_value`` (``sys.last_exc`` from Python 3.12); an interactive session, where
-    every error is kept so, is left alone. ``sys.exit(n)`` is not seen: the status stays unknown."""
+def _status_after_exception() -> int:
+    """At the interpreter's exit (``atexit``): the status an uncaught exception that ended the main
+    module gives the process, -1 (unknown) where none did. The interpreter printed it with
+    ``PyErr_Print``, which keeps it in ``sys.last_value`` (``sys.last_exc`` from Python 3.12), and
+    exits with 1; after a ``KeyboardInterrupt`` it kills itself with SIGINT (128 + 2, as a signal the
+    agent handles is told). An interactive session, where every error is kept so, is left alone.
+    ``sys.exit(n)`` is not seen here: the native library records what the process gives ``exit()``."""
     if sys.flags.interactive or hasattr(sys, "ps1"):
-        return False
+        return -1
     last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    return isinstance(last, BaseException) and not isinstance(last, SystemExit)
+    if not isinstance(last, BaseException) or isinstance(last, SystemExit):
+        return -1
+    return 128 + 2 if isinstance(last, KeyboardInterrupt) else 1
 
 
 # --- JSON without the json module -----------------------------------------------------------------

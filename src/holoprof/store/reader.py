@@ -231,7 +231,7 @@ class Run:
         """``process_exits``: when the processes an agent read exited, and with which status (the
         native library's exit files)."""
         self.con.execute(
-            "CREATE TABLE process_exits (host VARCHAR, pid BIGINT, exit_ns BIGINT, status BIGINT)"
+            "CREATE TABLE process_exits (host VARCHAR, pid BIGINT, exit_ns BIGINT, status INTEGER)"
         )
         rows = [
             (h, p, ns - self.shift_ns(h), status)

@@ -4,7 +4,8 @@
  *                          destructors) for processes no agent reads, or on request (an agent's final
  *                          counters);
  *   exit-<pid>.json        when it exited (the wall clock, after the interpreter's finalization), for
- *                          processes an agent reads: the agent's own end is taken earlier. */
+ *                          processes an agent reads (the agent's own end is taken earlier), and the
+ *                          status it gave exit() or _exit() (its low 8 bits: what wait() sees). */
 #include "hp_common.h"
 #include "hp_real.h"
 
@@ -391,8 +392,9 @@ static int proc_file_path(char *out, size_t cap, const char *prefix, const char 
 /* $HOLOPROF_RUN_DIR/<host>-<pid>/io_native-<pid>.jsonl */
 int default_dump_path(char *out, size_t cap) { return proc_file_path(out, cap, "io_native-", ".jsonl", 1); }
 
-/* The status this process gave exit() (glibc's on_exit handlers get it) or _exit(); -1 until then.
- * Python gives exit() 0 at a normal end, 1 after an uncaught exception, n for sys.exit(n). */
+/* The status this process gave exit() (glibc's on_exit handlers get it) or _exit(), its low 8 bits;
+ * -1 until then. Python gives exit() 0 at a normal end, 1 after an uncaught exception, n for
+ * sys.exit(n). */
 static volatile int g_exit_status = -1;
 /* the exit file was written (by the destructor) before the status was known */
 static volatile int g_exit_written;
@@ -437,13 +439,13 @@ static void write_exit_time(const char *reason)
 
 void dump_at_exit(const char *reason, int status)
 {
-    if (status >= 0)
-        g_exit_status = status & 0xff; /* what the parent's wait() sees */
     if (!atomic_load(&g_ready) || !g_run_dir_len || tl_in)
         return; /* tl_in: _exit from a signal handler that interrupted us while we hold a lock */
     pid_t pid = raw_getpid();
     if (pid != g_pid)
-        return; /* a vfork child */
+        return; /* a vfork child, which shares this process's memory: nothing of it is ours */
+    if (status >= 0)
+        g_exit_status = status & 0xff; /* what the parent's wait() sees */
     if (atomic_load(&g_owner_pid) == pid) {
         /* its agent read the counters (and took its final dump); the end is ours to tell */
         int e = errno;
@@ -471,12 +473,14 @@ void dump_at_exit(const char *reason, int status)
 }
 
 /* glibc's exit() runs its handlers in the reverse order of their registration: the destructors
- * (registered by the dynamic loader after this library's constructor registered this) first. So the
- * exit file is written without the status and written again here, with it; in the other order the
- * status is known when the destructor writes it. */
+ * (the loader's clean-up, which __libc_start_main registers after this library's constructor
+ * registered this) first. So the exit file is written without the status and written again here,
+ * with it; in the other order the status is known when the destructor writes it. */
 void exit_status_handler(int status, void *arg)
 {
     (void)arg;
+    if (raw_getpid() != g_pid)
+        return;
     g_exit_status = status & 0xff;
     if (g_exit_written) {
         g_exit_written = 0;

@@ -86,7 +86,8 @@ __attribute__((constructor)) static void holoprof_io_init(void)
     atomic_store(&g_ready, 1);
 }
 
-/* runs after the interpreter's finalization (a preloaded library's destructor runs last): the dump
- * of a process no agent reads, or the exit time of one an agent reads */
+/* runs after the interpreter's finalization (a preloaded library's destructor runs after every other
+ * library's; only exit_status_handler comes later): the dump of a process no agent reads, or the exit
+ * time of one an agent reads */
 __attribute__((destructor)) static void holoprof_io_fini(void) { dump_at_exit("exit", -1); }
 
