@@ -405,9 +405,9 @@ class Agent:
     def hold_flushes(self, seconds: float) -> None:
         """Hold the writer's flushes (and the set-up that waits for the first one) for at most
         ``seconds``, or until :meth:`release_flushes`: while a process starts, so that the first flush
-        does not compete with it. A full buffer is flushed all the same, and the final flush always
-        runs. Called before :meth:`start`, it holds the writer thread too: it starts at
-        :meth:`start_writer` (at the latest where the process's target begins, ``collect.startup``),
+        does not compete with it. A full buffer is flushed all the same once the writer runs, and the
+        final flush always runs. Called before :meth:`start`, it holds the writer thread too: it starts
+        at :meth:`start_writer` (at the latest where the process's target begins, ``collect.startup``),
         and the buffer, meanwhile, drops and counts what goes past its limit."""
         self.flushes_held_until = time.monotonic() + seconds
 
